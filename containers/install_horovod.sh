@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Build and install Horovod 0.28.1 against the torch already installed in $PYTHON.
+#
+# Why a script: 0.28.1 is Horovod's last release and its sdist compiles with C++14,
+# which torch >= 2.1 headers reject. We patch both CMakeLists to C++17 (the top-level
+# one too, or gloo's rendezvous Store symbol is defined twice at link time), build a
+# wheel once and cache it keyed by Horovod, torch, Python and GPU flavour, so CI, the
+# README setup and the container recipe all run this one tested recipe.
+#
+# Usage: containers/install_horovod.sh [--cpu|--gpu]   (default: --gpu when nvcc and a
+#        CUDA build of torch are present, else --cpu)
+# Env:   PYTHON (default: python), GPT2DIST_WHEEL_CACHE (default: ~/.cache/gpt2dist/wheels)
+set -euo pipefail
+
+HOROVOD_VERSION=0.28.1
+PYTHON=${PYTHON:-python}
+CACHE_ROOT=${GPT2DIST_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpt2dist/wheels}
+
+die() { echo "install_horovod: $*" >&2; exit 1; }
+
+torch_cuda=$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null) \
+  || die "torch is not importable from $PYTHON; install torch first (pip install torch)"
+torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)')
+py_tag=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+
+flavour=${1:-auto}
+if [[ $flavour == auto ]]; then
+  if [[ -n $torch_cuda ]] && command -v nvcc >/dev/null; then flavour=--gpu; else flavour=--cpu; fi
+fi
+case $flavour in
+  --cpu) variant=cpu ;;
+  --gpu) [[ -n $torch_cuda ]] || die "--gpu needs a CUDA build of torch (found $torch_version)"
+         variant=cuda${torch_cuda} ;;
+  *) die "unknown option '$flavour' (use --cpu or --gpu)" ;;
+esac
+
+cache_dir="$CACHE_ROOT/horovod-$HOROVOD_VERSION/torch-${torch_version}-${py_tag}-${variant}"
+wheel=$(ls "$cache_dir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
+
+if [[ -z $wheel ]]; then
+  echo "install_horovod: building Horovod $HOROVOD_VERSION for torch $torch_version ($variant); takes ~5 min on 2 cores"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" \
+    || die "could not download the horovod==$HOROVOD_VERSION sdist from the package index"
+  tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+  src="$work/horovod-$HOROVOD_VERSION"
+  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
+    "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+  grep -q 'CMAKE_CXX_STANDARD 14' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt" \
+    && die "C++17 patch did not apply; the sdist layout changed"
+  # CMake 4 removed support for cmake_minimum_required(<3.5), which the vendored gloo uses.
+  "$PYTHON" -m pip install --quiet "cmake>=3.13,<4" packaging psutil pyyaml cloudpickle
+  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+  if [[ $variant == cpu ]]; then
+    export HOROVOD_WITHOUT_MPI=1
+  else
+    export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITH_MPI=1
+  fi
+  "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src" \
+    > "$work/build.log" 2>&1 || { grep -A12 -m3 -E 'CMake Error|error:' "$work/build.log" >&2 || tail -n 40 "$work/build.log" >&2; die "Horovod build failed (log above)"; }
+  mkdir -p "$cache_dir"
+  built=$(ls "$work"/dist/horovod-*.whl)
+  # Copy under a temporary name, then rename: a killed build never leaves a half wheel in the cache.
+  cp "$built" "$cache_dir/.partial"
+  mv "$cache_dir/.partial" "$cache_dir/$(basename "$built")"
+  wheel="$cache_dir/$(basename "$built")"
+fi
+
+"$PYTHON" -m pip install --quiet "$wheel"
+"$PYTHON" - <<'PY'
+import horovod
+import horovod.torch as hvd
+assert hvd.gloo_built(), "Horovod was built without Gloo"
+print(f"install_horovod: horovod {horovod.__version__} ok (gloo={hvd.gloo_built()}, mpi={hvd.mpi_built()}, nccl={hvd.nccl_built()})")
+PY

@@ -1,0 +1,211 @@
+"""Typed configuration: params.yaml -> chosen preset -> --set overrides -> validated RunSpec.
+
+params.yaml is the only parameter file (Snakemake and DVC read it too). Everything a
+training rank needs is resolved here once, in the launching process, and handed to the
+ranks as a JSON RunSpec, so every rank and every launcher sees the same values and bad
+input fails before any process group exists.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpt2dist.errors import UsageError
+from gpt2dist.io import atomic_write_text
+
+Strategy = Literal["single", "dp", "ddp", "horovod", "fsdp"]
+Precision = Literal["fp32", "fp16", "bf16", "apex-O1", "apex-O2"]
+DeviceType = Literal["cpu", "cuda"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """GPT-2 architecture (transformers' GPT2Config names)."""
+
+    n_layer: int = Field(gt=0, description="Transformer blocks.")
+    n_head: int = Field(gt=0, description="Attention heads per block; must divide n_embd.")
+    n_embd: int = Field(gt=0, description="Residual stream width.")
+    n_positions: int = Field(gt=0, description="Context length trained on (tokens per sequence).")
+    vocab_size: int = Field(gt=0, description="Embedding rows; must be >= the data's vocabulary.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Residual, embedding and attention dropout.")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        return self
+
+
+class TrainConfig(_Strict):
+    """Optimisation and bookkeeping. The global batch is what makes strategies comparable."""
+
+    global_batch_size: int = Field(gt=0, description="Sequences per optimizer step, for every strategy.")
+    micro_batch_size: int = Field(gt=0, description="Sequences per forward pass per device.")
+    max_steps: int = Field(gt=0, description="Optimizer steps.")
+    lr: float = Field(gt=0, description="Peak learning rate (AdamW).")
+    min_lr: float = Field(ge=0, description="Learning rate at the end of the cosine decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps before the cosine decay.")
+    weight_decay: float = Field(0.1, ge=0)
+    beta1: float = Field(0.9, gt=0, lt=1)
+    beta2: float = Field(0.95, gt=0, lt=1)
+    grad_clip: float = Field(1.0, ge=0, description="Max global grad norm; 0 disables clipping.")
+    eval_interval: int = Field(gt=0, description="Evaluate on the validation split every this many steps.")
+    eval_batches: int = Field(gt=0, description="Global batches per evaluation.")
+    checkpoint_interval: int = Field(gt=0, description="Write a resumable checkpoint every this many steps.")
+    compile: bool = Field(False, description="torch.compile each transformer block.")
+    seed: int = Field(1337, ge=0, description="Seeds init, data order and dropout.")
+
+    @model_validator(mode="after")
+    def _lr_order(self) -> TrainConfig:
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        return self
+
+
+class Preset(_Strict):
+    model: ModelConfig
+    train: TrainConfig
+
+
+class RunSpec(_Strict):
+    """One training run, fully resolved. Written to OUT/spec.json; every rank reads it."""
+
+    data_dir: str
+    out_dir: str
+    preset: str
+    strategy: Strategy
+    precision: Precision
+    nproc: int = Field(gt=0)
+    device: DeviceType
+    model: ModelConfig
+    train: TrainConfig
+
+    @property
+    def world_size(self) -> int:
+        """Processes that hold a replica (dp is one process driving nproc devices)."""
+        return 1 if self.strategy in ("single", "dp") else self.nproc
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.train.global_batch_size // (self.nproc * self.train.micro_batch_size)
+
+    def fingerprint(self) -> str:
+        """Identity of the computation; a checkpoint from another fingerprint is not resumed."""
+        identity = self.model_dump(exclude={"out_dir", "data_dir"})
+        identity["train"].pop("max_steps")  # extending a run is a resume, not a new run
+        blob = json.dumps(identity, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _format_validation_error(err: ValidationError, model: type[BaseModel], prefix: str) -> str:
+    parts = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        key = ".".join([prefix, *loc] if prefix else loc) or "(root)"
+        if e["type"] == "extra_forbidden":
+            owner: Any = model
+            for name in loc[:-1]:
+                owner = owner.model_fields[name].annotation
+            allowed = ", ".join(owner.model_fields)
+            parts.append(f"unknown key '{key}' (allowed here: {allowed})")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            parts.append(f"{key}: {msg}")
+    return "; ".join(parts)
+
+
+def _apply_override(tree: dict, assignment: str) -> None:
+    key, sep, raw_value = assignment.partition("=")
+    if not sep or not key:
+        raise UsageError(f"--set '{assignment}' is not of the form key=value (e.g. model.n_layer=2)")
+    *parents, leaf = key.split(".")
+    node = tree
+    for name in parents:
+        child = node.setdefault(name, {})
+        if not isinstance(child, dict):
+            raise UsageError(f"--set '{assignment}': '{name}' is a value, not a section")
+        node = child
+    node[leaf] = yaml.safe_load(raw_value)
+
+
+def read_params(path: Path) -> dict:
+    """The raw params.yaml mapping, with one-line errors for a missing or malformed file."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"params file {path} not found (pass --params FILE)") from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"params file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("presets"), dict):
+        raise UsageError(f"params file {path} has no 'presets' mapping")
+    return raw
+
+
+def resolve_preset_name(raw: dict, requested: str | None, cuda_available: bool) -> str:
+    """'auto' picks the GPU-scale preset when CUDA is visible and the CPU-scale one otherwise."""
+    name = requested or raw.get("preset", "auto")
+    if name == "auto":
+        name = "paper" if cuda_available else "cpu"
+    if name not in raw["presets"]:
+        raise UsageError(f"unknown preset '{name}' (available: {', '.join(raw['presets'])})")
+    return name
+
+
+def load_preset(path: Path, name: str, overrides: list[str] | tuple[str, ...] = ()) -> Preset:
+    raw = read_params(path)
+    if name not in raw["presets"]:
+        raise UsageError(f"unknown preset '{name}' (available: {', '.join(raw['presets'])})")
+    tree = copy.deepcopy(raw["presets"][name])
+    for assignment in overrides:
+        _apply_override(tree, assignment)
+    try:
+        return Preset.model_validate(tree)
+    except ValidationError as err:
+        raise UsageError(f"{path} preset '{name}': {_format_validation_error(err, Preset, '')}") from None
+
+
+def check_combination(spec: RunSpec, visible_gpus: int) -> None:
+    """Reject combinations that cannot run, naming the key and what is allowed."""
+    t = spec.train
+    if spec.strategy == "single" and spec.nproc != 1:
+        raise UsageError(f"strategy 'single' runs one process; got --nproc {spec.nproc} (use ddp, fsdp or horovod)")
+    if spec.strategy == "dp":
+        limit = max(visible_gpus, 1)
+        if spec.nproc > limit:
+            raise UsageError(
+                f"strategy 'dp' drives one device per --nproc; {spec.nproc} requested but "
+                f"{visible_gpus} CUDA GPUs are visible (use --nproc {limit})"
+            )
+    if spec.precision.startswith("apex"):
+        if spec.strategy == "fsdp":
+            raise UsageError("precision 'apex-*' cannot wrap FSDP-sharded parameters; use fsdp with bf16 or fp16")
+        if spec.device != "cuda":
+            raise UsageError(f"precision '{spec.precision}' needs CUDA; on CPU use bf16 or fp16 (torch.amp)")
+    per_step = spec.nproc * t.micro_batch_size
+    if t.global_batch_size % per_step:
+        raise UsageError(
+            f"train.global_batch_size ({t.global_batch_size}) must be divisible by nproc x "
+            f"train.micro_batch_size ({spec.nproc} x {t.micro_batch_size} = {per_step})"
+        )
+    if spec.device == "cuda" and spec.strategy != "dp" and spec.nproc > visible_gpus:
+        raise UsageError(f"--nproc {spec.nproc} exceeds the {visible_gpus} visible CUDA GPUs")
+
+
+def write_spec(spec: RunSpec, path: Path) -> None:
+    atomic_write_text(path, spec.model_dump_json(indent=2))
+
+
+def read_spec(path: Path) -> RunSpec:
+    return RunSpec.model_validate_json(Path(path).read_text())

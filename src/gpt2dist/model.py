@@ -1,0 +1,59 @@
+"""GPT-2 from transformers, built from our ModelConfig, plus the numbers MFU needs."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from gpt2dist.config import ModelConfig
+
+
+def build_model(cfg: ModelConfig, *, seed: int, eos_id: int) -> GPT2LMHeadModel:
+    """Seeded init on CPU, so every rank and every strategy starts from identical weights."""
+    config = GPT2Config(
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_embd=cfg.n_embd,
+        n_positions=cfg.n_positions,
+        vocab_size=cfg.vocab_size,
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(config)
+
+
+def transformer_blocks(model: GPT2LMHeadModel) -> list[nn.Module]:
+    return list(model.transformer.h)
+
+
+def compile_blocks(model: GPT2LMHeadModel) -> None:
+    """Compile each block in place: works the same before DDP, Horovod or FSDP2 wrapping."""
+    for block in transformer_blocks(model):
+        block.compile()
+
+
+def lm_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy. Takes the tuple output so DataParallel can gather it."""
+    logits = model(input_ids=inputs, use_cache=False, return_dict=False)[0]
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def non_embedding_params(cfg: ModelConfig) -> int:
+    """N in 6N + 12LHQT: all parameters except position embeddings (the head is tied to wte)."""
+    d, layers = cfg.n_embd, cfg.n_layer
+    per_block = 12 * d * d + 13 * d  # qkv + proj + 2 MLP matmuls with biases, 2 LayerNorms
+    return cfg.vocab_size * d + layers * per_block + 2 * d  # token embedding, blocks, final LayerNorm
+
+
+def flops_per_token(cfg: ModelConfig) -> float:
+    """Training FLOPs per token (forward + backward), nanoGPT/PaLM estimate: 6N + 12*L*H*Q*T."""
+    head_dim = cfg.n_embd // cfg.n_head
+    return 6 * non_embedding_params(cfg) + 12 * cfg.n_layer * cfg.n_head * head_dim * cfg.n_positions

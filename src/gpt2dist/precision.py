@@ -1,0 +1,133 @@
+"""Precision policies: how the forward is cast and how loss scaling wraps backward and step.
+
+fp32 and bf16 need no scaling; fp16 uses torch.amp's GradScaler (ShardedGradScaler under
+FSDP, so every rank agrees on skipping a step); apex-O1/O2 use NVIDIA Apex amp, the
+study's mixed-precision recipe. A strategy passes `sync_grads`, called after the last
+backward of a step and before unscaling, because Horovod reduces gradients
+asynchronously and must finish before anything reads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpt2dist.errors import UsageError
+
+_AUTOCAST_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def require_apex() -> Any:
+    """apex.amp, or a one-line error saying where to get it."""
+    try:
+        return importlib.import_module("apex.amp")
+    except ImportError:
+        raise UsageError(
+            "NVIDIA Apex (apex.amp) is not importable here; run inside the gpt2dist container image "
+            "(containers/), which builds it, or use --precision fp16 for native AMP"
+        ) from None
+
+
+class Precision:
+    """fp32/bf16/fp16 with torch.amp; subclassed for Apex."""
+
+    def __init__(self, name: str, device: torch.device, *, sharded: bool):
+        self.name, self.device = name, device
+        self.dtype = _AUTOCAST_DTYPE.get(name)
+        self.scaler: torch.amp.GradScaler | None = None
+        if name == "fp16":
+            self._check_fp16_support()
+            if sharded:
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+                self.scaler = ShardedGradScaler(device.type)
+            else:
+                self.scaler = torch.amp.GradScaler(device.type)
+
+    def _check_fp16_support(self) -> None:
+        try:
+            with torch.autocast(self.device.type, dtype=torch.float16):
+                torch.mm(torch.ones(2, 2, device=self.device), torch.ones(2, 2, device=self.device))
+            torch.amp.GradScaler(self.device.type)
+        except (RuntimeError, AssertionError) as exc:
+            raise UsageError(
+                f"fp16 autocast with GradScaler is not supported on {self.device.type} by torch "
+                f"{torch.__version__} ({exc}); use --precision bf16"
+            ) from None
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        return model, optimizer
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor, optimizer, *, last: bool, sync_grads: Callable[[], None]) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        if last:
+            sync_grads()
+            if self.scaler:
+                self.scaler.unscale_(optimizer)
+
+    def master_params(self, model: nn.Module, optimizer) -> Iterable[torch.Tensor]:
+        return model.parameters()
+
+    def step(self, optimizer) -> None:
+        if self.scaler:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+
+    def state_dict(self) -> dict:
+        return {"scaler": self.scaler.state_dict()} if self.scaler else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+
+class ApexPrecision(Precision):
+    """NVIDIA Apex amp (O1: patched casts; O2: fp16 model with fp32 master weights)."""
+
+    def __init__(self, name: str, device: torch.device, *, sharded: bool):
+        super().__init__(name, device, sharded=sharded)
+        self.amp = require_apex()
+        self.opt_level = name.split("-", 1)[1]
+
+    def prepare(self, model, optimizer):
+        return self.amp.initialize(model, optimizer, opt_level=self.opt_level, verbosity=0)
+
+    def autocast(self):
+        return contextlib.nullcontext()  # amp patched the model in prepare()
+
+    def backward(self, loss, optimizer, *, last, sync_grads):
+        # Horovod's recipe: synchronize inside scale_loss, before amp unscales on exit.
+        with self.amp.scale_loss(loss, optimizer, delay_unscale=not last) as scaled:
+            scaled.backward()
+            if last:
+                sync_grads()
+
+    def master_params(self, model, optimizer):
+        return self.amp.master_params(optimizer)
+
+    def step(self, optimizer):
+        optimizer.step()
+
+    def state_dict(self):
+        return {"amp": self.amp.state_dict()}
+
+    def load_state_dict(self, state):
+        if "amp" in state:
+            self.amp.load_state_dict(state["amp"])
+
+
+def make_precision(name: str, device: torch.device, *, sharded: bool) -> Precision:
+    cls = ApexPrecision if name.startswith("apex-") else Precision
+    return cls(name, device, sharded=sharded)
