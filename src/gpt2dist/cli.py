@@ -52,6 +52,7 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
     spec = RunSpec(data_dir=str(data.resolve()), out_dir=str(out.resolve()), preset=name, strategy=strategy,
                    precision=precision, nproc=nproc, device="cuda" if cuda else "cpu",
                    model=chosen.model, train=chosen.train)
+    preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
     if check_devices:
         check_combination(spec, torch.cuda.device_count())
     return spec
@@ -106,7 +107,6 @@ def _train(data, out, strategy, precision, nproc, params, preset, overrides, hos
         for where, command in launch.multinode_commands(launcher, host_list, spec_path, run_id=out.name).items():
             typer.echo(f"# on {where}\n{command}")
         return 0
-    preflight.check_dependencies(spec)
     preflight.check_data(spec)
     write_spec(spec, spec_path)
     command = launch.local_command(launcher, spec.nproc, spec_path, cuda=spec.device == "cuda")

@@ -1,0 +1,79 @@
+"""Engine overhead: `single` through gpt2dist's Trainer against a minimal hand-written loop
+over the same transformers model, batch and precision, interleaved in one process.
+
+    python bench/engine_overhead.py [--preset cpu] [--precision fp32] [--rounds 5] [--steps 10]
+
+Prints tokens/s of both and their ratio (target: engine >= 0.97 x minimal loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from common import median, single_trainer
+from gpt2dist.model import lm_loss
+
+
+def minimal_loop(trainer, steps: int) -> float:
+    """The textbook loop: forward, loss, backward, clip, step, zero_grad, log the loss."""
+    model, optimizer, precision = trainer.model, trainer.optimizer, trainer.precision
+    spec, device = trainer.spec, trainer.place.device
+    accum = spec.grad_accum_steps
+    batches = [tuple(t.to(device) for t in b)
+               for b in trainer.train_batches.micro_batches(0, 0, 1, spec.train.micro_batch_size)]
+    scaler = precision.scaler
+    started = time.perf_counter()
+    for _ in range(steps):
+        for inputs, targets in batches:
+            with precision.autocast():
+                loss = lm_loss(model, inputs, targets) / accum
+            (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.train.grad_clip)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad()
+        loss.item()
+    return steps * trainer.tokens_per_step / (time.perf_counter() - started)
+
+
+def engine(trainer, first_step: int, steps: int) -> float:
+    started = time.perf_counter()
+    for step in range(first_step, first_step + steps):
+        trainer.train_step(step)
+    return steps * trainer.tokens_per_step / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="params.yaml preset (default: paper on CUDA, cpu otherwise)")
+    parser.add_argument("--precision", default="bf16" if torch.cuda.is_available() else "fp32")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    preset = "paper" if args.preset == "cuda" else args.preset
+    trainer = single_trainer(preset, args.precision, ["train.compile=false"])
+    engine(trainer, 0, 3)  # warm-up both paths (allocator, kernels)
+    minimal_loop(trainer, 3)
+    ours, theirs = [], []
+    for r in range(args.rounds):  # interleaved so drift and noise hit both alike
+        ours.append(engine(trainer, 3 + r * args.steps, args.steps))
+        theirs.append(minimal_loop(trainer, args.steps))
+    e, m = median(ours), median(theirs)
+    print(f"preset={preset} precision={args.precision} device={trainer.place.device} "
+          f"tokens/step={trainer.tokens_per_step} rounds={args.rounds}x{args.steps} steps")
+    print(f"engine       {e:12,.0f} tokens/s")
+    print(f"minimal loop {m:12,.0f} tokens/s")
+    print(f"ratio engine/minimal = {e / m:.3f}  (target >= 0.97)")
+
+
+if __name__ == "__main__":
+    main()

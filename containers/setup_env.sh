@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create .venv with torch, gpt2dist (editable, with test tools) and Horovod.
+# Used by the README's two commands and by .ci/run; the container recipe calls
+# install_horovod.sh the same way.
+#
+# Env: TORCH_VERSION (default 2.13.0), VENV (default .venv), PYTHON (default python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+
+if [[ ! -x $VENV/bin/python ]]; then
+  "${PYTHON:-python3}" -m venv "$VENV"
+fi
+py=$VENV/bin/python
+"$py" -m pip install --quiet --upgrade pip setuptools wheel
+# Pin torch first: an unpinned resolve may pull a different (much larger) build.
+"$py" -m pip install --quiet "torch==$TORCH_VERSION" numpy
+"$py" -m pip install --quiet -e ".[test]"
+PYTHON=$py bash containers/install_horovod.sh
+"$py" -c "import gpt2dist, torch; print(f'setup_env: gpt2dist {gpt2dist.__version__}, torch {torch.__version__}, venv {\"$VENV\"}')"

@@ -1,0 +1,26 @@
+"""Dense BF16/FP16 tensor-core peaks, for model FLOPs utilisation (MFU)."""
+
+from __future__ import annotations
+
+# Matched in order against torch.cuda.get_device_name(); the first substring found wins.
+PEAK_BF16_FLOPS: list[tuple[str, float]] = [
+    ("H200", 989e12),
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # SXM5, e.g. "NVIDIA H100 80GB HBM3"
+    ("A100", 312e12),
+]
+
+
+def peak_flops(device_name: str, override_tflops: float | None = None) -> float | None:
+    """Peak FLOP/s for a GPU name, the override when given, None when unknown."""
+    if override_tflops is not None:
+        return override_tflops * 1e12
+    for fragment, peak in PEAK_BF16_FLOPS:
+        if fragment in device_name:
+            return peak
+    return None
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, n_devices: int, peak: float) -> float:
+    return tokens_per_s * flops_per_token / (n_devices * peak)

@@ -1,0 +1,91 @@
+"""Shared fixtures: a tiny preset, learnable synthetic shards, and helpers that run the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from gpt2dist.data import write_shards
+
+TINY_PRESET = {
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 32, "vocab_size": 512, "dropout": 0.0},
+    "train": {
+        "global_batch_size": 8, "micro_batch_size": 2, "max_steps": 12, "lr": 3e-3, "min_lr": 3e-4,
+        "warmup_steps": 3, "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 6, "eval_batches": 2,
+        "checkpoint_interval": 6, "compile": False, "seed": 7,
+    },
+}
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def synthetic_tokens(n_tokens: int, vocab: int, seed: int) -> np.ndarray:
+    """Shifted copies of one random motif plus noise: learnable, so losses move every step."""
+    rng = np.random.default_rng(seed)
+    motif = rng.integers(0, vocab, size=97)
+    reps = n_tokens // len(motif) + 1
+    stream = np.concatenate([np.roll(motif, i) for i in range(reps)])[:n_tokens]
+    noise = rng.random(n_tokens) < 0.1
+    stream[noise] = rng.integers(0, vocab, size=int(noise.sum()))
+    return stream.astype(np.uint16)
+
+
+@pytest.fixture(scope="session")
+def params_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("params") / "params.yaml"
+    path.write_text(yaml.safe_dump({"preset": "tiny", "presets": {"tiny": TINY_PRESET}}))
+    return path
+
+
+def make_shards(directory: Path, vocab: int = 500, train_tokens: int = 40_000, val_tokens: int = 4_000) -> Path:
+    write_shards(
+        directory,
+        {"train": [synthetic_tokens(train_tokens, vocab, 1)], "val": [synthetic_tokens(val_tokens, vocab, 2)]},
+        vocab_size=vocab,
+        eos_id=0,
+        tokenizer={"name": "synthetic"},
+        source={"name": "synthetic-motif"},
+    )
+    return directory
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory) -> Path:
+    return make_shards(tmp_path_factory.mktemp("shards"))
+
+
+def gpt2dist(*args: str, check: bool = True, **popen) -> subprocess.CompletedProcess:
+    """Run the real `gpt2dist` command line."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run([sys.executable, "-m", "gpt2dist", *map(str, args)], capture_output=True, text=True,
+                            env=env, **popen)
+    if check and result.returncode != 0:
+        raise AssertionError(f"gpt2dist {' '.join(map(str, args))} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+def train_args(shards: Path, params: Path, out: Path, strategy: str, *extra: str, nproc: int = 1,
+               precision: str = "fp32") -> list[str]:
+    return ["train", "--data", shards, "--params", params, "--out", out, "--strategy", strategy,
+            "--nproc", str(nproc), "--precision", precision, *extra]
+
+
+def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [line for line in lines if line["kind"] == kind]
+
+
+def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]
+
+
+def run_record(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())

@@ -1,0 +1,117 @@
+"""params.yaml loading: presets, --set overrides, and combinations refused at load time."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import TINY_PRESET
+from gpt2dist.cli import build_spec
+from gpt2dist.config import check_combination, load_preset, read_params, resolve_preset_name
+from gpt2dist.errors import UsageError
+
+REPO_PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+
+
+def spec_for(params_file, shards, **kw):
+    args = dict(data=shards, out=Path("/tmp/unused"), strategy="single", precision="fp32", nproc=1,
+                params=params_file, preset=None, overrides=[], check_devices=False)
+    args.update(kw)
+    return build_spec(**args)
+
+
+@pytest.mark.parametrize("preset", ["cpu", "paper"])
+def test_repository_presets_validate(preset):
+    loaded = load_preset(REPO_PARAMS, preset)
+    assert loaded.model.n_embd % loaded.model.n_head == 0
+
+
+def test_paper_preset_is_gpt2_small():
+    m = load_preset(REPO_PARAMS, "paper").model
+    assert (m.n_layer, m.n_embd, m.n_head, m.n_positions, m.vocab_size) == (12, 768, 12, 1024, 50257)
+
+
+def test_auto_picks_by_cuda():
+    raw = read_params(REPO_PARAMS)
+    assert resolve_preset_name(raw, None, cuda_available=False) == "cpu"
+    assert resolve_preset_name(raw, None, cuda_available=True) == "paper"
+    assert resolve_preset_name(raw, "paper", cuda_available=False) == "paper"
+
+
+def test_set_overrides_one_dotted_key(params_file):
+    loaded = load_preset(params_file, "tiny", ["model.n_layer=3", "train.lr=1e-3", "train.compile=true"])
+    assert loaded.model.n_layer == 3 and loaded.train.lr == 1e-3 and loaded.train.compile is True
+    assert loaded.model.n_embd == TINY_PRESET["model"]["n_embd"]
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("model.n_layr=2", "unknown key 'model.n_layr' (allowed here: n_layer, n_head"),
+        ("trian.lr=1", "unknown key 'trian'"),
+        ("model.n_layer=0", "model.n_layer: Input should be greater than 0"),
+        ("model.n_head=3", "n_embd (32) must be divisible by n_head (3)"),
+        ("train.lr=fast", "train.lr: Input should be a valid number"),
+        ("train.min_lr=1", "min_lr (1.0) must not exceed lr"),
+        ("model.n_layer", "not of the form key=value"),
+    ],
+)
+def test_bad_values_name_the_key(params_file, override, fragment):
+    with pytest.raises(UsageError, match=None) as err:
+        load_preset(params_file, "tiny", [override])
+    assert fragment in str(err.value)
+
+
+def test_unknown_preset_lists_available(params_file):
+    with pytest.raises(UsageError, match=r"unknown preset 'huge' \(available: tiny\)"):
+        resolve_preset_name(read_params(params_file), "huge", cuda_available=False)
+
+
+def test_missing_params_file(tmp_path):
+    with pytest.raises(UsageError, match="not found"):
+        read_params(tmp_path / "nope.yaml")
+
+
+def test_params_without_presets(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"preset": "auto"}))
+    with pytest.raises(UsageError, match="no 'presets' mapping"):
+        read_params(path)
+
+
+@pytest.mark.parametrize(
+    "kw, fragment",
+    [
+        (dict(strategy="ddp", nproc=3), "global_batch_size (8) must be divisible by nproc x train.micro_batch_size (3 x 2 = 6)"),
+        (dict(strategy="dp", nproc=2), "'dp' drives one device per --nproc; 2 requested but 0 CUDA GPUs"),
+        (dict(strategy="single", nproc=2), "strategy 'single' runs one process"),
+        (dict(strategy="fsdp", precision="apex-O1"), "cannot wrap FSDP"),
+        (dict(strategy="ddp", precision="apex-O2"), "'apex-O2' needs CUDA"),
+    ],
+)
+def test_impossible_combinations(params_file, shards, kw, fragment):
+    # built without the dependency check, so the apex rows reach check_combination without apex installed
+    spec = spec_for(params_file, shards).model_copy(update=kw)
+    with pytest.raises(UsageError) as err:
+        check_combination(spec, visible_gpus=0)
+    assert fragment in str(err.value)
+
+
+def test_unknown_strategy_and_precision(params_file, shards):
+    with pytest.raises(UsageError, match=r"unknown --strategy 'pipeline' \(allowed: single, dp, ddp, horovod, fsdp\)"):
+        spec_for(params_file, shards, strategy="pipeline")
+    with pytest.raises(UsageError, match="unknown --precision 'fp8'"):
+        spec_for(params_file, shards, precision="fp8")
+
+
+def test_grad_accumulation_follows_world_size(params_file, shards):
+    assert spec_for(params_file, shards).grad_accum_steps == 4
+    assert spec_for(params_file, shards, strategy="ddp", nproc=2).grad_accum_steps == 2
+    assert spec_for(params_file, shards, strategy="ddp", nproc=2).world_size == 2
+    assert spec_for(params_file, shards, strategy="dp", nproc=2).world_size == 1
+
+
+def test_fingerprint_changes_with_computation_not_paths(params_file, shards):
+    base = spec_for(params_file, shards)
+    assert base.fingerprint() == spec_for(params_file, shards, out=Path("/elsewhere")).fingerprint()
+    assert base.fingerprint() != spec_for(params_file, shards, overrides=["train.lr=1e-3"]).fingerprint()
