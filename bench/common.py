@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2dist.cli import build_spec
+from gpt2dist.runner import build_spec
 from gpt2dist.data import write_shards
 from gpt2dist.strategies import REGISTRY
 from gpt2dist.train import Trainer

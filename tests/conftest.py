@@ -16,6 +16,8 @@ import yaml
 from gpt2dist.data import write_shards
 
 TINY_PRESET = {
+    "data": {"source": {"kind": "embedded", "min_chars": 3000}, "tokenizer": {"kind": "bpe", "vocab_size": 512},
+             "val_fraction": 0.1},
     "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 32, "vocab_size": 512, "dropout": 0.0},
     "train": {
         "global_batch_size": 8, "micro_batch_size": 2, "max_steps": 12, "lr": 3e-3, "min_lr": 3e-4,
@@ -62,9 +64,9 @@ def shards(tmp_path_factory) -> Path:
     return make_shards(tmp_path_factory.mktemp("shards"))
 
 
-def gpt2dist(*args: str, check: bool = True, **popen) -> subprocess.CompletedProcess:
+def gpt2dist(*args: str, check: bool = True, env: dict | None = None, **popen) -> subprocess.CompletedProcess:
     """Run the real `gpt2dist` command line."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**(env or os.environ), "PYTHONUNBUFFERED": "1"}
     result = subprocess.run([sys.executable, "-m", "gpt2dist", *map(str, args)], capture_output=True, text=True,
                             env=env, **popen)
     if check and result.returncode != 0:

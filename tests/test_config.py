@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from conftest import TINY_PRESET
-from gpt2dist.cli import build_spec
+from gpt2dist.runner import build_spec
 from gpt2dist.config import check_combination, load_preset, read_params, resolve_preset_name
 from gpt2dist.errors import UsageError
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import make_shards
-from gpt2dist.data import BatchSampler, open_shards, verify_shards, write_shards
+from gpt2dist.batches import BatchSampler
+from gpt2dist.data import open_shards, verify_shards, write_shards
 from gpt2dist.errors import UsageError
 
 

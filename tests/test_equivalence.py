@@ -14,9 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import final_params, gpt2dist, read_metrics, run_record, train_args
-from gpt2dist.cli import build_spec
+from gpt2dist.runner import build_spec
 from gpt2dist.config import RunSpec
-from gpt2dist.data import BatchSampler
+from gpt2dist.batches import BatchSampler
 from gpt2dist.strategies.ddp import DDP
 from gpt2dist.train import Trainer
 

@@ -74,7 +74,57 @@ class TrainConfig(_Strict):
         return self
 
 
+class EmbeddedSource(_Strict):
+    """Docstrings of this Python's standard library: a stand-in corpus for smoke runs, not a benchmark."""
+
+    kind: Literal["embedded"]
+    min_chars: int = Field(200, gt=0, description="Skip docstrings shorter than this.")
+
+
+class FilesSource(_Strict):
+    """Local .txt (one document per file), .jsonl (one per line) or .parquet (one per row) files."""
+
+    kind: Literal["files"]
+    paths: list[str] = Field(min_length=1, description="Glob patterns, relative to the working directory.")
+    text_field: str = Field("text", description="Field (.jsonl) or column (.parquet) holding the text.")
+
+
+class HFSource(_Strict):
+    """A dataset loaded with datasets.load_dataset: a hub name with a pinned revision, or a local directory."""
+
+    kind: Literal["hf"]
+    name: str = Field(description="Hub dataset id, or a local dataset directory.")
+    config: str | None = Field(None, description="Dataset configuration, e.g. wikitext-103-raw-v1.")
+    revision: str | None = Field(None, description="Hub commit to pin (required for hub datasets).")
+    text_column: str = "text"
+    train_split: str = "train"
+    val_split: str | None = Field("validation", description="None: carve val_fraction out of train.")
+
+
+class TokenizerConfig(_Strict):
+    kind: Literal["gpt2", "bpe"] = Field(description="gpt2: GPT-2's BPE; bpe: byte-level BPE trained on the corpus.")
+    path: str | None = Field(None, description="gpt2: directory with encoder.json and vocab.bpe; None: the hub's gpt2.")
+    vocab_size: int | None = Field(None, gt=256, le=65536, description="bpe: vocabulary size to train.")
+
+    @model_validator(mode="after")
+    def _vocab_for_bpe(self) -> TokenizerConfig:
+        if self.kind == "bpe" and self.vocab_size is None:
+            raise ValueError("a trained bpe tokenizer needs vocab_size (e.g. 4096)")
+        if self.kind == "gpt2" and self.vocab_size is not None:
+            raise ValueError("vocab_size is fixed (50257) for the gpt2 tokenizer; remove it")
+        return self
+
+
+class DataConfig(_Strict):
+    source: EmbeddedSource | FilesSource | HFSource = Field(discriminator="kind")
+    tokenizer: TokenizerConfig
+    val_fraction: float = Field(0.05, gt=0, lt=0.5, description="Documents held out when the source has no val split.")
+    seed: int = Field(1337, ge=0, description="Seeds the train/val assignment of documents.")
+    batch_documents: int = Field(1024, gt=0, description="Documents per encode batch (bounds memory).")
+
+
 class Preset(_Strict):
+    data: DataConfig
     model: ModelConfig
     train: TrainConfig
 
@@ -116,10 +166,13 @@ def _format_validation_error(err: ValidationError, model: type[BaseModel], prefi
         key = ".".join([prefix, *loc] if prefix else loc) or "(root)"
         if e["type"] == "extra_forbidden":
             owner: Any = model
-            for name in loc[:-1]:
-                owner = owner.model_fields[name].annotation
-            allowed = ", ".join(owner.model_fields)
-            parts.append(f"unknown key '{key}' (allowed here: {allowed})")
+            for name in loc[:-1]:  # stops at unions, whose members pydantic names by tag
+                field = owner.model_fields.get(name) if isinstance(owner, type) and issubclass(owner, BaseModel) else None
+                owner = field.annotation if field else None
+            if isinstance(owner, type) and issubclass(owner, BaseModel):
+                parts.append(f"unknown key '{key}' (allowed here: {', '.join(owner.model_fields)})")
+            else:
+                parts.append(f"unknown key '{key}'")
         else:
             msg = e["msg"].removeprefix("Value error, ")
             parts.append(f"{key}: {msg}")

@@ -1,24 +1,20 @@
-"""Token shards in the gpt2dist-tokens-v1 format: write, verify, and deal out batches per rank.
+"""Token shards in the gpt2dist-tokens-v1 format: write, verify, memory-map.
 
 A directory holds `train.bin` and `val.bin` (flat little-endian uint16 token ids) and
 `meta.json`, written last so that its presence means the shards are complete.
-
-Batches are a pure function of (seed, split, step): the global batch of a step is the
-same for every strategy and world size, and each rank takes a disjoint contiguous slice
-of it. That is what makes loss curves comparable across strategies, and it makes resuming
-trivial: the data position is the step number.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
-import torch
 
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
@@ -27,7 +23,6 @@ FORMAT = "gpt2dist-tokens-v1"
 SPLITS = ("train", "val")
 TOKEN_DTYPE = np.dtype("<u2")
 MAX_VOCAB = int(np.iinfo(TOKEN_DTYPE).max) + 1
-_STREAM = {"train": 0, "val": 1}
 
 
 def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
@@ -38,16 +33,55 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def _write_split(path: Path, chunks: Iterable[np.ndarray | list[int]]) -> dict:
-    """Stream token chunks to `path` without holding the whole split in memory."""
-    digest, count = hashlib.sha256(), 0
-    with atomic_open(path, "wb") as handle:
-        for chunk in chunks:
-            data = np.asarray(chunk, dtype=TOKEN_DTYPE).tobytes()
-            handle.write(data)
-            digest.update(data)
-            count += len(data) // TOKEN_DTYPE.itemsize
-    return {"file": path.name, "tokens": count, "sha256": digest.hexdigest()}
+class ShardWriter:
+    """Streams token ids into both splits at once, then writes meta.json last.
+
+    Shards live under temporary names until `finish`; leaving the `with` block by an
+    exception (or a kill) leaves no file under a final name.
+    """
+
+    def __init__(self, out_dir: Path, *, vocab_size: int):
+        if vocab_size > MAX_VOCAB:
+            raise UsageError(f"vocabulary of {vocab_size} does not fit uint16 shards (at most {MAX_VOCAB} ids)")
+        self.out_dir, self.vocab_size = Path(out_dir), vocab_size
+        self._stack = contextlib.ExitStack()
+        self._handles: dict[str, IO[bytes]] = {}
+        self._digests = {name: hashlib.sha256() for name in SPLITS}
+        self.tokens = dict.fromkeys(SPLITS, 0)
+
+    def __enter__(self) -> ShardWriter:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "meta.json").unlink(missing_ok=True)  # the old meta must not vouch for new shards
+        for name in SPLITS:
+            self._handles[name] = self._stack.enter_context(atomic_open(self.out_dir / f"{name}.bin", "wb"))
+        return self
+
+    def append(self, split: str, ids: np.ndarray | list[int]) -> None:
+        data = np.asarray(ids, dtype=TOKEN_DTYPE).tobytes()
+        self._handles[split].write(data)
+        self._digests[split].update(data)
+        self.tokens[split] += len(data) // TOKEN_DTYPE.itemsize
+
+    def finish(self, *, eos_id: int, tokenizer: dict, source: dict) -> dict:
+        """Move the shards to their final names and write meta.json. Returns the meta dict."""
+        self._stack.close()
+        meta = {
+            "format": FORMAT,
+            "dtype": "uint16",
+            "vocab_size": int(self.vocab_size),
+            "eos_id": int(eos_id),
+            "tokenizer": tokenizer,
+            "source": source,
+            "splits": {
+                name: {"file": f"{name}.bin", "tokens": self.tokens[name], "sha256": self._digests[name].hexdigest()}
+                for name in SPLITS
+            },
+        }
+        atomic_write_json(self.out_dir / "meta.json", meta)
+        return meta
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.__exit__(*exc_info)  # on error: the temporary files are deleted
 
 
 def write_shards(
@@ -59,24 +93,14 @@ def write_shards(
     tokenizer: dict,
     source: dict,
 ) -> dict:
-    """Write train.bin, val.bin and, last, meta.json. Returns the meta dict."""
-    if vocab_size > MAX_VOCAB:
-        raise UsageError(f"vocabulary of {vocab_size} does not fit uint16 shards (at most {MAX_VOCAB} ids)")
+    """Write ready token chunks per split (tests and benchmarks; `prepare` streams instead)."""
     if set(splits) != set(SPLITS):
         raise UsageError(f"shards need exactly the splits {SPLITS}, got {sorted(splits)}")
-    out_dir = Path(out_dir)
-    (out_dir / "meta.json").unlink(missing_ok=True)  # the old meta must not vouch for new shards
-    meta = {
-        "format": FORMAT,
-        "dtype": "uint16",
-        "vocab_size": int(vocab_size),
-        "eos_id": int(eos_id),
-        "tokenizer": tokenizer,
-        "source": source,
-        "splits": {name: _write_split(out_dir / f"{name}.bin", splits[name]) for name in SPLITS},
-    }
-    atomic_write_json(out_dir / "meta.json", meta)
-    return meta
+    with ShardWriter(out_dir, vocab_size=vocab_size) as writer:
+        for name in SPLITS:
+            for chunk in splits[name]:
+                writer.append(name, chunk)
+        return writer.finish(eos_id=eos_id, tokenizer=tokenizer, source=source)
 
 
 def read_meta(data_dir: Path) -> dict:
@@ -128,32 +152,3 @@ def open_shards(data_dir: Path, *, check_hash: bool) -> Shards:
         for name in SPLITS
     }
     return Shards(meta=meta, train=maps["train"], val=maps["val"])
-
-
-class BatchSampler:
-    """Deals out the rows of each global batch: rank r of w gets rows [r*B/w, (r+1)*B/w)."""
-
-    def __init__(self, tokens: np.ndarray, split: str, context: int, global_batch: int, seed: int):
-        if len(tokens) < context + 2:
-            raise UsageError(
-                f"the '{split}' split has {len(tokens)} tokens, fewer than one sequence of "
-                f"{context + 1}; prepare more data or lower model.n_positions"
-            )
-        self.tokens, self.split, self.context = tokens, split, context
-        self.global_batch, self.seed = global_batch, seed
-
-    def offsets(self, step: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, _STREAM[self.split], step])
-        return rng.integers(0, len(self.tokens) - self.context - 1, size=self.global_batch)
-
-    def micro_batches(
-        self, step: int, rank: int, world_size: int, rows_per_micro: int
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(inputs, targets) int64 tensors of shape [rows_per_micro, context], this rank's share."""
-        per_rank = self.global_batch // world_size
-        mine = self.offsets(step)[rank * per_rank : (rank + 1) * per_rank]
-        span = self.context + 1
-        for start in range(0, per_rank, rows_per_micro):
-            rows = np.stack([self.tokens[o : o + span] for o in mine[start : start + rows_per_micro]])
-            batch = torch.from_numpy(rows.astype(np.int64))
-            yield batch[:, :-1], batch[:, 1:]

@@ -11,12 +11,19 @@ from pathlib import Path
 from typing import IO, Any
 
 
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
 @contextlib.contextmanager
 def atomic_open(path: Path | str, mode: str = "w") -> Iterator[IO[Any]]:
     """Write to a temporary file beside `path`, fsync, then rename over it; on error, delete it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; results are meant to be shared
     try:
         with os.fdopen(fd, mode) as handle:
             yield handle

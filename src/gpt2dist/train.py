@@ -15,7 +15,8 @@ from tqdm import tqdm
 from gpt2dist import environment
 from gpt2dist.checkpoint import load_checkpoint, save_checkpoint
 from gpt2dist.config import RunSpec, TrainConfig
-from gpt2dist.data import BatchSampler, open_shards
+from gpt2dist.batches import BatchSampler
+from gpt2dist.data import open_shards
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_write_json
 from gpt2dist.metrics import MetricsLog, now_iso, peak_memory_bytes

@@ -1,0 +1,91 @@
+"""Plan and start one training run from the command line's choices: resolve the RunSpec,
+check it, then train in this process or hand it to the strategy's launcher."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import torch
+
+from gpt2dist import launch, preflight, train
+from gpt2dist.config import (
+    PRECISIONS,
+    STRATEGIES,
+    Preset,
+    RunSpec,
+    check_combination,
+    load_preset,
+    read_params,
+    resolve_preset_name,
+    write_spec,
+)
+from gpt2dist.errors import UsageError
+from gpt2dist.io import atomic_write_json
+from gpt2dist.logs import setup_logging
+from gpt2dist.strategies import REGISTRY
+
+
+def chosen_preset(params: Path, preset: str | None, overrides: list[str]) -> tuple[str, Preset]:
+    name = resolve_preset_name(read_params(params), preset, torch.cuda.is_available())
+    return name, load_preset(params, name, overrides)
+
+
+def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
+    if value not in allowed:
+        raise UsageError(f"unknown {option} '{value}' (allowed: {', '.join(allowed)})")
+    return value
+
+
+def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: int, params: Path,
+               preset: str | None, overrides: list[str], check_devices: bool = True) -> RunSpec:
+    _choice(strategy, STRATEGIES, "--strategy")
+    _choice(precision, PRECISIONS, "--precision")
+    if nproc < 1:
+        raise UsageError(f"--nproc must be at least 1, got {nproc}")
+    name, chosen = chosen_preset(params, preset, overrides)
+    spec = RunSpec(data_dir=str(Path(data).resolve()), out_dir=str(Path(out).resolve()), preset=name,
+                   strategy=strategy, precision=precision, nproc=nproc,
+                   device="cuda" if torch.cuda.is_available() else "cpu", model=chosen.model, train=chosen.train)
+    preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
+    if check_devices:
+        check_combination(spec, torch.cuda.device_count())
+    return spec
+
+
+def print_multinode(spec: RunSpec, hosts: list[launch.Host]) -> list[str]:
+    """Write the spec and return the commands that start it on several machines."""
+    out = Path(spec.out_dir)
+    write_spec(spec, out / "spec.json")
+    commands = launch.multinode_commands(REGISTRY[spec.strategy].launcher, hosts, out / "spec.json", run_id=out.name)
+    return [f"# on {where}\n{command}" for where, command in commands.items()]
+
+
+def start(spec: RunSpec, *, print_only: bool = False) -> tuple[int, str | None]:
+    """Verify the data, then run. Returns (exit code, the launcher command line if one is used)."""
+    preflight.check_data(spec)
+    out = Path(spec.out_dir)
+    write_spec(spec, out / "spec.json")
+    launcher = REGISTRY[spec.strategy].launcher
+    command = launch.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
+    shown = " ".join(command) if command else f"(in this process) {spec.strategy}"
+    if print_only:
+        return 0, shown
+    setup_logging()
+    if command is None:
+        train.run(spec)
+        return 0, None
+    code = subprocess.run(command, env=launch.launch_env(spec.nproc)).returncode
+    if code:
+        _mark_failed(out, code)
+        raise UsageError(f"training failed ({launcher} exited with {code}); the ranks' messages are above")
+    return 0, shown
+
+
+def _mark_failed(out: Path, code: int) -> None:
+    record_path = out / "run.json"
+    if record_path.exists():
+        record = json.loads(record_path.read_text())
+        record.update(status="failed", exit_code=code)
+        atomic_write_json(record_path, record)

@@ -1,0 +1,92 @@
+"""Tokenizers for `gpt2dist prepare`, all as `tokenizers.Tokenizer` (Rust, batched, all cores).
+
+gpt2: GPT-2's byte-level BPE (50257 ids, <|endoftext|> = 50256), from a directory holding
+encoder.json and vocab.bpe; with no directory set, from the fetch script's cache when it
+holds them, else from the hub's `gpt2`.
+bpe: a byte-level BPE trained on the training split at a configured vocabulary size, for
+CPU-scale presets where a 50257-row embedding would dominate the model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from gpt2dist.config import TokenizerConfig
+from gpt2dist.data import sha256_file
+from gpt2dist.errors import UsageError
+
+EOS = "<|endoftext|>"
+GPT2_FILES = ("encoder.json", "vocab.bpe")
+FETCH_HINT = "containers/fetch_gpt2_tokenizer.sh downloads them"
+
+
+def default_gpt2_dir() -> Path:
+    """Where the fetch script puts GPT-2's files (override: GPT2DIST_GPT2_TOKENIZER_DIR)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return Path(os.environ.get("GPT2DIST_GPT2_TOKENIZER_DIR", cache / "gpt2dist" / "gpt2-tokenizer"))
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    tokenizer: Tokenizer
+    eos_id: int
+    description: dict
+
+
+def _byte_level(model: models.Model) -> Tokenizer:
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def gpt2_from_files(directory: Path) -> LoadedTokenizer:
+    missing = [name for name in GPT2_FILES if not (directory / name).is_file()]
+    if missing:
+        raise UsageError(f"GPT-2 tokenizer files {missing} not found in {directory}; {FETCH_HINT}")
+    encoder, merges = (str(directory / name) for name in GPT2_FILES)
+    tokenizer = _byte_level(models.BPE.from_file(encoder, merges))
+    tokenizer.add_special_tokens([EOS])  # already id 50256 in encoder.json; marks it as never split
+    files = {name: sha256_file(directory / name) for name in GPT2_FILES}
+    return LoadedTokenizer(tokenizer, tokenizer.token_to_id(EOS), {"kind": "gpt2", "name": "gpt2", "files": files})
+
+
+def gpt2_from_hub() -> LoadedTokenizer:
+    try:
+        tokenizer = Tokenizer.from_pretrained("gpt2")
+    except Exception as exc:  # the hub client raises many types for "offline"
+        raise UsageError(
+            f"could not fetch the 'gpt2' tokenizer from the hub ({type(exc).__name__}); set the preset's "
+            f"data.tokenizer.path to a directory with {' and '.join(GPT2_FILES)} ({FETCH_HINT})"
+        ) from None
+    return LoadedTokenizer(tokenizer, tokenizer.token_to_id(EOS), {"kind": "gpt2", "name": "gpt2 (hub)"})
+
+
+def train_bpe(texts: Iterator[str], vocab_size: int) -> LoadedTokenizer:
+    tokenizer = _byte_level(models.BPE())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    return LoadedTokenizer(tokenizer, tokenizer.token_to_id(EOS),
+                           {"kind": "bpe", "name": f"byte-level-bpe-{vocab_size}", "requested_vocab_size": vocab_size})
+
+
+def load_tokenizer(cfg: TokenizerConfig, train_texts: Iterator[str]) -> LoadedTokenizer:
+    """`train_texts` is consumed only when a tokenizer has to be trained."""
+    if cfg.kind == "bpe":
+        return train_bpe(train_texts, cfg.vocab_size)
+    if cfg.path:
+        return gpt2_from_files(Path(cfg.path))
+    cached = default_gpt2_dir()
+    if all((cached / name).is_file() for name in GPT2_FILES):
+        return gpt2_from_files(cached)
+    return gpt2_from_hub()
