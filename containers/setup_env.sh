@@ -19,4 +19,7 @@ py=$VENV/bin/python
 "$py" -m pip install --quiet "torch==$TORCH_VERSION" numpy
 "$py" -m pip install --quiet -e ".[test]"
 PYTHON=$py bash containers/install_horovod.sh
+# GPT-2's tokenizer files, for the paper preset and the tests that check the real vocabulary.
+bash containers/fetch_gpt2_tokenizer.sh \
+  || echo "setup_env: warning: GPT-2 tokenizer files not fetched; tests that need them will skip" >&2
 "$py" -c "import gpt2dist, torch; print(f'setup_env: gpt2dist {gpt2dist.__version__}, torch {torch.__version__}, venv {\"$VENV\"}')"

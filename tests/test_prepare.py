@@ -21,7 +21,8 @@ from conftest import gpt2dist
 from gpt2dist.config import DataConfig
 from gpt2dist.corpus import documents
 from gpt2dist.data import verify_shards
-from gpt2dist.tokenizer import GPT2_FILES, default_gpt2_dir
+from gpt2dist.encoding import GPT2Encoder, gpt2_tiktoken
+from gpt2dist.tokenizer import GPT2_FILES, default_gpt2_dir, gpt2_from_files
 
 DOCS = [f"Document {i}: the quick brown fox jumps over the lazy dog {i} times.\nSecond line {i * 7}." for i in range(60)]
 GPT2_DIR = default_gpt2_dir()
@@ -112,24 +113,17 @@ def test_datasets_code_path_on_a_local_directory(tmp_path):
 
 
 @needs_gpt2
-def test_gpt2_vocabulary_matches_tiktoken(tmp_path):
-    import tiktoken
-    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
-
-    from gpt2dist.tokenizer import gpt2_from_files
-
+def test_gpt2_vocabulary_matches_tiktoken():
+    """The saved tokenizer (used to decode) and the tiktoken encoder (used to write) agree."""
     loaded = gpt2_from_files(GPT2_DIR)
     assert loaded.tokenizer.encode("Hello world").ids == [15496, 995] and loaded.eos_id == 50256
-    ranks = data_gym_to_mergeable_bpe_ranks(str(GPT2_DIR / "vocab.bpe"), str(GPT2_DIR / "encoder.json"))
-    reference = tiktoken.Encoding(name="gpt2-files", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                                  special_tokens={"<|endoftext|>": 50256})
-    text = "\n\n".join(doc for _, doc in documents(DataConfig.model_validate(
-        {"source": {"kind": "embedded", "min_chars": 1500}, "tokenizer": {"kind": "gpt2"}})))
-    assert len(text) > 100_000
-    assert loaded.tokenizer.encode(text).ids == reference.encode_ordinary(text)
-
-
-GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    reference = gpt2_tiktoken(GPT2_DIR / "encoder.json", GPT2_DIR / "vocab.bpe")
+    texts = [doc for _, doc in documents(DataConfig.model_validate(
+        {"source": {"kind": "embedded", "min_chars": 1500}, "tokenizer": {"kind": "gpt2"}}))]
+    assert sum(map(len, texts)) > 100_000
+    written = [ids.tolist() for batch in GPT2Encoder(GPT2_DIR / "encoder.json", GPT2_DIR / "vocab.bpe", workers=2)
+               .encode(iter([texts[:40], texts[40:]])) for ids in batch]
+    assert written == [e.ids for e in loaded.tokenizer.encode_batch(texts)] == reference.encode_ordinary_batch(texts)
 
 
 @needs_gpt2

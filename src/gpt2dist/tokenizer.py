@@ -1,4 +1,5 @@
-"""Tokenizers for `gpt2dist prepare`, all as `tokenizers.Tokenizer` (Rust, batched, all cores).
+"""Tokenizers for `gpt2dist prepare`: a `tokenizers.Tokenizer` saved beside the shards for
+decoding, and the batch encoder that writes them (see encoding.py).
 
 gpt2: GPT-2's byte-level BPE (50257 ids, <|endoftext|> = 50256), from a directory holding
 encoder.json and vocab.bpe; with no directory set, from the fetch script's cache when it
@@ -18,9 +19,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from gpt2dist.config import TokenizerConfig
 from gpt2dist.data import sha256_file
+from gpt2dist.encoding import EOS, GPT2Encoder, TokenizersEncoder
 from gpt2dist.errors import UsageError
-
-EOS = "<|endoftext|>"
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 FETCH_HINT = "containers/fetch_gpt2_tokenizer.sh downloads them"
 
@@ -33,9 +33,10 @@ def default_gpt2_dir() -> Path:
 
 @dataclass(frozen=True)
 class LoadedTokenizer:
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer  # saved beside the shards, so any run can decode its data
     eos_id: int
     description: dict
+    encoder: GPT2Encoder | TokenizersEncoder
 
 
 def _byte_level(model: models.Model) -> Tokenizer:
@@ -45,26 +46,33 @@ def _byte_level(model: models.Model) -> Tokenizer:
     return tokenizer
 
 
+def _gpt2(encoder_json: Path, vocab_bpe: Path, name: str) -> LoadedTokenizer:
+    tokenizer = _byte_level(models.BPE.from_file(str(encoder_json), str(vocab_bpe)))
+    tokenizer.add_special_tokens([EOS])  # already id 50256 in encoder.json; marks it as never split
+    files = {"encoder.json": sha256_file(encoder_json), "vocab.bpe": sha256_file(vocab_bpe)}
+    return LoadedTokenizer(tokenizer, tokenizer.token_to_id(EOS), {"kind": "gpt2", "name": name, "files": files},
+                           GPT2Encoder(encoder_json, vocab_bpe))
+
+
 def gpt2_from_files(directory: Path) -> LoadedTokenizer:
     missing = [name for name in GPT2_FILES if not (directory / name).is_file()]
     if missing:
         raise UsageError(f"GPT-2 tokenizer files {missing} not found in {directory}; {FETCH_HINT}")
-    encoder, merges = (str(directory / name) for name in GPT2_FILES)
-    tokenizer = _byte_level(models.BPE.from_file(encoder, merges))
-    tokenizer.add_special_tokens([EOS])  # already id 50256 in encoder.json; marks it as never split
-    files = {name: sha256_file(directory / name) for name in GPT2_FILES}
-    return LoadedTokenizer(tokenizer, tokenizer.token_to_id(EOS), {"kind": "gpt2", "name": "gpt2", "files": files})
+    return _gpt2(directory / "encoder.json", directory / "vocab.bpe", "gpt2")
 
 
 def gpt2_from_hub() -> LoadedTokenizer:
+    """The hub's gpt2 repository holds the same two files as vocab.json and merges.txt."""
     try:
-        tokenizer = Tokenizer.from_pretrained("gpt2")
+        from huggingface_hub import hf_hub_download
+
+        files = [Path(hf_hub_download("gpt2", name)) for name in ("vocab.json", "merges.txt")]
     except Exception as exc:  # the hub client raises many types for "offline"
         raise UsageError(
             f"could not fetch the 'gpt2' tokenizer from the hub ({type(exc).__name__}); set the preset's "
             f"data.tokenizer.path to a directory with {' and '.join(GPT2_FILES)} ({FETCH_HINT})"
         ) from None
-    return LoadedTokenizer(tokenizer, tokenizer.token_to_id(EOS), {"kind": "gpt2", "name": "gpt2 (hub)"})
+    return _gpt2(*files, "gpt2 (hub)")
 
 
 def train_bpe(texts: Iterator[str], vocab_size: int) -> LoadedTokenizer:
@@ -77,7 +85,8 @@ def train_bpe(texts: Iterator[str], vocab_size: int) -> LoadedTokenizer:
     )
     tokenizer.train_from_iterator(texts, trainer)
     return LoadedTokenizer(tokenizer, tokenizer.token_to_id(EOS),
-                           {"kind": "bpe", "name": f"byte-level-bpe-{vocab_size}", "requested_vocab_size": vocab_size})
+                           {"kind": "bpe", "name": f"byte-level-bpe-{vocab_size}", "requested_vocab_size": vocab_size},
+                           TokenizersEncoder(tokenizer))
 
 
 def load_tokenizer(cfg: TokenizerConfig, train_texts: Iterator[str]) -> LoadedTokenizer:
