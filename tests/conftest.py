@@ -24,6 +24,10 @@ TINY_PRESET = {
         "warmup_steps": 3, "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 6, "eval_batches": 2,
         "checkpoint_interval": 6, "compile": False, "seed": 7,
     },
+    "study": {"repeats": 2, "warmup_steps": 2, "runs": [
+        {"strategies": ["single"], "precisions": ["fp32"], "nproc": [1]},
+        {"strategies": ["ddp"], "precisions": ["fp32"], "nproc": [2]},
+    ]},
 }
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -43,7 +47,7 @@ def synthetic_tokens(n_tokens: int, vocab: int, seed: int) -> np.ndarray:
 @pytest.fixture(scope="session")
 def params_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("params") / "params.yaml"
-    path.write_text(yaml.safe_dump({"preset": "tiny", "presets": {"tiny": TINY_PRESET}}))
+    path.write_text(yaml.safe_dump({"preset": "tiny", "container": "unused.sif", "presets": {"tiny": TINY_PRESET}}))
     return path
 
 

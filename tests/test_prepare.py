@@ -36,7 +36,7 @@ def params_with(tmp_path: Path, data: dict) -> Path:
     from conftest import TINY_PRESET
 
     path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump({"preset": "t", "presets": {"t": {**TINY_PRESET, "data": data}}}))
+    path.write_text(yaml.safe_dump({"preset": "t", "container": "unused.sif", "presets": {"t": {**TINY_PRESET, "data": data}}}))
     return path
 
 

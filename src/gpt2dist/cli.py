@@ -106,3 +106,68 @@ def verify(data_dir: Annotated[Path, typer.Argument(help="Shard directory.")]) -
 def _summary(directory: Path, meta: dict, verb: str) -> str:
     splits = ", ".join(f"{name} {entry['tokens']:,} tokens" for name, entry in meta["splits"].items())
     return f"ok: {directory}: {splits}, vocabulary {meta['vocab_size']:,} ({meta['tokenizer'].get('name')}), sha256 {verb}"
+
+
+def _study(params: Path, preset: str | None):
+    from gpt2dist.hardware import visible_gpus
+    from gpt2dist.study import plan_study
+
+    return plan_study(params, preset, visible_gpus())
+
+
+@app.command()
+@one_line_errors
+def collect(
+    runs: Annotated[Path, typer.Option(help="Directory holding one directory per run id.")] = Path("results/runs"),
+    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
+    out: Annotated[Path, typer.Option(help="Where metrics.csv, runs.csv, summary.csv and summary.json go.")] = Path("results"),
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+) -> None:
+    """Gather every run of the study into one tidy table and a per-configuration summary."""
+    from gpt2dist.collect import collect as run_collect
+
+    result = run_collect(_study(params, preset), runs, data, out)
+    typer.echo(f"ok: {len(result['configs'])} configurations of preset {result['preset']} summarised in {out}")
+
+
+@app.command()
+@one_line_errors
+def plot(results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results")) -> None:
+    """Draw the study's figures (PNG and SVG) from the collected tables."""
+    from gpt2dist.plots import plot as run_plot
+
+    typer.echo(f"ok: {len(run_plot(results))} figure files in {results / 'figures'}")
+
+
+@app.command()
+@one_line_errors
+def report(results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results")) -> None:
+    """Write results/summary.md: the comparison table and the environment."""
+    from gpt2dist.report import report as run_report
+
+    typer.echo(f"ok: {run_report(results)}")
+
+
+@app.command("dvc-yaml")
+@one_line_errors
+def dvc_yaml(
+    out: Annotated[Path, typer.Option(help="File to write.")] = Path("dvc.yaml"),
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+) -> None:
+    """Write dvc.yaml for this machine's study: the same commands and paths as the Snakefile."""
+    from gpt2dist.dvc_stages import write_dvc_yaml
+
+    study = _study(params, preset)
+    write_dvc_yaml(study, out)
+    typer.echo(f"ok: {out} with {len(study.runs)} train stages of preset {study.preset_name}")
+
+
+@app.command()
+def schema(out: Annotated[Path, typer.Option(help="File to write.")] = Path("workflow/schemas/params.schema.json")) -> None:
+    """Write the JSON schema of params.yaml (Snakemake validates against it) from the typed config."""
+    from gpt2dist.config import write_params_schema
+
+    write_params_schema(out)
+    typer.echo(f"ok: {out}")

@@ -123,10 +123,41 @@ class DataConfig(_Strict):
     batch_documents: int = Field(1024, gt=0, description="Documents per encode batch (bounds memory).")
 
 
+class RunGroup(_Strict):
+    """A cross product of runs: every strategy x precision x process count listed."""
+
+    strategies: list[Strategy] = Field(min_length=1)
+    precisions: list[Precision] = Field(min_length=1)
+    nproc: list[int] = Field(min_length=1, description="Processes (GPUs on CUDA machines) per run.")
+
+    @model_validator(mode="after")
+    def _positive(self) -> RunGroup:
+        if any(n < 1 for n in self.nproc):
+            raise ValueError(f"nproc values must be >= 1, got {self.nproc}")
+        return self
+
+
+class StudyConfig(_Strict):
+    """Which runs the pipeline trains and how their numbers are summarised."""
+
+    repeats: int = Field(3, ge=1, description="Repeats per configuration (3 or more give confidence intervals).")
+    warmup_steps: int = Field(5, ge=0, description="Leading steps left out of throughput statistics.")
+    runs: list[RunGroup] = Field(min_length=1)
+
+
 class Preset(_Strict):
     data: DataConfig
     model: ModelConfig
     train: TrainConfig
+    study: StudyConfig
+
+
+class ParamsFile(_Strict):
+    """The whole params.yaml; its JSON schema (workflow/schemas/) is generated from this."""
+
+    preset: str = Field("auto", description="A preset name, or auto: paper with CUDA GPUs, cpu without.")
+    container: str = Field(description="Image every pipeline rule runs in under --sdm apptainer.")
+    presets: dict[str, Preset] = Field(min_length=1)
 
 
 class RunSpec(_Strict):
@@ -262,3 +293,9 @@ def write_spec(spec: RunSpec, path: Path) -> None:
 
 def read_spec(path: Path) -> RunSpec:
     return RunSpec.model_validate_json(Path(path).read_text())
+
+
+def write_params_schema(path: Path) -> None:
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **ParamsFile.model_json_schema()}
+    schema["title"] = "gpt2dist params.yaml"
+    atomic_write_text(path, json.dumps(schema, indent=2, sort_keys=True) + "\n")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 # Matched in order against torch.cuda.get_device_name(); the first substring found wins.
 PEAK_BF16_FLOPS: list[tuple[str, float]] = [
     ("H200", 989e12),
@@ -24,3 +28,17 @@ def peak_flops(device_name: str, override_tflops: float | None = None) -> float 
 
 def mfu(tokens_per_s: float, flops_per_token: float, n_devices: int, peak: float) -> float:
     return tokens_per_s * flops_per_token / (n_devices * peak)
+
+
+def visible_gpus() -> int:
+    """CUDA GPUs this process may use, without importing torch (Snakemake plans with this)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return len([d for d in listed.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))

@@ -1,0 +1,31 @@
+# gpt2dist: prepare -> train (one job per run id) -> collect -> plot -> report.
+# `snakemake --cores all` runs the study of params.yaml's preset (auto: paper with CUDA
+# GPUs, cpu without). Every rule calls the `gpt2dist` command that its DVC stage calls.
+from snakemake.utils import min_version, validate
+
+min_version("8.0")
+
+
+configfile: "params.yaml"
+
+
+validate(config, "workflow/schemas/params.schema.json", set_default=False)
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/prepare.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/collect.smk"
+include: "workflow/rules/plot.smk"
+include: "workflow/rules/report.smk"
+
+
+report: "workflow/report/workflow.rst"
+
+
+rule all:
+    input:
+        rules.report.output,
+        rules.plot.output,
+        rules.collect.output,
+    default_target: True

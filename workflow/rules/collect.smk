@@ -1,0 +1,19 @@
+rule collect:
+    input:
+        records=[OUTPUTS[f"train@{run}"][0] for run in RUNS],
+        metrics=[OUTPUTS[f"train@{run}"][1] for run in RUNS],
+        meta=rules.prepare.output.meta,
+    output:
+        metrics=f"{gs.RESULTS_DIR}/metrics.csv",
+        runs=f"{gs.RESULTS_DIR}/runs.csv",
+        summary=f"{gs.RESULTS_DIR}/summary.csv",
+        summary_json=f"{gs.RESULTS_DIR}/summary.json",
+    params:
+        command=gs.collect_command(STUDY, PARAMS),
+        settings=gs.preset_json(STUDY, "study", "model"),
+    log:
+        "logs/collect.log",
+    container:
+        config["container"]
+    shell:
+        "{params.command} > {log} 2>&1"

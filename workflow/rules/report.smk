@@ -1,0 +1,14 @@
+rule report:
+    input:
+        summary=rules.collect.output.summary_json,
+        figures=rules.plot.output,
+    output:
+        report(f"{gs.RESULTS_DIR}/summary.md", caption="../report/summary.rst", category="Summary"),
+    params:
+        command=gs.report_command(),
+    log:
+        "logs/report.log",
+    container:
+        config["container"]
+    shell:
+        "{params.command} > {log} 2>&1"

@@ -1,0 +1,25 @@
+# One job per run id. Each job takes every core of the machine so that no two runs share
+# it: throughput numbers from overlapping runs would not be comparable. `gpus` lets
+# `--resources gpus=N` (or the SLURM executor) account for devices.
+rule train:
+    input:
+        rules.prepare.output,
+    output:
+        record=f"{gs.RUNS_DIR}/{{run}}/run.json",
+        metrics=f"{gs.RUNS_DIR}/{{run}}/metrics.jsonl",
+        spec=f"{gs.RUNS_DIR}/{{run}}/spec.json",
+        checkpoint=temp(f"{gs.RUNS_DIR}/{{run}}/checkpoint.pt"),
+    wildcard_constraints:
+        run="|".join(map(re.escape, RUNS)),
+    params:
+        command=lambda wildcards: gs.train_command(STUDY, RUNS[wildcards.run]),
+        settings=gs.preset_json(STUDY, "model", "train"),
+    log:
+        "logs/train/{run}.log",
+    threads: WHOLE_MACHINE
+    resources:
+        gpus=lambda wildcards: RUNS[wildcards.run].nproc if STUDY.device == "cuda" else 0,
+    container:
+        config["container"]
+    shell:
+        "{params.command} > {log} 2>&1"
