@@ -41,7 +41,7 @@ def reduce_params(path: Path, **study) -> None:
 
 
 def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "", "DVC_NO_ANALYTICS": "1"}
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if check and result.returncode:
         raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")

@@ -72,8 +72,11 @@ class Trainer:
         self.val_batches = BatchSampler(shards.val, "val", spec.model.n_positions, t.global_batch_size, t.seed)
         self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=spec.strategy == "fsdp")
         model = build_model(spec.model, seed=t.seed, eos_id=shards.meta["eos_id"])
-        if t.compile:
+        self.compiled = t.compile and strategy.compiles
+        if self.compiled:
             compile_blocks(model)
+        elif t.compile:
+            log.warning("train.compile ignored: %s does not support compiled blocks", spec.strategy)
         self.model, self.optimizer = strategy.prepare(model, optimizer_factory(t, self.place.device), self.precision)
         self.rows = strategy.rows_per_micro_batch()
         self.tokens_per_step = t.global_batch_size * spec.model.n_positions
@@ -202,6 +205,7 @@ class Trainer:
             "seed": spec.train.seed,
             "preset": spec.preset,
             "grad_accum_steps": spec.grad_accum_steps,
+            "compiled": self.compiled,
             "tokens_per_step": self.tokens_per_step,
             "placement": placement,
             "config": spec.model_dump(),

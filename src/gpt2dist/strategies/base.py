@@ -33,6 +33,7 @@ class Strategy:
 
     name: str = ""
     launcher: str = "python"  # python | torchrun | horovodrun
+    compiles: bool = True  # whether train.compile applies under this wrapping
 
     def __init__(self, spec: RunSpec):
         self.spec = spec
