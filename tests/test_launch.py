@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from gpt2dist.errors import UsageError
-from gpt2dist.launch import local_command, multinode_commands, parse_hosts
+from gpt2dist.launch import launch_env, local_command, multinode_commands, parse_hosts
 
 SPEC = Path("/runs/ddp-bf16-n16-r0/spec.json")
 
@@ -49,3 +49,9 @@ def test_torchrun_refuses_uneven_nodes_and_single_process_strategies():
         multinode_commands("torchrun", parse_hosts("a:8,b:4"), SPEC)
     with pytest.raises(UsageError, match="needs ddp, fsdp or horovod"):
         multinode_commands("python", parse_hosts("a:8,b:8"), SPEC)
+
+
+def test_threads_are_split_between_ranks():
+    assert launch_env(2, {"OMP_NUM_THREADS": "8"})["OMP_NUM_THREADS"] == "4"  # e.g. Snakemake's threads
+    assert launch_env(4, {"OMP_NUM_THREADS": "2"})["OMP_NUM_THREADS"] == "1"
+    assert int(launch_env(1, {})["OMP_NUM_THREADS"]) >= 1

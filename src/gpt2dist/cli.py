@@ -108,11 +108,11 @@ def _summary(directory: Path, meta: dict, verb: str) -> str:
     return f"ok: {directory}: {splits}, vocabulary {meta['vocab_size']:,} ({meta['tokenizer'].get('name')}), sha256 {verb}"
 
 
-def _study(params: Path, preset: str | None):
+def _study(params: Path, preset: str | None, gpus: int | None = None):
     from gpt2dist.hardware import visible_gpus
     from gpt2dist.study import plan_study
 
-    return plan_study(params, preset, visible_gpus())
+    return plan_study(params, preset, visible_gpus() if gpus is None else gpus)
 
 
 @app.command()
@@ -171,3 +171,30 @@ def schema(out: Annotated[Path, typer.Option(help="File to write.")] = Path("wor
 
     write_params_schema(out)
     typer.echo(f"ok: {out}")
+
+
+@app.command()
+@one_line_errors
+def doctor(
+    no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Skip GPU checks (image builds, CPU nodes).")] = False,
+    gpus: Annotated[Optional[int], typer.Option(help="Plan the study for this many GPUs (default: the visible ones).")] = None,
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+) -> None:
+    """Check this environment and list what the chosen preset's study needs but is missing."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpt2dist.doctor import facts, missing_for
+
+    table = Table(title="gpt2dist doctor")
+    for column in ("check", "found", "ok"):
+        table.add_column(column)
+    for fact in facts(no_gpu):
+        table.add_row(fact.name, fact.value, "yes" if fact.ok else "no")
+    Console().print(table)
+    study = _study(params, preset, gpus)
+    missing = missing_for(study, no_gpu)
+    if missing:
+        raise UsageError(f"preset '{study.preset_name}' needs what is missing here: " + "; ".join(missing))
+    typer.echo(f"ok: everything preset '{study.preset_name}' ({len(study.runs)} runs) needs is here")

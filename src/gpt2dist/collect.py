@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
+from gpt2dist.config import PRECISIONS, STRATEGIES
 from gpt2dist.data import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.hardware import mfu, peak_flops
@@ -78,6 +79,12 @@ def per_run(table: pd.DataFrame, warmup_steps: int, train_tokens: int) -> pd.Dat
     return pd.DataFrame(rows)
 
 
+def in_study_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows ordered single, dp, ddp, horovod, fsdp; then precision; then process count."""
+    key = frame["strategy"].map(STRATEGIES.index) * 1000 + frame["precision"].map(PRECISIONS.index) * 100 + frame["nproc"]
+    return frame.assign(_order=key).sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
+
+
 def t_interval(values: pd.Series) -> tuple[float, float]:
     """95% t-interval of the mean; NaN with fewer than two values."""
     values = values.dropna()
@@ -95,7 +102,7 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
             low, high = t_interval(group[metric])
             row |= {metric: group[metric].median(), f"{metric}_ci_low": low, f"{metric}_ci_high": high}
         rows.append(row)
-    summary = pd.DataFrame(rows)
+    summary = in_study_order(pd.DataFrame(rows))
     by_config = summary.set_index("config_id")["tokens_per_s"]
 
     def baseline(precision: str) -> float:

@@ -75,5 +75,41 @@ def devices() -> dict:
     return info
 
 
+def mpi_implementation() -> str | None:
+    """First line of `mpirun --version` (Open MPI, MPICH, ...), None without MPI."""
+    out = _run(["mpirun", "--version"])
+    return out.splitlines()[0] if out else None
+
+
+def horovod_build() -> dict | None:
+    """Which controllers and GPU operations Horovod was built with; None when not importable."""
+    try:
+        import horovod.torch as hvd
+    except ImportError:
+        return None
+    return {"gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built()), "nccl": bool(hvd.nccl_built())}
+
+
+def apex_features() -> dict:
+    """apex.amp (removed from Apex after 25.05) and the CUDA-extension fused optimizers."""
+    features = {}
+    for name, module in (("amp", "apex.amp"), ("fused_adam", "apex.optimizers"), ("amp_C", "amp_C")):
+        try:
+            __import__(module)
+            features[name] = True
+        except Exception:  # a broken extension raises more than ImportError
+            features[name] = False
+    return features
+
+
+def slurm() -> dict:
+    keys = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_GPUS_ON_NODE")
+    return {key: os.environ[key] for key in keys if key in os.environ}
+
+
+def distributed() -> dict:
+    return {"mpi": mpi_implementation(), "horovod": horovod_build(), "apex": apex_features(), "slurm": slurm()}
+
+
 def capture() -> dict:
-    return {"versions": versions(), "devices": devices(), "git": git_commit()}
+    return {"versions": versions(), "devices": devices(), "distributed": distributed(), "git": git_commit()}

@@ -91,9 +91,15 @@ def multinode_commands(launcher: str, hosts: list[Host], spec_path: Path, *, por
     raise UsageError(f"strategy runs in one process ({launcher}); --hosts needs ddp, fsdp or horovod")
 
 
-def launch_env(nproc: int) -> dict[str, str]:
-    """Split this machine's cores between ranks unless the user already chose."""
-    env = dict(os.environ)
+def launch_env(nproc: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Split the job's threads between its ranks.
+
+    An inherited OMP_NUM_THREADS is the whole job's budget (Snakemake exports a job's
+    `threads` this way), not each rank's: passed on unchanged, N ranks would each start
+    that many threads and oversubscribe the cores.
+    """
+    env = dict(os.environ if environ is None else environ)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
+    budget = int(env.get("OMP_NUM_THREADS") or cores)
+    env["OMP_NUM_THREADS"] = str(max(1, budget // nproc))
     return env

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from gpt2dist.collect import t_interval  # noqa: E402
+from gpt2dist.collect import in_study_order, t_interval  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
 
 
@@ -26,9 +26,10 @@ def _label(frame: pd.DataFrame) -> pd.Series:
 
 
 def _bars(runs: pd.DataFrame, column: str, scale: float, ylabel: str, title: str) -> plt.Figure:
-    data = runs.assign(config=_label(runs), value=runs[column] / scale)
+    data = in_study_order(runs)
+    data = data.assign(config=_label(data), value=data[column] / scale)
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * data["config"].nunique() + 3), 4.5))
-    sns.barplot(data=data, x="config", y="value", hue="precision", estimator="median",
+    sns.barplot(data=data, x="config", y="value", hue="precision", estimator="median", order=data["config"].unique(),
                 errorbar=lambda v: t_interval(pd.Series(v)), capsize=0.15, ax=ax)
     ax.set(xlabel="strategy, processes", ylabel=ylabel, title=title)
     return fig

@@ -7,8 +7,10 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 from tabulate import tabulate
 
+from gpt2dist.collect import in_study_order
 from gpt2dist.io import atomic_write_text
 from gpt2dist.study import FIGURES
 
@@ -31,7 +33,7 @@ def summary_markdown(summary: dict) -> str:
          _with_ci(row, "tokens_per_s", ",.0f"), _num(row.get("speedup"), ".2f"),
          _num(row.get("scaling_efficiency"), ".2f"), _num(row["peak_mem_bytes"] / 2**20, ",.0f"),
          _num(row.get("final_val_loss"), ".3f"), _num(row.get("mfu"), ".1%")]
-        for row in summary["configs"].values()
+        for row in in_study_order(pd.DataFrame(summary["configs"].values())).to_dict("records")
     ]
     table = tabulate(rows, headers=["strategy", "precision", "processes", "repeats",
                                     "tokens/s, median (95% CI)", "speedup", "efficiency", "peak MiB", "final val loss",

@@ -4,12 +4,13 @@ check it, then train in this process or hand it to the strategy's launcher."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import torch
 
-from gpt2dist import launch, preflight, train
+from gpt2dist import launch, preflight, slurm, train
 from gpt2dist.config import (
     PRECISIONS,
     STRATEGIES,
@@ -68,7 +69,7 @@ def start(spec: RunSpec, *, print_only: bool = False) -> tuple[int, str | None]:
     out = Path(spec.out_dir)
     write_spec(spec, out / "spec.json")
     launcher = REGISTRY[spec.strategy].launcher
-    command = launch.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
+    command = _command(spec, launcher, out)
     shown = " ".join(command) if command else f"(in this process) {spec.strategy}"
     if print_only:
         return 0, shown
@@ -81,6 +82,20 @@ def start(spec: RunSpec, *, print_only: bool = False) -> tuple[int, str | None]:
         _mark_failed(out, code)
         raise UsageError(f"training failed ({launcher} exited with {code}); the ranks' messages are above")
     return 0, shown
+
+
+def _command(spec: RunSpec, launcher: str, out: Path) -> list[str] | None:
+    """The local launcher, or srun over every node when this is a multi-node SLURM job."""
+    allocation = slurm.allocation_from_env()
+    if allocation is None:
+        return launch.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
+    world = len(allocation.nodes) * allocation.gpus_per_node
+    if world != spec.nproc:
+        raise UsageError(f"--nproc {spec.nproc} does not match the SLURM allocation of {len(allocation.nodes)} nodes "
+                         f"x {allocation.gpus_per_node} GPUs ({world})")
+    # GPT2DIST_IMAGE: run every task inside this image (when the job itself runs on the host)
+    return slurm.srun_command(launcher, allocation, out / "spec.json", image=os.environ.get("GPT2DIST_IMAGE"),
+                              run_id=out.name)
 
 
 def _mark_failed(out: Path, code: int) -> None:

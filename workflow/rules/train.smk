@@ -19,6 +19,7 @@ rule train:
     threads: WHOLE_MACHINE
     resources:
         gpus=lambda wildcards: RUNS[wildcards.run].nproc if STUDY.device == "cuda" else 0,
+        gpu=lambda wildcards: RUNS[wildcards.run].nproc if STUDY.device == "cuda" else 0,  # SLURM plugin
     container:
         config["container"]
     shell:

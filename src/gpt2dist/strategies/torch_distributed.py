@@ -8,10 +8,28 @@ import torch.distributed as dist
 from gpt2dist.strategies.base import Placement, Strategy
 
 
+def _env_from_slurm_tasks() -> None:
+    """Ranks started as SLURM tasks (`srun -n N python -m gpt2dist.worker`), not by torchrun:
+    take rank, world size and the rendezvous from SLURM's variables."""
+    if "RANK" in os.environ or "SLURM_PROCID" not in os.environ:
+        return
+    import hostlist
+
+    first_node = hostlist.expand_hostlist(os.environ["SLURM_JOB_NODELIST"])[0]
+    os.environ.update(
+        RANK=os.environ["SLURM_PROCID"],
+        WORLD_SIZE=os.environ["SLURM_NTASKS"],
+        LOCAL_RANK=os.environ["SLURM_LOCALID"],
+        MASTER_ADDR=first_node,
+        MASTER_PORT=str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000),
+    )
+
+
 class TorchDistributed(Strategy):
     launcher = "torchrun"
 
     def setup(self) -> Placement:
+        _env_from_slurm_tasks()
         cuda = self.spec.device == "cuda"
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if cuda:
