@@ -52,6 +52,8 @@ def test_torchrun_refuses_uneven_nodes_and_single_process_strategies():
 
 
 def test_threads_are_split_between_ranks():
-    assert launch_env(2, {"OMP_NUM_THREADS": "8"})["OMP_NUM_THREADS"] == "4"  # e.g. Snakemake's threads
-    assert launch_env(4, {"OMP_NUM_THREADS": "2"})["OMP_NUM_THREADS"] == "1"
+    snakemake_job = {"OMP_NUM_THREADS": "8", "MKL_NUM_THREADS": "8", "OPENBLAS_NUM_THREADS": "8"}  # threads: 8
+    env = launch_env(2, snakemake_job)
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "4"
+    assert launch_env(4, {"OMP_NUM_THREADS": "2"})["MKL_NUM_THREADS"] == "1"
     assert int(launch_env(1, {})["OMP_NUM_THREADS"]) >= 1

@@ -16,6 +16,8 @@ from pathlib import Path
 from gpt2dist.errors import UsageError
 
 DEFAULT_PORT = 29500
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                    "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -101,5 +103,8 @@ def launch_env(nproc: int, environ: dict[str, str] | None = None) -> dict[str, s
     env = dict(os.environ if environ is None else environ)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     budget = int(env.get("OMP_NUM_THREADS") or cores)
-    env["OMP_NUM_THREADS"] = str(max(1, budget // nproc))
+    per_rank = str(max(1, budget // nproc))
+    # MKL reads its own variable before OMP's: left at the job's budget, 2 ranks on 2 cores
+    # ran Horovod 8x slower (1.6k against 12.9k tokens/s).
+    env.update(dict.fromkeys(THREAD_VARIABLES, per_rank))
     return env
