@@ -76,4 +76,5 @@ def test_doctor_names_horovod_when_it_cannot_be_imported(tmp_path):
     env["PYTHONPATH"] = f"{tmp_path}:{env.get('PYTHONPATH', '')}"
     result = gpt2dist("doctor", "--no-gpu", "--params", REPO / "params.yaml", "--preset", "cpu", check=False, env=env)
     assert result.returncode == 2
-    assert "Horovod (containers/install_horovod.sh): needed by horovod-fp32-n1, horovod-bf16-n1" in result.stderr
+    assert ("Horovod (containers/install_horovod.sh): needed by horovod-fp32-n1, horovod-fp32-n2, horovod-bf16-n1, "
+            "horovod-bf16-n2") in result.stderr

@@ -5,7 +5,8 @@ import os
 
 
 def setup_logging() -> None:
-    rank = int(os.environ.get("RANK", os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", 0))))
+    names = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")  # torchrun, horovodrun, mpirun, srun
+    rank = int(next((os.environ[name] for name in names if name in os.environ), 0))
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"%(asctime)s [rank {rank}] %(name)s: %(message)s",
