@@ -22,9 +22,15 @@ def check_dependencies(spec: RunSpec) -> None:
 def check_data(spec: RunSpec) -> dict:
     """Verify sizes and sha256 of every shard and that the model can embed the vocabulary."""
     meta = verify_shards(Path(spec.data_dir), check_hash=True)
+    check_vocabulary(meta, spec)
+    return meta
+
+
+def check_vocabulary(meta: dict, spec: RunSpec) -> None:
+    """The model must embed every token id of the data. Ranks check again: a worker started
+    by a printed multi-node command never passes through this launcher."""
     if meta["vocab_size"] > spec.model.vocab_size:
         raise UsageError(
             f"the data's vocabulary ({meta['vocab_size']}) exceeds model.vocab_size "
             f"({spec.model.vocab_size}); raise model.vocab_size (e.g. --set model.vocab_size={meta['vocab_size']})"
         )
-    return meta

@@ -17,11 +17,11 @@ from gpt2dist.checkpoint import load_checkpoint, save_checkpoint
 from gpt2dist.config import RunSpec, TrainConfig
 from gpt2dist.batches import BatchSampler
 from gpt2dist.data import open_shards
-from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_write_json
 from gpt2dist.metrics import MetricsLog, now_iso, peak_memory_bytes
 from gpt2dist.model import build_model, compile_blocks, lm_loss
 from gpt2dist.precision import Precision, make_precision
+from gpt2dist.preflight import check_vocabulary
 from gpt2dist.strategies import REGISTRY, Strategy
 
 log = logging.getLogger(__name__)
@@ -62,11 +62,7 @@ class Trainer:
         self.rank0 = self.place.rank == 0
         self.out = Path(spec.out_dir)
         shards = open_shards(Path(spec.data_dir), check_hash=False)  # the launcher verified hashes
-        if shards.meta["vocab_size"] > spec.model.vocab_size:
-            raise UsageError(
-                f"the data's vocabulary ({shards.meta['vocab_size']}) exceeds model.vocab_size "
-                f"({spec.model.vocab_size}); raise model.vocab_size"
-            )
+        check_vocabulary(shards.meta, spec)
         t = spec.train
         self.train_batches = BatchSampler(shards.train, "train", spec.model.n_positions, t.global_batch_size, t.seed)
         self.val_batches = BatchSampler(shards.val, "val", spec.model.n_positions, t.global_batch_size, t.seed)
