@@ -164,8 +164,8 @@ class Trainer:
     def run(self) -> None:
         t = self.spec.train
         start = self.resume()
-        record = self._run_record(start)
-        if self.rank0:
+        record = self._run_record(start) if self.rank0 else None  # capture() runs git, mpirun, nvidia-smi
+        if record is not None:
             atomic_write_json(self.out / "run.json", record)
         metrics = MetricsLog(self.out / "metrics.jsonl", enabled=self.rank0, resume_step=start)
         progress = tqdm(total=t.max_steps, initial=start, disable=not self.rank0, desc=self.spec.strategy, unit="step")
@@ -183,7 +183,7 @@ class Trainer:
         finally:
             progress.close()
             metrics.close()
-        if self.rank0:
+        if record is not None:
             record.update(status="completed", finished_at=now_iso())
             atomic_write_json(self.out / "run.json", record)  # written last, only on success
 
