@@ -72,7 +72,7 @@ def train(
     if host_list:
         typer.echo("\n".join(runner.print_multinode(spec, host_list)))
         return
-    _, shown = runner.start(spec, print_only=print_command)
+    shown = runner.start(spec, print_only=print_command)
     if print_command:
         typer.echo(shown)
 

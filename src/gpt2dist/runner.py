@@ -63,8 +63,8 @@ def print_multinode(spec: RunSpec, hosts: list[launch.Host]) -> list[str]:
     return [f"# on {where}\n{command}" for where, command in commands.items()]
 
 
-def start(spec: RunSpec, *, print_only: bool = False) -> tuple[int, str | None]:
-    """Verify the data, then run. Returns (exit code, the launcher command line if one is used)."""
+def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
+    """Verify the data, then run (a failure raises). Returns the launcher command line, if one is used."""
     preflight.check_data(spec)
     out = Path(spec.out_dir)
     write_spec(spec, out / "spec.json")
@@ -72,16 +72,16 @@ def start(spec: RunSpec, *, print_only: bool = False) -> tuple[int, str | None]:
     command = _command(spec, launcher, out)
     shown = " ".join(command) if command else f"(in this process) {spec.strategy}"
     if print_only:
-        return 0, shown
+        return shown
     setup_logging()
     if command is None:
         train.run(spec)
-        return 0, None
+        return None
     code = subprocess.run(command, env=launch.launch_env(spec.nproc)).returncode
     if code:
         _mark_failed(out, code)
         raise UsageError(f"training failed ({launcher} exited with {code}); the ranks' messages are above")
-    return 0, shown
+    return shown
 
 
 def _command(spec: RunSpec, launcher: str, out: Path) -> list[str] | None:
