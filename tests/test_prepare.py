@@ -17,7 +17,7 @@ import pytest
 import yaml
 from tokenizers import Tokenizer
 
-from conftest import gpt2dist
+from conftest import TINY_PRESET, gpt2dist
 from gpt2dist.config import DataConfig
 from gpt2dist.corpus import documents
 from gpt2dist.data import verify_shards
@@ -33,8 +33,6 @@ needs_gpt2 = pytest.mark.skipif(
 
 
 def params_with(tmp_path: Path, data: dict) -> Path:
-    from conftest import TINY_PRESET
-
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump({"preset": "t", "container": "unused.sif", "presets": {"t": {**TINY_PRESET, "data": data}}}))
     return path

@@ -8,10 +8,10 @@ a zero-gradient AdamW step on a fresh optimizer (weight decay and a bias-correct
 that the single-process reference never takes).
 """
 
+import torch
+
 from gpt2dist.errors import UsageError
 from gpt2dist.strategies.base import Placement, Strategy, describe
-
-import torch
 
 
 def import_horovod():
