@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv with torch, gpt2dist (editable, with test tools) and Horovod.
+# Create .venv with torch, gpt2dist (editable, with test tools and the SLURM executor
+# plugin) and Horovod.
 # Used by the README's two commands and by .ci/run; the container recipe calls
 # install_horovod.sh the same way.
 #
@@ -17,7 +18,7 @@ py=$VENV/bin/python
 "$py" -m pip install --quiet --upgrade pip setuptools wheel
 # Pin torch first: an unpinned resolve may pull a different (much larger) build.
 "$py" -m pip install --quiet "torch==$TORCH_VERSION" numpy
-"$py" -m pip install --quiet -e ".[test]"
+"$py" -m pip install --quiet -e ".[test,cluster]"
 PYTHON=$py bash containers/install_horovod.sh
 # GPT-2's tokenizer files, for the paper preset and the tests that check the real vocabulary.
 bash containers/fetch_gpt2_tokenizer.sh \

@@ -53,7 +53,13 @@ def test_torchrun_refuses_uneven_nodes_and_single_process_strategies():
 
 def test_threads_are_split_between_ranks():
     snakemake_job = {"OMP_NUM_THREADS": "8", "MKL_NUM_THREADS": "8", "OPENBLAS_NUM_THREADS": "8"}  # threads: 8
-    env = launch_env(2, snakemake_job)
+    env = launch_env(2, snakemake_job, cores=64)
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "4"
-    assert launch_env(4, {"OMP_NUM_THREADS": "2"})["MKL_NUM_THREADS"] == "1"
+    assert launch_env(4, {"OMP_NUM_THREADS": "2"}, cores=64)["MKL_NUM_THREADS"] == "1"
     assert int(launch_env(1, {})["OMP_NUM_THREADS"]) >= 1
+
+
+def test_thread_budget_is_capped_at_the_cores_this_process_may_use():
+    # Snakemake's --cores all counts the whole node; a SLURM job may be bound to 8 of its cores
+    assert launch_env(2, {"OMP_NUM_THREADS": "128"}, cores=8)["OMP_NUM_THREADS"] == "4"
+    assert launch_env(2, {}, cores=8)["OMP_NUM_THREADS"] == "4"

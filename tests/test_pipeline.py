@@ -5,47 +5,16 @@ metrics; Snakemake and DVC declare the same commands and outputs."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-COPIED = ["Snakefile", "params.yaml", "workflow"]
+from reduced_study import REPO, copy_workflow, run
 
 pytestmark = pytest.mark.slow
-
-
-def reduce_params(path: Path, **study) -> None:
-    """Shrink the cpu preset: tiny model, few steps, a small corpus and a 4-run study."""
-    params = yaml.safe_load(path.read_text())
-    cpu = params["presets"]["cpu"]
-    cpu["data"] = {"source": {"kind": "embedded", "min_chars": 3000}, "tokenizer": {"kind": "bpe", "vocab_size": 512},
-                   "val_fraction": 0.2}
-    cpu["model"].update(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=512)
-    cpu["train"].update(max_steps=8, warmup_steps=2, eval_interval=4, checkpoint_interval=4, global_batch_size=8,
-                        micro_batch_size=2)
-    cpu["study"] = {"repeats": 2, "warmup_steps": 2, "runs": [
-        {"strategies": ["single"], "precisions": ["fp32"], "nproc": [1]},
-        {"strategies": ["ddp"], "precisions": ["fp32"], "nproc": [2]},
-    ], **study}
-    params["preset"] = "cpu"
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
-
-
-def run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "", "DVC_NO_ANALYTICS": "1"}
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if check and result.returncode:
-        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
-    return result
 
 
 def job_counts(dry_run_output: str) -> dict[str, int]:
@@ -55,19 +24,13 @@ def job_counts(dry_run_output: str) -> dict[str, int]:
 
 @pytest.fixture
 def workdir(tmp_path) -> Path:
-    for name in COPIED:
-        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, tmp_path / name)
-    reduce_params(tmp_path / "params.yaml")
-    return tmp_path
+    return copy_workflow(tmp_path)
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """One complete Snakemake run of the reduced study, shared by the read-only checks."""
-    work = tmp_path_factory.mktemp("pipeline")
-    for name in COPIED:
-        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, work / name)
-    reduce_params(work / "params.yaml")
+    work = copy_workflow(tmp_path_factory.mktemp("pipeline"))
     run(["snakemake", "--cores", "2"], work)
     return work
 

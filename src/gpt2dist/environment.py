@@ -103,7 +103,8 @@ def apex_features() -> dict:
 
 
 def slurm() -> dict:
-    keys = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_GPUS_ON_NODE")
+    keys = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_STEP_ID",
+            "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE")
     return {key: os.environ[key] for key in keys if key in os.environ}
 
 

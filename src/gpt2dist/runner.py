@@ -4,7 +4,9 @@ check it, then train in this process or hand it to the strategy's launcher."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_write_json
 from gpt2dist.logs import setup_logging
 from gpt2dist.strategies import REGISTRY
+
+log = logging.getLogger(__name__)
 
 
 def chosen_preset(params: Path, preset: str | None, overrides: list[str]) -> tuple[str, Preset]:
@@ -69,7 +73,10 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
     out = Path(spec.out_dir)
     write_spec(spec, out / "spec.json")
     launcher = REGISTRY[spec.strategy].launcher
-    command = _command(spec, launcher, out)
+    # without srun (an image run by `snakemake --sdm apptainer` has no SLURM commands) the
+    # ranks start on this node with its own launcher
+    allocation = slurm.job_allocation() if shutil.which("srun") else None
+    command = _command(spec, launcher, out, allocation)
     shown = " ".join(command) if command else f"(in this process) {spec.strategy}"
     if print_only:
         return shown
@@ -77,25 +84,25 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
     if command is None:
         train.run(spec)
         return None
-    code = subprocess.run(command, env=launch.launch_env(spec.nproc)).returncode
+    log.info("starting the ranks: %s", shown)
+    several_nodes = allocation is not None and len(allocation.nodes) > 1
+    ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
+    code = subprocess.run(command, env=launch.launch_env(ranks_here)).returncode
     if code:
         _mark_failed(out, code)
         raise UsageError(f"training failed ({launcher} exited with {code}); the ranks' messages are above")
     return shown
 
 
-def _command(spec: RunSpec, launcher: str, out: Path) -> list[str] | None:
-    """The local launcher, or srun over every node when this is a multi-node SLURM job."""
-    allocation = slurm.allocation_from_env()
-    if allocation is None:
-        return launch.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
-    world = len(allocation.nodes) * allocation.gpus_per_node
-    if world != spec.nproc:
-        raise UsageError(f"--nproc {spec.nproc} does not match the SLURM allocation of {len(allocation.nodes)} nodes "
-                         f"x {allocation.gpus_per_node} GPUs ({world})")
-    # GPT2DIST_IMAGE: run every task inside this image (when the job itself runs on the host)
-    return slurm.srun_command(launcher, allocation, out / "spec.json", image=os.environ.get("GPT2DIST_IMAGE"),
-                              run_id=out.name)
+def _command(spec: RunSpec, launcher: str, out: Path, allocation: slurm.Allocation | None) -> list[str] | None:
+    """srun inside a SLURM job that holds the ranks as tasks or nodes; else the local launcher."""
+    if allocation is not None:
+        # GPT2DIST_IMAGE: run every task inside this image (when the job itself runs on the host)
+        command = slurm.launch_command(launcher, spec.nproc, allocation, out / "spec.json",
+                                       image=os.environ.get("GPT2DIST_IMAGE"), run_id=out.name)
+        if command is not None:
+            return command
+    return launch.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
 
 
 def _mark_failed(out: Path, code: int) -> None:

@@ -20,12 +20,14 @@ DATA_DIR = "data/tokens"
 RUNS_DIR = "results/runs"
 RESULTS_DIR = "results"
 FIGURES = ("throughput", "speedup", "efficiency", "loss_vs_step", "loss_vs_time", "memory", "epoch_time")
+ONE_PROCESS = ("single", "dp")
 RUN_ID = re.compile(r"^(?P<strategy>[a-z]+)-(?P<precision>fp32|fp16|bf16|apex-O[12])-n(?P<nproc>\d+)-r(?P<repeat>\d+)$")
 STAGE_CODE = {
     "prepare": ["src/gpt2dist/prepare.py", "src/gpt2dist/corpus.py", "src/gpt2dist/tokenizer.py",
                 "src/gpt2dist/encoding.py", "src/gpt2dist/data.py"],
     "train": ["src/gpt2dist/train.py", "src/gpt2dist/strategies", "src/gpt2dist/model.py", "src/gpt2dist/precision.py",
-              "src/gpt2dist/batches.py", "src/gpt2dist/checkpoint.py", "src/gpt2dist/runner.py", "src/gpt2dist/launch.py"],
+              "src/gpt2dist/batches.py", "src/gpt2dist/checkpoint.py", "src/gpt2dist/runner.py", "src/gpt2dist/launch.py",
+              "src/gpt2dist/slurm.py"],
     "collect": ["src/gpt2dist/collect.py"],
     "plot": ["src/gpt2dist/plots.py"],
     "report": ["src/gpt2dist/report.py"],
@@ -46,6 +48,11 @@ class Run:
     @property
     def run_id(self) -> str:
         return f"{self.config_id}-r{self.repeat}"
+
+    @property
+    def processes(self) -> int:
+        """Processes (SLURM tasks) the run starts: single and dp drive every device from one."""
+        return 1 if self.strategy in ONE_PROCESS else self.nproc
 
 
 def parse_run_id(text: str) -> Run:

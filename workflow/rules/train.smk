@@ -20,6 +20,12 @@ rule train:
     resources:
         gpus=lambda wildcards: RUNS[wildcards.run].nproc if STUDY.device == "cuda" else 0,
         gpu=lambda wildcards: RUNS[wildcards.run].nproc if STUDY.device == "cuda" else 0,  # SLURM plugin
+        # On a SLURM cluster: one task per process. `mpi` makes the plugin run the command in
+        # the batch script itself (not in a one-task srun), so `gpt2dist train` can start the
+        # ranks with its own srun; tasks_per_gpu=0 keeps the plugin from adding --ntasks-per-gpu.
+        tasks=lambda wildcards: RUNS[wildcards.run].processes,
+        mpi=lambda wildcards: "srun" if RUNS[wildcards.run].processes > 1 else "",
+        tasks_per_gpu=0,
     container:
         config["container"]
     shell:

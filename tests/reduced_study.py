@@ -1,0 +1,50 @@
+"""A temporary copy of the workflow on a reduced cpu study, and the real tools run in it:
+shared by the local pipeline tests and the SLURM cluster test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+COPIED = ["Snakefile", "params.yaml", "workflow"]
+
+
+def reduce_params(path: Path, **study) -> None:
+    """Shrink the cpu preset: tiny model, few steps, a small corpus and a 4-run study."""
+    params = yaml.safe_load(path.read_text())
+    cpu = params["presets"]["cpu"]
+    cpu["data"] = {"source": {"kind": "embedded", "min_chars": 3000}, "tokenizer": {"kind": "bpe", "vocab_size": 512},
+                   "val_fraction": 0.2}
+    cpu["model"].update(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=512)
+    cpu["train"].update(max_steps=8, warmup_steps=2, eval_interval=4, checkpoint_interval=4, global_batch_size=8,
+                        micro_batch_size=2)
+    cpu["study"] = {"repeats": 2, "warmup_steps": 2, "runs": [
+        {"strategies": ["single"], "precisions": ["fp32"], "nproc": [1]},
+        {"strategies": ["ddp"], "precisions": ["fp32"], "nproc": [2]},
+    ], **study}
+    params["preset"] = "cpu"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def copy_workflow(dest: Path) -> Path:
+    """The Snakefile, workflow/ and a reduced params.yaml in `dest`."""
+    for name in COPIED:
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, dest / name)
+    reduce_params(dest / "params.yaml")
+    return dest
+
+
+def run(cmd: list[str], cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**(env or os.environ), "CUDA_VISIBLE_DEVICES": "", "DVC_NO_ANALYTICS": "1"}
+    env["PATH"] = f"{BIN}:{env['PATH']}"
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and result.returncode:
+        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result

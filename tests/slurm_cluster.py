@@ -1,0 +1,172 @@
+"""A throwaway one-node SLURM cluster on this machine, for the test of the cluster path.
+
+Debian's slurm-wlm and munge, each daemon in the foreground with its files (munge key and
+socket, state, spool, logs) under one temporary directory and its own ports, so teardown
+stops exactly the processes started here. Only slurm.conf lives at the system's path:
+Snakemake's SLURM job step drops SLURM_CONF from the environment of the commands it runs,
+so the srun it calls reads /etc/slurm/slurm.conf. An existing one that this module did not
+write stops the fixture rather than being overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scancel")
+PARTITION = "debug"
+SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
+MARKER = "# written by gpt2dist's test cluster; removed when it stops\n"
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in (*DAEMONS, *CLIENTS) if shutil.which(tool) is None]
+
+
+@dataclass
+class Cluster:
+    root: Path
+    conf: Path
+    node: str
+    cpus: int
+    memory_mb: int
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment SLURM's client commands need to find this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def log_tails(self, lines: int = 30) -> str:
+        parts = []
+        for log in sorted((self.root / "log").glob("*.log")):
+            parts.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+        return "\n".join(parts)
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _memory_mb() -> int:
+    """Nine tenths of the machine's memory: slurmd drains a node that has less than configured."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(int(line.split()[1]) / 1024 * 0.9)
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
+def _slurm_conf(root: Path, node: str, cpus: int, memory_mb: int, user: str) -> str:
+    ctld_port, node_port = _free_ports(2)
+    state = root / "state"
+    return MARKER + f"""\
+ClusterName=gpt2dist-test
+SlurmctldHost={node}(127.0.0.1)
+SlurmUser={user}
+SlurmdUser={user}
+SlurmctldPort={ctld_port}
+SlurmdPort={node_port}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root / 'munge.socket'}
+StateSaveLocation={state / 'ctld'}
+SlurmdSpoolDir={state / 'slurmd'}
+SlurmctldPidFile={state / 'slurmctld.pid'}
+SlurmdPidFile={state / 'slurmd.pid'}
+SlurmctldLogFile={root / 'log' / 'slurmctld.log'}
+SlurmdLogFile={root / 'log' / 'slurmd.log'}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/affinity
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+MinJobAge=600
+KillWait=5
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN
+PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def start(root: Path, timeout: float = 60.0) -> Cluster:
+    """Start munged, slurmctld and slurmd under `root`; return once the node is idle."""
+    if SYSTEM_CONF.exists() and not SYSTEM_CONF.read_text().startswith(MARKER):
+        raise RuntimeError(f"{SYSTEM_CONF} exists and belongs to another cluster; run the cluster test elsewhere")
+    node = socket.gethostname().split(".")[0]
+    cluster = Cluster(root, SYSTEM_CONF, node, os.cpu_count() or 1, _memory_mb())
+    for sub in ("log", "state/ctld", "state/slurmd"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
+    SYSTEM_CONF.write_text(_slurm_conf(root, node, cluster.cpus, cluster.memory_mb, user))
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    commands = [
+        # --force: munged refuses a socket under /tmp (sticky, world-writable parents) without it
+        ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={root / 'munge.socket'}",
+         f"--pid-file={root / 'state' / 'munged.pid'}", f"--log-file={root / 'log' / 'munged.log'}",
+         f"--seed-file={root / 'state' / 'munged.seed'}"],
+        ["slurmctld", "-D", "-i", "-f", str(cluster.conf)],
+        ["slurmd", "-D", "-f", str(cluster.conf), "-N", node],
+    ]
+    try:
+        for command in commands:
+            cluster.processes.append(subprocess.Popen(command, env=cluster.env, stdout=subprocess.DEVNULL,
+                                                      stderr=open(root / "log" / f"{command[0]}.stderr.log", "w")))
+            if command[0] == "munged":
+                _wait_for(lambda: (root / "munge.socket").exists(), timeout, "munged socket", cluster)
+        _wait_for(lambda: _node_state(cluster) == "idle", timeout, "node idle in sinfo", cluster)
+    except BaseException:
+        stop(cluster)
+        raise
+    return cluster
+
+
+def _node_state(cluster: Cluster) -> str:
+    result = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=cluster.env, capture_output=True, text=True)
+    return result.stdout.strip()
+
+
+def _wait_for(ready, timeout: float, what: str, cluster: Cluster) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process in cluster.processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"{process.args[0]} exited with {process.returncode} while waiting for {what}:\n"
+                                   + cluster.log_tails())
+        if ready():
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}:\n" + cluster.log_tails())
+
+
+def stop(cluster: Cluster) -> None:
+    """Cancel what is still queued, stop the daemons started here (newest first), remove slurm.conf."""
+    if any(p.poll() is None for p in cluster.processes[1:]):
+        subprocess.run(["scancel", "--full", f"--partition={PARTITION}"], env=cluster.env, capture_output=True)
+    for process in reversed(cluster.processes):
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    if SYSTEM_CONF.exists() and SYSTEM_CONF.read_text().startswith(MARKER):
+        SYSTEM_CONF.unlink()
