@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import shutil
-import subprocess
 from pathlib import Path
 
 import torch
+
+from gpt2dist.hardware import command_output
 
 
 def _version(dist: str) -> str | None:
@@ -19,20 +19,10 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
-    if shutil.which(cmd[0]) is None:
-        return None
-    try:
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20, check=True)
-    except (subprocess.SubprocessError, OSError):
-        return None
-    return out.stdout.strip()
-
-
 def git_commit(repo: Path | None = None) -> dict:
     repo = repo or Path.cwd()
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
-    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+    commit = command_output(["git", "rev-parse", "HEAD"], cwd=repo)
+    dirty = command_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
     return {"commit": commit, "dirty": bool(dirty) if commit else None}
 
 
@@ -70,14 +60,14 @@ def devices() -> dict:
     }
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        info["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-        info["topology"] = _run(["nvidia-smi", "topo", "-m"])
+        info["driver"] = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        info["topology"] = command_output(["nvidia-smi", "topo", "-m"])
     return info
 
 
 def mpi_implementation() -> str | None:
     """First line of `mpirun --version` (Open MPI, MPICH, ...), None without MPI."""
-    out = _run(["mpirun", "--version"])
+    out = command_output(["mpirun", "--version"])
     return out.splitlines()[0] if out else None
 
 

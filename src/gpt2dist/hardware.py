@@ -1,10 +1,12 @@
-"""Dense BF16/FP16 tensor-core peaks, for model FLOPs utilisation (MFU)."""
+"""What the machine offers, without importing torch: dense BF16/FP16 tensor-core peaks (for
+model FLOPs utilisation), the GPUs this process may use, and optional command facts."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 # Matched in order against torch.cuda.get_device_name(); the first substring found wins.
 PEAK_BF16_FLOPS: list[tuple[str, float]] = [
@@ -30,15 +32,21 @@ def mfu(tokens_per_s: float, flops_per_token: float, n_devices: int, peak: float
     return tokens_per_s * flops_per_token / (n_devices * peak)
 
 
+def command_output(cmd: list[str], cwd: Path | None = None) -> str | None:
+    """A command's stdout, or None when it is missing, fails or hangs: such facts are optional."""
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20, check=True)
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return out.stdout.strip()
+
+
 def visible_gpus() -> int:
     """CUDA GPUs this process may use, without importing torch (Snakemake plans with this)."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return len([d for d in listed.split(",") if d.strip() and d.strip() != "-1"])
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return 0
+    out = command_output(["nvidia-smi", "-L"]) or ""
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
