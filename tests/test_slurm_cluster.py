@@ -142,3 +142,19 @@ def test_sbatch_job_of_two_tasks_runs_ddp_ranks_as_its_tasks(cluster, shards, pa
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "completed" and record["placement"]["world_size"] == 2
     assert record["distributed"]["slurm"]["SLURM_STEP_ID"] == "0"
+
+
+def test_doctor_inside_a_job_shows_its_allocation_with_or_without_slurm_variables(cluster, tmp_path):
+    doctor = f"gpt2dist doctor --no-gpu --params {REPO / 'params.yaml'} --preset cpu"
+    # the second call sees what Snakemake's job step leaves: SLURM_JOB_ID alone, so scontrol answers
+    script = (f"{doctor} && unset $(env | sed -n 's/^\\(SLURM_[A-Z_]*\\)=.*/\\1/p' | grep -vx SLURM_JOB_ID) "
+              f"&& echo SLURM variables: $(env | grep -c ^SLURM_) && {doctor}")
+    log = tmp_path / "doctor.log"
+    result = subprocess.run(["sbatch", "--wait", "--ntasks=2", "--cpus-per-task=1", f"--output={log}",
+                             f"--chdir={tmp_path}", "--wrap", script],
+                            env={**cluster.env, "PATH": f"{BIN}:{os.environ['PATH']}"},
+                            capture_output=True, text=True, timeout=300)
+    text = log.read_text() if log.exists() else ""
+    assert result.returncode == 0, f"{result.stderr}\n{text[-3000:]}"
+    assert "SLURM variables: 1" in text
+    assert text.count(f"1 node(s) {cluster.node}, 2 tasks x 1 CPUs") == 2, text

@@ -3,9 +3,11 @@ study needs but does not find. The same facts are embedded in every run.json."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from gpt2dist import environment
+from gpt2dist import environment, slurm
+from gpt2dist.errors import UsageError
 from gpt2dist.study import Study
 
 
@@ -42,7 +44,22 @@ def facts(no_gpu: bool) -> list[Fact]:
         ]
     for key, value in environment.slurm().items():
         rows.append(Fact(key, value))
+    if "SLURM_JOB_ID" in os.environ:
+        rows.append(_allocation())
     return rows
+
+
+def _allocation() -> Fact:
+    """The job's allocation as `gpt2dist train` will read it, to launch its ranks."""
+    try:
+        allocation = slurm.job_allocation()
+    except UsageError as exc:
+        return Fact("SLURM allocation", str(exc), False)
+    if allocation is None:
+        return Fact("SLURM allocation", "inside a job step: ranks start on this node")
+    gpus = f", {allocation.gpus_per_node} GPUs per node" if allocation.gpus_per_node else ""
+    return Fact("SLURM allocation", f"{len(allocation.nodes)} node(s) {','.join(allocation.nodes)}, "
+                f"{allocation.tasks} tasks x {allocation.cpus_per_task} CPUs{gpus}")
 
 
 def missing_for(study: Study, no_gpu: bool) -> list[str]:
