@@ -248,7 +248,18 @@ def resolve_preset_name(raw: dict, requested: str | None, cuda_available: bool) 
 
 
 def load_preset(path: Path, name: str, overrides: list[str] | tuple[str, ...] = ()) -> Preset:
+    return _preset_from(read_params(path), path, name, overrides)
+
+
+def choose_preset(path: Path, requested: str | None, cuda_available: bool,
+                  overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Preset]:
+    """Resolve the preset's name ('auto' included) and load it, reading params.yaml once."""
     raw = read_params(path)
+    name = resolve_preset_name(raw, requested, cuda_available)
+    return name, _preset_from(raw, path, name, overrides)
+
+
+def _preset_from(raw: dict, path: Path, name: str, overrides: list[str] | tuple[str, ...]) -> Preset:
     if name not in raw["presets"]:
         raise UsageError(f"unknown preset '{name}' (available: {', '.join(raw['presets'])})")
     tree = copy.deepcopy(raw["presets"][name])

@@ -19,9 +19,7 @@ from gpt2dist.config import (
     Preset,
     RunSpec,
     check_combination,
-    load_preset,
-    read_params,
-    resolve_preset_name,
+    choose_preset,
     write_spec,
 )
 from gpt2dist.errors import UsageError
@@ -33,8 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def chosen_preset(params: Path, preset: str | None, overrides: list[str]) -> tuple[str, Preset]:
-    name = resolve_preset_name(read_params(params), preset, torch.cuda.is_available())
-    return name, load_preset(params, name, overrides)
+    return choose_preset(params, preset, torch.cuda.is_available(), overrides)
 
 
 def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:

@@ -83,9 +83,13 @@ def launch_command(launcher: str, nproc: int, allocation: Allocation, spec_path:
     return None
 
 
+def _inside(image: str | None) -> list[str]:
+    return ["apptainer", "exec", "--nv", image] if image else []
+
+
 def _python(image: str | None) -> list[str]:
     """The image's python inside it; this interpreter (its environment) on the host."""
-    return ["apptainer", "exec", "--nv", image, "python"] if image else [sys.executable]
+    return [*_inside(image), "python"] if image else [sys.executable]
 
 
 def srun_tasks_command(allocation: Allocation, spec_path: Path, *, image: str | None = None) -> list[str]:
@@ -97,7 +101,7 @@ def srun_tasks_command(allocation: Allocation, spec_path: Path, *, image: str | 
 def srun_command(launcher: str, allocation: Allocation, spec_path: Path, *, image: str | None = None,
                  run_id: str = "gpt2dist", port: int = DEFAULT_PORT, use_horovodrun: bool = False) -> list[str]:
     n, g = len(allocation.nodes), allocation.ranks_per_node
-    inside = ["apptainer", "exec", "--nv", image] if image else []
+    inside = _inside(image)
     worker = ["-m", "gpt2dist.worker", str(spec_path)]
     if launcher == "torchrun":
         # one task per node holds that node's ranks, so it gets all their cores

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt2dist.config import Preset, RunSpec, check_combination, load_preset, read_params, resolve_preset_name
+from gpt2dist.config import Preset, RunSpec, check_combination, choose_preset
 from gpt2dist.errors import UsageError
 
 DATA_DIR = "data/tokens"
@@ -77,8 +77,7 @@ class Study:
 
 def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
     """Every run of the preset's study that this machine can hold; impossible runs are errors."""
-    name = resolve_preset_name(read_params(params), preset, gpus > 0)
-    chosen = load_preset(params, name)
+    name, chosen = choose_preset(params, preset, gpus > 0)
     device = "cuda" if gpus else "cpu"
     runs, dropped = [], []
     for group in chosen.study.runs:

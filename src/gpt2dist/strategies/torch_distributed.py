@@ -5,6 +5,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from gpt2dist.launch import DEFAULT_PORT
 from gpt2dist.strategies.base import Placement, Strategy
 
 
@@ -21,7 +22,7 @@ def _env_from_slurm_tasks() -> None:
         WORLD_SIZE=os.environ["SLURM_NTASKS"],
         LOCAL_RANK=os.environ["SLURM_LOCALID"],
         MASTER_ADDR=first_node,
-        MASTER_PORT=str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000),
+        MASTER_PORT=str(DEFAULT_PORT + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000),
     )
 
 
