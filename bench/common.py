@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2dist.runner import build_spec
-from gpt2dist.data import write_shards
-from gpt2dist.strategies import REGISTRY
-from gpt2dist.train import Trainer
+from gpt2dist.data.shards import write_shards
+from gpt2dist.launch.commands.runner import build_spec
+from gpt2dist.training.loop import Trainer
+from gpt2dist.training.strategies import REGISTRY
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from common import REPO, median, random_shards
+
 from gpt2dist.config import load_preset
 
 

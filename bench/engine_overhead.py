@@ -12,9 +12,9 @@ import argparse
 import time
 
 import torch
-
 from common import median, single_trainer
-from gpt2dist.model import lm_loss
+
+from gpt2dist.training.model import lm_loss
 
 
 def minimal_loop(trainer, steps: int) -> float:

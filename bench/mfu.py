@@ -3,7 +3,7 @@ bf16, torch.compile on, one GPU, through the real Trainer.
 
     python bench/mfu.py [--steps 30] [--warmup 10] [--peak-tflops T] [--set key=value ...]
 
-MFU = tokens/s x (6N + 12*L*H*Q*T) / peak; the peak comes from gpt2dist.hardware's table
+MFU = tokens/s x (6N + 12*L*H*Q*T) / peak; the peak comes from gpt2dist.system.hardware's table
 for known GPUs or --peak-tflops for others. Target: >= 50% on H100/H200.
 """
 
@@ -13,10 +13,10 @@ import argparse
 import sys
 
 import torch
-
 from common import median, single_trainer
-from gpt2dist.hardware import mfu, peak_flops
-from gpt2dist.model import flops_per_token
+
+from gpt2dist.system.hardware import mfu, peak_flops
+from gpt2dist.training.model import flops_per_token
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ BATCH = 1024  # documents per call, as prepare's default data.batch_documents
 
 
 def corpus(megabytes: float) -> list[str]:
-    from gpt2dist.corpus import stdlib_docstrings
+    from gpt2dist.data.corpus import stdlib_docstrings
 
     docs = list(stdlib_docstrings(200))
     size = sum(len(d.encode()) for d in docs)
@@ -30,8 +30,8 @@ def corpus(megabytes: float) -> list[str]:
 
 
 def measure(engine: str, cores: str, megabytes: float, repeats: int) -> dict:
-    from gpt2dist.encoding import GPT2Encoder, gpt2_tiktoken
-    from gpt2dist.tokenizer import default_gpt2_dir, gpt2_from_files
+    from gpt2dist.data.encoding import GPT2Encoder, gpt2_tiktoken
+    from gpt2dist.data.tokenizer import default_gpt2_dir, gpt2_from_files
 
     texts = corpus(megabytes)
     size = sum(len(t.encode()) for t in texts)
@@ -80,7 +80,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(*args.child, args.mb, args.repeats)))
         return
-    from gpt2dist.tokenizer import GPT2_FILES, default_gpt2_dir
+    from gpt2dist.data.tokenizer import GPT2_FILES, default_gpt2_dir
 
     if not all((default_gpt2_dir() / f).is_file() for f in GPT2_FILES):
         sys.exit(f"GPT-2 files missing in {default_gpt2_dir()}; run containers/fetch_gpt2_tokenizer.sh")

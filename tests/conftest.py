@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from gpt2dist.data import write_shards
+from gpt2dist.data.shards import write_shards
 
 TINY_PRESET = {
     "data": {"source": {"kind": "embedded", "min_chars": 3000}, "tokenizer": {"kind": "bpe", "vocab_size": 512},
@@ -29,6 +29,8 @@ TINY_PRESET = {
         {"strategies": ["ddp"], "precisions": ["fp32"], "nproc": [2]},
     ]},
 }
+
+REPO = Path(__file__).resolve().parent.parent
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
+
 BIN = Path(sys.executable).parent
 COPIED = ["Snakefile", "params.yaml", "workflow"]
 

@@ -5,12 +5,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TINY_PRESET
-from gpt2dist.runner import build_spec
 from gpt2dist.config import check_combination, load_preset, read_params, resolve_preset_name
 from gpt2dist.errors import UsageError
+from gpt2dist.launch.runner import build_spec
 
-REPO_PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+from conftest import REPO, TINY_PRESET
+
+REPO_PARAMS = REPO / "params.yaml"
 
 
 def spec_for(params_file, shards, **kw):

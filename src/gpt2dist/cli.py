@@ -58,14 +58,14 @@ def train(
     print_command: Annotated[bool, typer.Option(help="Print the launcher command instead of running it.")] = False,
 ) -> None:
     """Train GPT-2 with one strategy; re-running the same command resumes from the last checkpoint."""
-    from gpt2dist import launch, runner
+    from gpt2dist.launch import commands, runner
 
     overrides = list(set_ or [])
     if max_steps is not None:
         overrides.append(f"train.max_steps={max_steps}")
     if seed is not None:
         overrides.append(f"train.seed={seed}")
-    host_list = launch.parse_hosts(hosts) if hosts else None
+    host_list = commands.parse_hosts(hosts) if hosts else None
     spec = runner.build_spec(data=data, out=out, strategy=strategy, precision=precision,
                              nproc=sum(h.slots for h in host_list) if host_list else nproc, params=params,
                              preset=preset, overrides=overrides, check_devices=host_list is None)
@@ -87,8 +87,8 @@ def prepare(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Tokenize the preset's corpus into verified uint16 token shards."""
-    from gpt2dist.prepare import prepare as run_prepare
-    from gpt2dist.runner import chosen_preset
+    from gpt2dist.data.prepare import prepare as run_prepare
+    from gpt2dist.launch.runner import chosen_preset
 
     _, chosen = chosen_preset(params, preset, list(set_ or []))
     typer.echo(_summary(out, run_prepare(chosen.data, out, progress=progress), "written"))
@@ -98,7 +98,7 @@ def prepare(
 @one_line_errors
 def verify(data_dir: Annotated[Path, typer.Argument(help="Shard directory.")]) -> None:
     """Re-check every shard's size and sha256 against meta.json."""
-    from gpt2dist.data import verify_shards
+    from gpt2dist.data.shards import verify_shards
 
     typer.echo(_summary(data_dir, verify_shards(data_dir), "verified"))
 
@@ -109,8 +109,8 @@ def _summary(directory: Path, meta: dict, verb: str) -> str:
 
 
 def _study(params: Path, preset: str | None, gpus: int | None = None):
-    from gpt2dist.hardware import visible_gpus
-    from gpt2dist.study import plan_study
+    from gpt2dist.pipeline.study import plan_study
+    from gpt2dist.system.hardware import visible_gpus
 
     return plan_study(params, preset, visible_gpus() if gpus is None else gpus)
 
@@ -125,7 +125,7 @@ def collect(
     preset: PresetName = None,
 ) -> None:
     """Gather every run of the study into one tidy table and a per-configuration summary."""
-    from gpt2dist.collect import collect as run_collect
+    from gpt2dist.results.collect import collect as run_collect
 
     result = run_collect(_study(params, preset), runs, data, out)
     typer.echo(f"ok: {len(result['configs'])} configurations of preset {result['preset']} summarised in {out}")
@@ -135,7 +135,7 @@ def collect(
 @one_line_errors
 def plot(results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results")) -> None:
     """Draw the study's figures (PNG and SVG) from the collected tables."""
-    from gpt2dist.plots import plot as run_plot
+    from gpt2dist.results.plots import plot as run_plot
 
     typer.echo(f"ok: {len(run_plot(results))} figure files in {results / 'figures'}")
 
@@ -144,7 +144,7 @@ def plot(results: Annotated[Path, typer.Option(help="Directory written by `gpt2d
 @one_line_errors
 def report(results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results")) -> None:
     """Write results/summary.md: the comparison table and the environment."""
-    from gpt2dist.report import report as run_report
+    from gpt2dist.results.report import report as run_report
 
     typer.echo(f"ok: {run_report(results)}")
 
@@ -157,7 +157,7 @@ def dvc_yaml(
     preset: PresetName = None,
 ) -> None:
     """Write dvc.yaml for this machine's study: the same commands and paths as the Snakefile."""
-    from gpt2dist.dvc_stages import write_dvc_yaml
+    from gpt2dist.pipeline.dvc_stages import write_dvc_yaml
 
     study = _study(params, preset)
     write_dvc_yaml(study, out)
@@ -185,7 +185,7 @@ def doctor(
     from rich.console import Console
     from rich.table import Table
 
-    from gpt2dist.doctor import facts, missing_for
+    from gpt2dist.system.doctor import facts, missing_for
 
     table = Table(title="gpt2dist doctor")
     for column in ("check", "found", "ok"):

@@ -20,6 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_write_text
 
+# torch.distributed's rendezvous port: launchers pass it, and ranks that SLURM starts derive theirs from it.
+DEFAULT_PORT = 29500
+
 Strategy = Literal["single", "dp", "ddp", "horovod", "fsdp"]
 Precision = Literal["fp32", "fp16", "bf16", "apex-O1", "apex-O2"]
 DeviceType = Literal["cpu", "cuda"]

@@ -1,11 +1,11 @@
-# Helpers shared by the rules: the study this machine runs, from gpt2dist.study (the same
+# Helpers shared by the rules: the study this machine runs, from gpt2dist.pipeline.study (the same
 # module dvc.yaml is generated from).
 import re
 import sys
 
-from gpt2dist import study as gs
+from gpt2dist.pipeline import study as gs
 from gpt2dist.errors import UsageError
-from gpt2dist.hardware import visible_gpus
+from gpt2dist.system.hardware import visible_gpus
 
 PARAMS = "params.yaml"
 # Snakemake scales a job's threads down to --cores, so this asks for every core of the

@@ -1,0 +1,112 @@
+"""Plan and start one training run from the command line's choices: resolve the RunSpec,
+check it, then train in this process or hand it to the strategy's launcher."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from gpt2dist.config import (
+    PRECISIONS,
+    STRATEGIES,
+    Preset,
+    RunSpec,
+    check_combination,
+    choose_preset,
+    write_spec,
+)
+from gpt2dist.errors import UsageError
+from gpt2dist.io import atomic_write_json
+from gpt2dist.launch import commands, slurm
+from gpt2dist.logs import setup_logging
+from gpt2dist.system.allocation import Allocation, job_allocation
+from gpt2dist.training import loop, preflight
+from gpt2dist.training.strategies import REGISTRY
+
+log = logging.getLogger(__name__)
+
+
+def chosen_preset(params: Path, preset: str | None, overrides: list[str]) -> tuple[str, Preset]:
+    return choose_preset(params, preset, torch.cuda.is_available(), overrides)
+
+
+def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
+    if value not in allowed:
+        raise UsageError(f"unknown {option} '{value}' (allowed: {', '.join(allowed)})")
+    return value
+
+
+def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: int, params: Path,
+               preset: str | None, overrides: list[str], check_devices: bool = True) -> RunSpec:
+    _choice(strategy, STRATEGIES, "--strategy")
+    _choice(precision, PRECISIONS, "--precision")
+    if nproc < 1:
+        raise UsageError(f"--nproc must be at least 1, got {nproc}")
+    name, chosen = chosen_preset(params, preset, overrides)
+    spec = RunSpec(data_dir=str(Path(data).resolve()), out_dir=str(Path(out).resolve()), preset=name,
+                   strategy=strategy, precision=precision, nproc=nproc,
+                   device="cuda" if torch.cuda.is_available() else "cpu", model=chosen.model, train=chosen.train)
+    preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
+    if check_devices:
+        check_combination(spec, torch.cuda.device_count())
+    return spec
+
+
+def print_multinode(spec: RunSpec, hosts: list[commands.Host]) -> list[str]:
+    """Write the spec and return the commands that start it on several machines."""
+    out = Path(spec.out_dir)
+    write_spec(spec, out / "spec.json")
+    lines = commands.multinode_commands(REGISTRY[spec.strategy].launcher, hosts, out / "spec.json", run_id=out.name)
+    return [f"# on {where}\n{command}" for where, command in lines.items()]
+
+
+def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
+    """Verify the data, then run (a failure raises). Returns the launcher command line, if one is used."""
+    preflight.check_data(spec)
+    out = Path(spec.out_dir)
+    write_spec(spec, out / "spec.json")
+    launcher = REGISTRY[spec.strategy].launcher
+    # without srun (an image run by `snakemake --sdm apptainer` has no SLURM commands) the
+    # ranks start on this node with its own launcher
+    allocation = job_allocation() if shutil.which("srun") else None
+    command = _command(spec, launcher, out, allocation)
+    shown = " ".join(command) if command else f"(in this process) {spec.strategy}"
+    if print_only:
+        return shown
+    setup_logging()
+    if command is None:
+        loop.run(spec)
+        return None
+    log.info("starting the ranks: %s", shown)
+    several_nodes = allocation is not None and len(allocation.nodes) > 1
+    ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
+    code = subprocess.run(command, env=commands.launch_env(ranks_here)).returncode
+    if code:
+        _mark_failed(out, code)
+        raise UsageError(f"training failed ({launcher} exited with {code}); the ranks' messages are above")
+    return shown
+
+
+def _command(spec: RunSpec, launcher: str, out: Path, allocation: Allocation | None) -> list[str] | None:
+    """srun inside a SLURM job that holds the ranks as tasks or nodes; else the local launcher."""
+    if allocation is not None:
+        # GPT2DIST_IMAGE: run every task inside this image (when the job itself runs on the host)
+        command = slurm.launch_command(launcher, spec.nproc, allocation, out / "spec.json",
+                                       image=os.environ.get("GPT2DIST_IMAGE"), run_id=out.name)
+        if command is not None:
+            return command
+    return commands.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
+
+
+def _mark_failed(out: Path, code: int) -> None:
+    record_path = out / "run.json"
+    if record_path.exists():
+        record = json.loads(record_path.read_text())
+        record.update(status="failed", exit_code=code)
+        atomic_write_json(record_path, record)

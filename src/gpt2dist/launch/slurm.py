@@ -1,0 +1,66 @@
+"""Launch commands inside a SLURM job: how ranks start in its allocation.
+
+Several nodes: ddp/fsdp start one torchrun per node with `srun`, which meet at a c10d
+rendezvous on the first node; horovod starts every rank with `srun --mpi=pmix` (Horovod's
+MPI controller) or horovodrun with -H built from the node list. One node with a task per
+rank (the pipeline's train jobs on a cluster): ddp/fsdp ranks are the job's SLURM tasks,
+started by one `srun`. With an image, every task runs in it: `srun ... apptainer exec --nv`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gpt2dist.config import DEFAULT_PORT
+from gpt2dist.errors import UsageError
+from gpt2dist.system.allocation import Allocation
+
+
+def launch_command(launcher: str, nproc: int, allocation: Allocation, spec_path: Path, *, image: str | None = None,
+                   run_id: str = "gpt2dist") -> list[str] | None:
+    """How this allocation starts `nproc` ranks; None when the one-machine launcher applies."""
+    if len(allocation.nodes) > 1:
+        world = len(allocation.nodes) * allocation.ranks_per_node
+        if world != nproc:
+            raise UsageError(f"--nproc {nproc} does not match the SLURM allocation of {len(allocation.nodes)} nodes "
+                             f"x {allocation.ranks_per_node} ranks ({world})")
+        return srun_command(launcher, allocation, spec_path, image=image, run_id=run_id)
+    if launcher == "torchrun" and nproc > 1 and allocation.tasks == nproc:
+        return srun_tasks_command(allocation, spec_path, image=image)
+    return None
+
+
+def _inside(image: str | None) -> list[str]:
+    return ["apptainer", "exec", "--nv", image] if image else []
+
+
+def _python(image: str | None) -> list[str]:
+    """The image's python inside it; this interpreter (its environment) on the host."""
+    return [*_inside(image), "python"] if image else [sys.executable]
+
+
+def srun_tasks_command(allocation: Allocation, spec_path: Path, *, image: str | None = None) -> list[str]:
+    """Every SLURM task is one rank; the ranks read rank and rendezvous from SLURM's variables."""
+    return ["srun", f"--ntasks={allocation.tasks}", f"--cpus-per-task={allocation.cpus_per_task}",
+            "--kill-on-bad-exit=1", *_python(image), "-m", "gpt2dist.launch.worker", str(spec_path)]
+
+
+def srun_command(launcher: str, allocation: Allocation, spec_path: Path, *, image: str | None = None,
+                 run_id: str = "gpt2dist", port: int = DEFAULT_PORT, use_horovodrun: bool = False) -> list[str]:
+    n, g = len(allocation.nodes), allocation.ranks_per_node
+    inside = _inside(image)
+    worker = ["-m", "gpt2dist.launch.worker", str(spec_path)]
+    if launcher == "torchrun":
+        # one task per node holds that node's ranks, so it gets all their cores
+        return ["srun", f"--nodes={n}", "--ntasks-per-node=1", f"--cpus-per-task={allocation.cpus_per_task * g}",
+                "--kill-on-bad-exit=1", *inside, "torchrun", f"--nnodes={n}", f"--nproc-per-node={g}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={allocation.nodes[0]}:{port}", f"--rdzv-id={run_id}",
+                *worker]
+    if launcher == "horovodrun" and use_horovodrun:
+        hosts = ",".join(f"{node}:{g}" for node in allocation.nodes)
+        return [*inside, "horovodrun", "-np", str(n * g), "-H", hosts, "python", *worker]
+    if launcher == "horovodrun":
+        return ["srun", "--mpi=pmix", f"--nodes={n}", f"--ntasks-per-node={g}",
+                f"--cpus-per-task={allocation.cpus_per_task}", "--kill-on-bad-exit=1", *_python(image), *worker]
+    raise UsageError(f"a {launcher} strategy runs in one process; several nodes need ddp, fsdp or horovod")

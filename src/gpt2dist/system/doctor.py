@@ -1,0 +1,80 @@
+"""`gpt2dist doctor`: what this environment can run, and which pieces the chosen preset's
+study needs but does not find. The same facts are embedded in every run.json."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from gpt2dist.errors import UsageError
+from gpt2dist.pipeline.study import Study
+from gpt2dist.system import environment
+from gpt2dist.system.allocation import job_allocation
+
+
+@dataclass(frozen=True)
+class Fact:
+    name: str
+    value: str
+    ok: bool = True
+
+
+def facts(no_gpu: bool) -> list[Fact]:
+    versions, devices = environment.versions(), environment.devices()
+    hvd, apex = environment.horovod_build(), environment.apex_features()
+    rows = [
+        Fact("python", versions["python"]),
+        Fact("torch", versions["torch"]),
+        Fact("transformers", str(versions["transformers"])),
+        Fact("CPU", f"{devices['cpu']} ({devices['cpu_cores']} cores)"),
+        Fact("MPI", environment.mpi_implementation() or "not found", environment.mpi_implementation() is not None),
+        Fact("Horovod", "not importable" if hvd is None else
+             f"{versions['horovod']} (gloo {hvd['gloo']}, mpi {hvd['mpi']}, nccl {hvd['nccl']})", hvd is not None),
+        Fact("apex.amp", "importable" if apex["amp"] else "not importable", apex["amp"]),
+        Fact("apex fused optimizers", "importable" if apex["fused_adam"] and apex["amp_C"] else "not importable",
+             apex["fused_adam"] and apex["amp_C"]),
+    ]
+    if not no_gpu:
+        gpus = devices["gpus"]
+        rows += [
+            Fact("CUDA (torch build)", str(versions["cuda"]), versions["cuda"] is not None),
+            Fact("GPUs", ", ".join(gpus) or "none visible", bool(gpus)),
+            Fact("driver", str(devices.get("driver")), devices.get("driver") is not None),
+            Fact("NCCL", str(versions["nccl"]), versions["nccl"] is not None),
+            Fact("interconnect (nvidia-smi topo -m)", devices.get("topology") or "unknown", True),
+        ]
+    for key, value in environment.slurm().items():
+        rows.append(Fact(key, value))
+    if "SLURM_JOB_ID" in os.environ:
+        rows.append(_allocation())
+    return rows
+
+
+def _allocation() -> Fact:
+    """The job's allocation as `gpt2dist train` will read it, to launch its ranks."""
+    try:
+        allocation = job_allocation()
+    except UsageError as exc:
+        return Fact("SLURM allocation", str(exc), False)
+    if allocation is None:
+        return Fact("SLURM allocation", "inside a job step: ranks start on this node")
+    gpus = f", {allocation.gpus_per_node} GPUs per node" if allocation.gpus_per_node else ""
+    return Fact("SLURM allocation", f"{len(allocation.nodes)} node(s) {','.join(allocation.nodes)}, "
+                f"{allocation.tasks} tasks x {allocation.cpus_per_task} CPUs{gpus}")
+
+
+def missing_for(study: Study, no_gpu: bool) -> list[str]:
+    """Each piece the study's runs need that this environment lacks, with the runs needing it."""
+    needs: dict[str, list[str]] = {}
+    hvd, apex = environment.horovod_build(), environment.apex_features()
+    gpu_study = study.device == "cuda" and not no_gpu
+    for run in study.runs:
+        if run.repeat:
+            continue
+        if run.strategy == "horovod" and hvd is None:
+            needs.setdefault("Horovod (containers/install_horovod.sh)", []).append(run.config_id)
+        if run.strategy == "horovod" and gpu_study and hvd is not None and not hvd["nccl"]:
+            needs.setdefault("Horovod built with NCCL (install_horovod.sh --gpu)", []).append(run.config_id)
+        if run.precision.startswith("apex") and not apex["amp"]:
+            needs.setdefault("NVIDIA Apex with apex.amp (the container image)", []).append(run.config_id)
+    return [f"{piece}: needed by {', '.join(runs)}" for piece, runs in needs.items()]

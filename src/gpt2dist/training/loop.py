@@ -1,0 +1,222 @@
+"""The one training loop. A strategy decides placement, wrapping and how gradients meet;
+a precision policy decides casting and loss scaling; everything else is shared, so any
+difference between strategies in the results comes from those two choices alone."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from gpt2dist.config import RunSpec, TrainConfig
+from gpt2dist.data.shards import open_shards
+from gpt2dist.io import atomic_write_json
+from gpt2dist.system import environment
+from gpt2dist.training.batches import BatchSampler
+from gpt2dist.training.checkpoint import load_checkpoint, save_checkpoint
+from gpt2dist.training.metrics import MetricsLog, now_iso, peak_memory_bytes
+from gpt2dist.training.model import build_model, compile_blocks, lm_loss
+from gpt2dist.training.precision import Precision, make_precision
+from gpt2dist.training.preflight import check_vocabulary
+from gpt2dist.training.strategies import REGISTRY, Strategy
+
+log = logging.getLogger(__name__)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to lr, then cosine decay to min_lr at max_steps (a pure function of step)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.max_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def optimizer_factory(cfg: TrainConfig, device: torch.device):
+    """AdamW; weight decay on matrices and embeddings only (biases and LayerNorm gains exempt)."""
+
+    def make(model: torch.nn.Module) -> torch.optim.Optimizer:
+        params = [p for p in model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
+
+    return make
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """Dropout seed for one rank at one step; makes resumption exact without saved RNG state."""
+    return (seed * 1_000_003 + step) * 4099 + rank
+
+
+class Trainer:
+    def __init__(self, spec: RunSpec, strategy: Strategy):
+        self.spec, self.strategy = spec, strategy
+        self.place = strategy.setup()
+        self.rank0 = self.place.rank == 0
+        self.out = Path(spec.out_dir)
+        shards = open_shards(Path(spec.data_dir), check_hash=False)  # the launcher verified hashes
+        check_vocabulary(shards.meta, spec)
+        t = spec.train
+        self.train_batches = BatchSampler(shards.train, "train", spec.model.n_positions, t.global_batch_size, t.seed)
+        self.val_batches = BatchSampler(shards.val, "val", spec.model.n_positions, t.global_batch_size, t.seed)
+        self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=spec.strategy == "fsdp")
+        model = build_model(spec.model, seed=t.seed, eos_id=shards.meta["eos_id"])
+        self.compiled = t.compile and strategy.compiles
+        if self.compiled:
+            compile_blocks(model)
+        elif t.compile:
+            log.warning("train.compile ignored: %s does not support compiled blocks", spec.strategy)
+        self.model, self.optimizer = strategy.prepare(model, optimizer_factory(t, self.place.device), self.precision)
+        self.rows = strategy.rows_per_micro_batch()
+        self.tokens_per_step = t.global_batch_size * spec.model.n_positions
+
+    # -- one optimizer step -------------------------------------------------------------
+    def train_step(self, step: int) -> dict:
+        spec, strategy, precision = self.spec, self.strategy, self.precision
+        device = self.place.device
+        accum = spec.grad_accum_steps
+        torch.manual_seed(step_seed(spec.train.seed, step, self.place.rank))
+        lr = lr_at(step, spec.train)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        started = time.perf_counter()
+        data_time = 0.0
+        loss_sum = torch.zeros((), device=device)
+        batches = self.train_batches.micro_batches(step, self.place.rank, spec.world_size, self.rows)
+        for micro in range(accum):
+            fetch = time.perf_counter()
+            inputs, targets = next(batches)
+            inputs = inputs.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
+            data_time += time.perf_counter() - fetch
+            last = micro == accum - 1
+            with strategy.accumulate(self.model, last):
+                with precision.autocast():
+                    loss = lm_loss(self.model, inputs, targets) / accum
+                precision.backward(loss, self.optimizer, last=last, sync_grads=lambda: strategy.sync_grads(self.optimizer))
+            loss_sum += loss.detach().float()
+        clip = spec.train.grad_clip or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(precision.master_params(self.model, self.optimizer), clip)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2 returns a DTensor
+            grad_norm = grad_norm.full_tensor()
+        with strategy.step_context(self.optimizer):
+            precision.step(self.optimizer)
+        self.optimizer.zero_grad()  # set_to_none is the default; Horovod rejects the kwarg
+        loss_value = strategy.all_reduce_mean(loss_sum).item()  # .item() also waits for the device
+        elapsed = time.perf_counter() - started
+        return {
+            "kind": "train",
+            "step": step,
+            "loss": loss_value,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "step_time_s": elapsed,
+            "data_time_s": data_time,
+            "tokens_per_s": self.tokens_per_step / elapsed,
+            "samples_per_s": spec.train.global_batch_size / elapsed,
+            "peak_mem_bytes": peak_memory_bytes(device),
+        }
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict:
+        self.model.eval()
+        total = torch.zeros((), device=self.place.device)
+        count = 0
+        for index in range(self.spec.train.eval_batches):
+            for inputs, targets in self.val_batches.micro_batches(index, self.place.rank, self.spec.world_size, self.rows):
+                with self.precision.autocast():
+                    total += lm_loss(self.model, inputs.to(self.place.device), targets.to(self.place.device)).float()
+                count += 1
+        self.model.train()
+        val_loss = self.strategy.all_reduce_mean(total / count).item()
+        return {"kind": "eval", "step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
+
+    def checkpoint(self, step: int) -> None:
+        model_state, optim_state = self.strategy.full_state_dict(self.model, self.optimizer)
+        if self.rank0:
+            save_checkpoint(
+                self.out / "checkpoint.pt",
+                step=step,
+                fingerprint=self.spec.fingerprint(),
+                model=model_state,
+                optimizer=optim_state,
+                precision=self.precision.state_dict(),
+            )
+        self.strategy.barrier()
+
+    def resume(self) -> int:
+        state = load_checkpoint(self.out / "checkpoint.pt", self.spec.fingerprint())
+        if state is None:
+            return 0
+        self.strategy.load_full_state_dict(self.model, self.optimizer, state["model"], state["optimizer"])
+        self.precision.load_state_dict(state["precision"])
+        log.info("resumed from %s at step %d", self.out / "checkpoint.pt", state["step"])
+        return state["step"]
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self) -> None:
+        t = self.spec.train
+        start = self.resume()
+        record = self._run_record(start) if self.rank0 else None  # capture() runs git, mpirun, nvidia-smi
+        if record is not None:
+            atomic_write_json(self.out / "run.json", record)
+        metrics = MetricsLog(self.out / "metrics.jsonl", enabled=self.rank0, resume_step=start)
+        progress = tqdm(total=t.max_steps, initial=start, disable=not self.rank0, desc=self.spec.strategy, unit="step")
+        try:
+            for step in range(start, t.max_steps):
+                line = self.train_step(step)
+                metrics.write(line)
+                progress.set_postfix(loss=f"{line['loss']:.4f}", tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
+                progress.update()
+                done = step + 1
+                if done % t.eval_interval == 0 or done == t.max_steps:
+                    metrics.write(self.evaluate(done))
+                if done % t.checkpoint_interval == 0 or done == t.max_steps:
+                    self.checkpoint(done)
+        finally:
+            progress.close()
+            metrics.close()
+        if record is not None:
+            record.update(status="completed", finished_at=now_iso())
+            atomic_write_json(self.out / "run.json", record)  # written last, only on success
+
+    def _run_record(self, resumed_from: int) -> dict:
+        spec = self.spec
+        placement = {"world_size": self.place.world_size, "device": str(self.place.device)}
+        if spec.strategy == "dp":
+            placement["degenerate"] = self.place.device.type == "cpu"
+        return {
+            "status": "running",
+            "run_id": self.out.name,
+            "strategy": spec.strategy,
+            "precision": spec.precision,
+            "nproc": spec.nproc,
+            "seed": spec.train.seed,
+            "preset": spec.preset,
+            "grad_accum_steps": spec.grad_accum_steps,
+            "compiled": self.compiled,
+            "tokens_per_step": self.tokens_per_step,
+            "placement": placement,
+            "config": spec.model_dump(),
+            "fingerprint": spec.fingerprint(),
+            "resumed_from_step": resumed_from,
+            "started_at": now_iso(),
+            **environment.capture(),
+        }
+
+
+def run(spec: RunSpec) -> None:
+    """Train one rank of `spec` (the launcher starts one call per process)."""
+    strategy = REGISTRY[spec.strategy](spec)
+    try:
+        Trainer(spec, strategy).run()
+    finally:
+        if strategy.placement is not None:
+            strategy.teardown()

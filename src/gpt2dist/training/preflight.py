@@ -1,0 +1,36 @@
+"""Checks made once in the launching process, before any rank starts, so that bad input
+fails with one line instead of one traceback per rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpt2dist.config import RunSpec
+from gpt2dist.data.shards import verify_shards
+from gpt2dist.errors import UsageError
+from gpt2dist.training.precision import require_apex
+from gpt2dist.training.strategies.horovod import import_horovod
+
+
+def check_dependencies(spec: RunSpec) -> None:
+    if spec.strategy == "horovod":
+        import_horovod()
+    if spec.precision.startswith("apex-"):
+        require_apex()
+
+
+def check_data(spec: RunSpec) -> dict:
+    """Verify sizes and sha256 of every shard and that the model can embed the vocabulary."""
+    meta = verify_shards(Path(spec.data_dir), check_hash=True)
+    check_vocabulary(meta, spec)
+    return meta
+
+
+def check_vocabulary(meta: dict, spec: RunSpec) -> None:
+    """The model must embed every token id of the data. Ranks check again: a worker started
+    by a printed multi-node command never passes through this launcher."""
+    if meta["vocab_size"] > spec.model.vocab_size:
+        raise UsageError(
+            f"the data's vocabulary ({meta['vocab_size']}) exceeds model.vocab_size "
+            f"({spec.model.vocab_size}); raise model.vocab_size (e.g. --set model.vocab_size={meta['vocab_size']})"
+        )

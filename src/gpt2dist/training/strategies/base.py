@@ -1,0 +1,96 @@
+"""What a strategy decides: process placement, how model and optimizer are wrapped, and
+how gradients meet. The training loop calls only these methods, so it never branches on
+the strategy's name."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from gpt2dist.config import RunSpec
+from gpt2dist.training.precision import Precision
+
+log = logging.getLogger(__name__)
+OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+
+class Strategy:
+    """Defaults describe one process with one replica; subclasses override what differs."""
+
+    name: str = ""
+    launcher: str = "python"  # python | torchrun | horovodrun
+    compiles: bool = True  # whether train.compile applies under this wrapping
+
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
+        self.placement: Placement | None = None
+
+    def setup(self) -> Placement:
+        device = torch.device("cuda", 0) if self.spec.device == "cuda" else torch.device("cpu")
+        self.placement = Placement(rank=0, world_size=1, local_rank=0, device=device)
+        return self.placement
+
+    def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, precision: Precision):
+        """Move, wrap and build the optimizer in the order this strategy needs."""
+        model.to(self.placement.device)
+        return precision.prepare(model, make_optimizer(model))
+
+    def rows_per_micro_batch(self) -> int:
+        """Sequences this process feeds to one forward pass."""
+        return self.spec.train.micro_batch_size
+
+    def accumulate(self, model: nn.Module, last: bool) -> contextlib.AbstractContextManager:
+        """Context for one micro-step's forward and backward; skips gradient sync unless last."""
+        return contextlib.nullcontext()
+
+    def sync_grads(self, optimizer) -> None:
+        """Block until gradients are reduced (Horovod reduces asynchronously)."""
+
+    def step_context(self, optimizer) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def all_reduce_mean(self, value: torch.Tensor) -> torch.Tensor:
+        return value
+
+    def state_module(self, model: nn.Module) -> nn.Module:
+        """The module whose state dict is checkpointed (DCP understands DDP and FSDP wrappers)."""
+        return model
+
+    def full_state_dict(self, model: nn.Module, optimizer) -> tuple[dict, dict]:
+        """Unsharded model and optimizer state keyed by parameter name, portable across strategies."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=self.placement.world_size > 1)
+        return get_state_dict(self.state_module(model), optimizer, options=options)
+
+    def load_full_state_dict(self, model: nn.Module, optimizer, model_state: dict, optim_state: dict) -> None:
+        set_state_dict(
+            self.state_module(model),
+            optimizer,
+            model_state_dict=model_state,
+            optim_state_dict=optim_state,
+            options=StateDictOptions(full_state_dict=True),
+        )
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+
+    def teardown(self) -> None:
+        """Release communication resources."""
+
+
+def describe(strategy: Strategy, detail: str) -> None:
+    """One log line saying what a strategy applied (rank 0 only; others log warnings only)."""
+    log.info("%s: %s", strategy.name, detail)

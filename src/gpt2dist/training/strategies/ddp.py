@@ -1,0 +1,23 @@
+"""DistributedDataParallel, the study's "distributed parameter server": one process per
+device, gradients averaged by bucketed all-reduce overlapped with backward."""
+
+from torch.nn.parallel import DistributedDataParallel
+
+from gpt2dist.training.strategies.base import describe
+from gpt2dist.training.strategies.torch_distributed import TorchDistributed
+
+
+class DDP(TorchDistributed):
+    name = "ddp"
+
+    def prepare(self, model, make_optimizer, precision):
+        # Apex amp must patch the bare model before DDP registers its hooks.
+        model, optimizer = super().prepare(model, make_optimizer, precision)
+        cuda = self.placement.device.type == "cuda"
+        wrapped = DistributedDataParallel(model, device_ids=[self.placement.local_rank] if cuda else None)
+        describe(self, f"DistributedDataParallel, world {self.placement.world_size}, "
+                 f"{'nccl' if cuda else 'gloo'}, accumulation {self.spec.grad_accum_steps}")
+        return wrapped, optimizer
+
+    def accumulate(self, model, last):
+        return super().accumulate(model, last) if last else model.no_sync()

@@ -1,0 +1,96 @@
+"""SLURM launch commands for one allocation of 2 nodes x 8 GPUs, and for one node whose
+tasks are the ranks (built, not run: tests/test_slurm_cluster.py runs them)."""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpt2dist.errors import UsageError
+from gpt2dist.launch.slurm import launch_command, srun_command
+from gpt2dist.pipeline.study import Run
+from gpt2dist.system.allocation import Allocation, job_allocation, parse_show_job
+from gpt2dist.training.strategies import REGISTRY
+
+from conftest import gpt2dist
+
+SPEC = Path("/scratch/results/runs/ddp-bf16-n16-r0/spec.json")
+ENV = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NTASKS": "16",
+       "SLURM_CPUS_PER_TASK": "12", "SLURM_GPUS_ON_NODE": "8"}
+TWO_NODES = Allocation(["gpu07", "gpu08"], tasks=16, cpus_per_task=12, gpus_per_node=8)
+# `scontrol show job --oneliner` of that job, as the Snakemake job step must read it (it hides SLURM_*)
+SHOWN = ("JobId=4242 JobName=7f3e UserId=ana(1000) JobState=RUNNING Partition=gpu ReqNodeList=(null) "
+         "ExcNodeList=(null) NodeList=gpu[07-08] BatchHost=gpu07 NumNodes=2 NumCPUs=192 NumTasks=16 CPUs/Task=12 "
+         "ReqB:S:C:T=0:0:*:* TRES=cpu=192,mem=500G,node=2,billing=192,gres/gpu=16 Command=(null) WorkDir=/scratch")
+
+
+def test_allocation_from_slurm_variables_or_scontrol():
+    assert job_allocation(ENV) == TWO_NODES
+    assert parse_show_job(SHOWN) == TWO_NODES
+    assert parse_show_job(SHOWN.replace("gres/gpu=16", "gres/gpu:h100=16")) == TWO_NODES
+    assert job_allocation({}) is None
+    assert job_allocation({**ENV, "SLURM_STEP_ID": "0"}) is None  # a task of a step: ranks are started already
+    with pytest.raises(UsageError, match="no running allocation"):
+        parse_show_job("JobId=4242 JobState=PENDING NodeList= NumTasks=16")
+
+
+def test_torchrun_over_two_nodes_inside_the_image():
+    cmd = launch_command("torchrun", 16, TWO_NODES, SPEC, image="gpt2dist.sif", run_id="ddp-bf16-n16-r0")
+    assert cmd == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=96", "--kill-on-bad-exit=1",
+                   "apptainer", "exec", "--nv", "gpt2dist.sif", "torchrun", "--nnodes=2", "--nproc-per-node=8",
+                   "--rdzv-backend=c10d", "--rdzv-endpoint=gpu07:29500", "--rdzv-id=ddp-bf16-n16-r0",
+                   "-m", "gpt2dist.launch.worker", str(SPEC)]
+
+
+def test_horovod_over_two_nodes():
+    assert launch_command("horovodrun", 16, TWO_NODES, SPEC) == [
+        "srun", "--mpi=pmix", "--nodes=2", "--ntasks-per-node=8", "--cpus-per-task=12", "--kill-on-bad-exit=1",
+        sys.executable, "-m", "gpt2dist.launch.worker", str(SPEC)]
+    assert srun_command("horovodrun", TWO_NODES, SPEC, use_horovodrun=True)[:5] == [
+        "horovodrun", "-np", "16", "-H", "gpu07:8,gpu08:8"]
+
+
+def test_several_nodes_must_hold_exactly_the_ranks():
+    with pytest.raises(UsageError, match="does not match the SLURM allocation of 2 nodes x 8 ranks"):
+        launch_command("torchrun", 8, TWO_NODES, SPEC)
+    with pytest.raises(UsageError, match="several nodes need ddp, fsdp or horovod"):
+        launch_command("python", 16, TWO_NODES, SPEC)
+
+
+def test_one_node_whose_tasks_are_the_ranks():
+    one_node = Allocation(["cpu01"], tasks=2, cpus_per_task=4)
+    assert launch_command("torchrun", 2, one_node, SPEC, image="gpt2dist.sif") == [
+        "srun", "--ntasks=2", "--cpus-per-task=4", "--kill-on-bad-exit=1",
+        "apptainer", "exec", "--nv", "gpt2dist.sif", "python", "-m", "gpt2dist.launch.worker", str(SPEC)]
+    # the local launcher otherwise: a job of one task, a single process, or horovodrun's own rendezvous
+    assert launch_command("torchrun", 2, Allocation(["cpu01"], tasks=1, cpus_per_task=8), SPEC) is None
+    assert launch_command("python", 1, Allocation(["cpu01"], tasks=1), SPEC) is None
+    assert launch_command("horovodrun", 2, one_node, SPEC) is None
+
+
+@pytest.mark.parametrize("strategy", sorted(REGISTRY))
+def test_train_jobs_ask_for_one_task_per_process(strategy):
+    # the train rule's `tasks` resource: dp drives its devices from one process, like single
+    expected = 1 if REGISTRY[strategy].launcher == "python" else 4
+    assert Run(strategy, "fp32", 4, 0).processes == expected
+
+
+def _train_command_in_a_job(shards, params_file, out: Path, path: str) -> str:
+    job = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "cpu01", "SLURM_NTASKS": "2", "SLURM_CPUS_PER_TASK": "3"}
+    env = {**os.environ, **job, "PATH": path, "CUDA_VISIBLE_DEVICES": ""}
+    return gpt2dist("train", "--data", shards, "--out", out, "--params", params_file, "--strategy", "ddp",
+                    "--nproc", "2", "--print-command", env=env).stdout
+
+
+@pytest.mark.skipif(shutil.which("srun") is None, reason="needs SLURM's srun (apt-get install slurm-client)")
+def test_train_in_a_two_task_job_starts_its_ranks_with_srun(shards, params_file, tmp_path):
+    shown = _train_command_in_a_job(shards, params_file, tmp_path / "run", os.environ["PATH"])
+    assert shown.startswith("srun --ntasks=2 --cpus-per-task=3 --kill-on-bad-exit=1 ") and "gpt2dist.launch.worker" in shown
+
+
+def test_train_without_srun_starts_its_ranks_on_this_node(shards, params_file, tmp_path):
+    # an image without SLURM's commands, run by `snakemake --sdm apptainer` inside the job
+    shown = _train_command_in_a_job(shards, params_file, tmp_path / "run", str(tmp_path))
+    assert "torch.distributed.run --standalone --nproc-per-node=2" in shown and shown.split()[0] != "srun"

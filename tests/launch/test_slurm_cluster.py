@@ -1,0 +1,160 @@
+"""The cluster path for real: a one-node SLURM cluster on this machine (slurm_cluster.py),
+then `snakemake --profile` with the repository's SLURM profile (partition, account and sizes
+edited as a user edits them) runs a reduced cpu study. Every rule is an sbatch job; the
+2-rank ddp runs start their ranks as the job's two SLURM tasks through srun.
+
+Needs Debian's slurm-wlm and munge and root (slurmd starts jobs); .ci/run installs them and
+sets GPT2DIST_REQUIRE_SLURM=1, so there a missing piece fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+import slurm_cluster
+from reduced_study import BIN, REPO, copy_workflow, run
+
+pytestmark = pytest.mark.slow
+
+
+def _unavailable() -> str | None:
+    missing = slurm_cluster.missing_tools()
+    if missing:
+        return f"{', '.join(missing)} not installed (apt-get install slurm-wlm munge)"
+    if os.geteuid() != 0:
+        return "slurmd must run as root to start jobs"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = _unavailable()
+    if reason and os.environ.get("GPT2DIST_REQUIRE_SLURM") == "1":
+        pytest.fail(f"GPT2DIST_REQUIRE_SLURM=1 but {reason}")
+    if reason:
+        pytest.skip(reason)
+    started = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    yield started
+    slurm_cluster.stop(started)
+
+
+def edited_profile(dest: Path, cluster: slurm_cluster.Cluster) -> Path:
+    """workflow/profiles/slurm with what a user edits for their cluster: partition, account, sizes."""
+    config = yaml.safe_load((REPO / "workflow/profiles/slurm/config.yaml").read_text())
+    defaults = config["default-resources"]
+    del defaults["slurm_account"]  # this cluster keeps no accounts
+    defaults.update(slurm_partition=slurm_cluster.PARTITION, cpus_per_task=1, mem_mb=500, runtime=10)
+    config["set-resources"]["prepare"].update(cpus_per_task=cluster.cpus, mem_mb=1000)
+    # cpus_per_task is per rank: the 2-task jobs must fit on the node
+    config["set-resources"]["train"].update(cpus_per_task=max(1, cluster.cpus // 2), mem_mb=1000, runtime=10)
+    config.update({
+        "slurm-status-command": "squeue",  # and has no accounting database for sacct
+        "slurm-init-seconds-before-status-checks": 2,  # tiny jobs: poll soon
+        "slurm-keep-successful-logs": True,
+    })
+    dest.mkdir()
+    (dest / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def study_on_cluster(cluster, tmp_path_factory) -> Path:
+    work = copy_workflow(tmp_path_factory.mktemp("cluster-study"))
+    profile = edited_profile(work / "profile", cluster)
+    result = run(["snakemake", "--profile", str(profile)], work, check=False, env=cluster.env)
+    if result.returncode:
+        raise AssertionError(f"snakemake --profile (slurm) failed ({result.returncode}):\n{result.stderr[-6000:]}\n"
+                             + cluster.log_tails())
+    return work
+
+
+def _jobs(cluster: slurm_cluster.Cluster) -> list[dict[str, str]]:
+    """Every job the cluster still knows (MinJobAge keeps finished ones): id, state, comment, tasks."""
+    shown = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T|%k|%D|%C"],
+                           env=cluster.env, capture_output=True, text=True, check=True).stdout
+    keys = ("id", "state", "comment", "nodes", "cpus")
+    return [dict(zip(keys, line.split("|"))) for line in shown.split()]
+
+
+def test_every_rule_ran_as_a_completed_sbatch_job(study_on_cluster, cluster):
+    jobs = _jobs(cluster)
+    rules = sorted(job["comment"].split("_wildcards_")[0] for job in jobs)
+    assert rules == ["rule_collect", "rule_plot", "rule_prepare", "rule_report"] + ["rule_train"] * 4, jobs
+    assert {job["state"] for job in jobs} == {"COMPLETED"}
+
+
+def test_ddp_ranks_were_the_jobs_two_slurm_tasks(study_on_cluster, cluster):
+    runs = study_on_cluster / "results" / "runs"
+    for run_id in ("ddp-fp32-n2-r0", "ddp-fp32-n2-r1"):
+        record = json.loads((runs / run_id / "run.json").read_text())
+        slurm = record["distributed"]["slurm"]
+        # rank 0 is task 0 of a job step (srun), in a job of two tasks; not a torchrun child
+        assert record["status"] == "completed" and record["placement"]["world_size"] == 2, record
+        assert slurm["SLURM_NTASKS"] == "2" and "SLURM_STEP_ID" in slurm, slurm
+        log = (study_on_cluster / "logs" / "train" / f"{run_id}.log").read_text()
+        assert "starting the ranks: srun --ntasks=2" in log and "gpt2dist.launch.worker" in log, log[-2000:]
+    single = json.loads((runs / "single-fp32-n1-r0" / "run.json").read_text())
+    assert single["status"] == "completed" and single["distributed"]["slurm"]["SLURM_JOB_ID"]
+
+
+def test_figures_and_summary_come_out_as_locally(study_on_cluster, tmp_path_factory):
+    """The same reduced study run locally: the same runs, figures and summary, and the same
+    training numbers (srun-started ranks compute what torchrun-started ones do)."""
+    local = copy_workflow(tmp_path_factory.mktemp("local-study"))
+    run(["snakemake", "--cores", "2"], local)
+    results = {where: study / "results" for where, study in (("cluster", study_on_cluster), ("local", local))}
+    summaries = {where: json.loads((r / "summary.json").read_text()) for where, r in results.items()}
+    assert set(summaries["cluster"]["configs"]) == set(summaries["local"]["configs"]) == {"single-fp32-n1", "ddp-fp32-n2"}
+    assert summaries["cluster"]["configs"]["single-fp32-n1"]["speedup"] == pytest.approx(1.0)
+    figures = {where: sorted(p.name for p in (r / "figures").iterdir()) for where, r in results.items()}
+    assert figures["cluster"] == figures["local"] and len(figures["local"]) == 14
+    for r in results.values():
+        assert all((r / "figures" / name).stat().st_size > 1000 for name in figures["local"])
+        assert "| ddp " in (r / "summary.md").read_text()
+    steps = {where: pd.read_csv(r / "metrics.csv").set_index(["run_id", "step"]).sort_index()
+             for where, r in results.items()}
+    assert steps["cluster"].index.equals(steps["local"].index)
+    for column in ("loss", "grad_norm", "val_loss"):
+        pd.testing.assert_series_equal(steps["cluster"][column], steps["local"][column], rtol=1e-6)
+
+
+def test_sbatch_job_of_two_tasks_runs_ddp_ranks_as_its_tasks(cluster, shards, params_file, tmp_path):
+    """By hand, without Snakemake: the batch script keeps SLURM's variables, so the allocation
+    comes from them rather than from scontrol."""
+    out = tmp_path / "ddp"
+    train = (f"gpt2dist train --data {shards} --out {out} --params {params_file} --strategy ddp --nproc 2 "
+             "--max-steps 4")
+    log = tmp_path / "job.log"
+    result = subprocess.run(["sbatch", "--wait", "--ntasks=2", "--cpus-per-task=1", f"--output={log}",
+                             f"--chdir={tmp_path}", "--wrap", train],
+                            env={**cluster.env, "PATH": f"{BIN}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""},
+                            capture_output=True, text=True, timeout=300)
+    text = log.read_text() if log.exists() else ""
+    assert result.returncode == 0, f"{result.stderr}\n{text[-3000:]}\n{cluster.log_tails()}"
+    assert "starting the ranks: srun --ntasks=2 --cpus-per-task=1" in text, text[-3000:]
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "completed" and record["placement"]["world_size"] == 2
+    assert record["distributed"]["slurm"]["SLURM_STEP_ID"] == "0"
+
+
+def test_doctor_inside_a_job_shows_its_allocation_with_or_without_slurm_variables(cluster, tmp_path):
+    doctor = f"gpt2dist doctor --no-gpu --params {REPO / 'params.yaml'} --preset cpu"
+    # the second call sees what Snakemake's job step leaves: SLURM_JOB_ID alone, so scontrol answers
+    script = (f"{doctor} && unset $(env | sed -n 's/^\\(SLURM_[A-Z_]*\\)=.*/\\1/p' | grep -vx SLURM_JOB_ID) "
+              f"&& echo SLURM variables: $(env | grep -c ^SLURM_) && {doctor}")
+    log = tmp_path / "doctor.log"
+    result = subprocess.run(["sbatch", "--wait", "--ntasks=2", "--cpus-per-task=1", f"--output={log}",
+                             f"--chdir={tmp_path}", "--wrap", script],
+                            env={**cluster.env, "PATH": f"{BIN}:{os.environ['PATH']}"},
+                            capture_output=True, text=True, timeout=300)
+    text = log.read_text() if log.exists() else ""
+    assert result.returncode == 0, f"{result.stderr}\n{text[-3000:]}"
+    assert "SLURM variables: 1" in text
+    assert text.count(f"1 node(s) {cluster.node}, 2 tasks x 1 CPUs") == 2, text

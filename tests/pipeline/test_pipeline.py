@@ -1,0 +1,174 @@
+"""The pipeline end to end with the real tools, in a temporary copy of the repository on a
+reduced cpu preset: Snakemake runs, re-runs and reports; DVC reproduces, tracks params and
+metrics; Snakemake and DVC declare the same commands and outputs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from reduced_study import REPO, copy_workflow, run
+
+pytestmark = pytest.mark.slow
+
+
+def job_counts(dry_run_output: str) -> dict[str, int]:
+    table = dry_run_output.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+@pytest.fixture
+def workdir(tmp_path) -> Path:
+    return copy_workflow(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """One complete Snakemake run of the reduced study, shared by the read-only checks."""
+    work = copy_workflow(tmp_path_factory.mktemp("pipeline"))
+    run(["snakemake", "--cores", "2"], work)
+    return work
+
+
+def test_snakemake_produces_everything_then_does_nothing(finished):
+    for name in ("throughput", "speedup", "efficiency", "loss_vs_step", "loss_vs_time", "memory", "epoch_time"):
+        for ext in ("png", "svg"):
+            assert (finished / "results" / "figures" / f"{name}.{ext}").stat().st_size > 1000
+    summary = json.loads((finished / "results" / "summary.json").read_text())
+    assert summary["preset"] == "cpu" and set(summary["configs"]) == {"single-fp32-n1", "ddp-fp32-n2"}
+    assert summary["configs"]["single-fp32-n1"]["speedup"] == pytest.approx(1.0)
+    assert "| ddp " in (finished / "results" / "summary.md").read_text()
+    assert (finished / "logs" / "train" / "ddp-fp32-n2-r1.log").exists()
+    again = run(["snakemake", "--cores", "2"], finished)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_changing_a_training_key_reruns_train_collect_plot_not_prepare(finished):
+    params = yaml.safe_load((finished / "params.yaml").read_text())
+    params["presets"]["cpu"]["train"]["lr"] = 1e-3
+    (finished / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        counts = job_counts(run(["snakemake", "-n"], finished).stdout)
+    finally:
+        params["presets"]["cpu"]["train"]["lr"] = 3e-3
+        (finished / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert counts == {"train": 4, "collect": 1, "plot": 1, "report": 1, "all": 1}
+
+
+def test_report_html_has_every_figure(finished):
+    run(["snakemake", "--report", "results/report.html"], finished)
+    html = (finished / "results" / "report.html").read_text(errors="ignore")
+    assert len(html) > 100_000 and "loss_vs_step.png" in html and "throughput.png" in html
+
+
+def test_figures_are_drawn_from_the_table(finished):
+    from gpt2dist.results.plots import FIGURES
+
+    results = finished / "results"
+    tables = [pd.read_csv(results / name) for name in ("runs.csv", "summary.csv", "metrics.csv")]
+    configs = tables[1]["config_id"].nunique()
+    bars = FIGURES["throughput"](*tables, "test")
+    assert len([p for p in bars.axes[0].patches if p.get_height() > 0]) == configs
+    curves = FIGURES["loss_vs_step"](*tables, "test")
+    assert len(drawn(curves.axes[0].lines)) == configs
+    scaling = FIGURES["speedup"](*tables, "test")
+    assert len(drawn(scaling.axes[0].lines)) == tables[1][["strategy", "precision"]].drop_duplicates().shape[0] + 1
+
+
+def drawn(lines) -> list:
+    """Lines with data (seaborn also adds empty proxy lines for its legend); the ideal line counts."""
+    return [line for line in lines if len(line.get_xdata())]
+
+
+def _snakemake_jobs(work: Path) -> dict[str, tuple[str, set[str]]]:
+    """Dry-run of every job: rule name (train jobs by run id) -> (shell command, outputs)."""
+    text = run(["snakemake", "-n", "-p", "--forceall"], work).stdout
+    jobs = {}
+    for block in text.split("rule ")[1:]:
+        name = block.split(":", 1)[0]
+        outputs = re.search(r"^\s+output: (.*)$", block, re.M)
+        command = re.search(r"^Shell command: (.*?)(?: > \S+ 2>&1)?$", block, re.M)
+        if name == "all":
+            continue
+        wildcard = re.search(r"wildcards: run=(\S+)", block)
+        key = f"train@{wildcard[1]}" if wildcard else name
+        jobs[key] = (command[1], set(outputs[1].split(", ")))
+    return jobs
+
+
+def test_snakemake_and_dvc_declare_the_same_stages(workdir):
+    run(["gpt2dist", "dvc-yaml"], workdir)
+    stages = yaml.safe_load((workdir / "dvc.yaml").read_text())["stages"]
+    dvc = {}
+    for name, stage in stages.items():
+        if "foreach" in stage:
+            for key, item in stage["foreach"].items():
+                outs = {o if isinstance(o, str) else next(iter(o)) for o in stage["do"]["outs"]}
+                dvc[f"{name}@{key}"] = (item["cmd"], {o.replace("${key}", key) for o in outs})
+        else:
+            declared = [*stage.get("outs", []), *stage.get("metrics", []), *stage.get("plots", [])]
+            dvc[name] = (stage["cmd"], {o if isinstance(o, str) else next(iter(o)) for o in declared})
+    jobs = _snakemake_jobs(workdir)
+    assert jobs.keys() == dvc.keys()
+    for key, (command, outputs) in jobs.items():
+        assert command == dvc[key][0], key
+        assert outputs == dvc[key][1], key
+
+
+def test_repository_dvc_yaml_is_current(tmp_path):
+    """The committed dvc.yaml is what `gpt2dist dvc-yaml` generates for the cpu preset."""
+    run(["gpt2dist", "dvc-yaml", "--out", str(tmp_path / "dvc.yaml"), "--preset", "cpu"], REPO)
+    assert (tmp_path / "dvc.yaml").read_text() == (REPO / "dvc.yaml").read_text()
+
+
+def test_repository_schema_is_current(tmp_path):
+    run(["gpt2dist", "schema", "--out", str(tmp_path / "schema.json")], REPO)
+    assert (tmp_path / "schema.json").read_text() == (REPO / "workflow/schemas/params.schema.json").read_text()
+
+
+def test_dvc_repro_status_exp_run_and_metrics_diff(workdir):
+    run(["git", "init", "-q"], workdir)
+    run(["git", "config", "user.email", "t@example.invalid"], workdir)
+    run(["git", "config", "user.name", "test"], workdir)
+    run(["dvc", "init", "-q"], workdir)
+    (workdir / "src").symlink_to(REPO / "src")  # stage deps name the package's code
+    run(["gpt2dist", "dvc-yaml"], workdir)
+    (workdir / ".gitignore").write_text("logs/\n.snakemake/\n")
+    run(["git", "add", "-A"], workdir)
+    run(["git", "commit", "-qm", "study"], workdir)
+    run(["dvc", "repro"], workdir)
+    assert "up to date" in run(["dvc", "status"], workdir).stdout.lower() or not run(["dvc", "status"], workdir).stdout.strip()
+    run(["git", "add", "-A"], workdir)
+    run(["git", "commit", "-qm", "results"], workdir)
+    before = json.loads((workdir / "results" / "summary.json").read_text())
+    exp = run(["dvc", "exp", "run", "-S", "presets.cpu.train.lr=0.001"], workdir).stdout
+    assert "Running stage 'train@ddp-fp32-n2-r0'" in exp and "Running stage 'collect'" in exp
+    assert "Running stage 'prepare'" not in exp
+    after = json.loads((workdir / "results" / "summary.json").read_text())
+    assert after["configs"]["ddp-fp32-n2"]["final_val_loss"] != before["configs"]["ddp-fp32-n2"]["final_val_loss"]
+    diff = run(["dvc", "metrics", "diff", "--all"], workdir).stdout
+    assert "configs.ddp-fp32-n2.final_val_loss" in diff
+    run(["dvc", "plots", "show", "--json"], workdir)
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (lambda s: s["runs"][0].update(strategies=["ring"]), "ring"),
+        (lambda s: s.update(repeats=0), "repeats"),
+        (lambda s: s["runs"].append({"strategies": ["dp"], "precisions": ["fp32"], "nproc": [2]}),
+         "dp-fp32-n2: strategy 'dp' drives one device per --nproc; 2 requested but 0 CUDA GPUs"),
+    ],
+)
+def test_bad_params_stop_before_any_job(workdir, change, fragment):
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    change(params["presets"]["cpu"]["study"])
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    result = run(["snakemake", "--cores", "2"], workdir, check=False)
+    assert result.returncode != 0 and fragment in result.stdout + result.stderr
+    assert not (workdir / "data").exists() and not (workdir / "results").exists()

@@ -1,0 +1,36 @@
+"""Model construction and the FLOP count that MFU is computed from."""
+
+import torch
+
+from gpt2dist.config import ModelConfig, TrainConfig
+from gpt2dist.training.loop import lr_at
+from gpt2dist.training.model import build_model, flops_per_token, non_embedding_params
+
+from conftest import TINY_PRESET
+
+GPT2_SMALL = ModelConfig(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257)
+
+
+def test_parameter_count_matches_transformers():
+    with torch.device("meta"):
+        model = build_model(GPT2_SMALL, seed=0, eos_id=50256)
+    total = sum(p.numel() for p in model.parameters())  # tied head counted once
+    assert non_embedding_params(GPT2_SMALL) == total - model.transformer.wpe.weight.numel()
+
+
+def test_gpt2_small_flops_per_token():
+    # reference: about 855 MFLOP per token for GPT-2 124M at T=1024
+    assert abs(flops_per_token(GPT2_SMALL) / 1e6 - 855) < 2
+
+
+def test_seeded_init_is_identical():
+    cfg = ModelConfig(**TINY_PRESET["model"])
+    a, b = build_model(cfg, seed=1, eos_id=0), build_model(cfg, seed=1, eos_id=0)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert a.config._attn_implementation == "sdpa"
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = TrainConfig(**{**TINY_PRESET["train"], "max_steps": 110, "warmup_steps": 10, "lr": 1.0, "min_lr": 0.1})
+    assert lr_at(0, cfg) == 0.1 and lr_at(9, cfg) == 1.0
+    assert lr_at(10, cfg) == 1.0 and abs(lr_at(60, cfg) - 0.55) < 1e-12 and lr_at(110, cfg) == 0.1

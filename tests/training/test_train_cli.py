@@ -1,0 +1,141 @@
+"""`gpt2dist train` end to end on CPU: precisions, kill-and-resume, bad input, printed commands."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from conftest import final_params, gpt2dist, read_metrics, run_record, train_args
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fp32_run(shards, params_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fp32")
+    gpt2dist(*train_args(shards, params_file, out, "single"))
+    return out
+
+
+def test_run_outputs(fp32_run):
+    record = run_record(fp32_run)
+    assert record["status"] == "completed" and record["strategy"] == "single" and record["nproc"] == 1
+    assert record["config"]["model"]["n_layer"] == 2 and record["versions"]["torch"] == torch.__version__
+    assert record["devices"]["cpu_cores"] >= 1 and "finished_at" in record
+    train, evals = read_metrics(fp32_run), read_metrics(fp32_run, "eval")
+    assert [line["step"] for line in train] == list(range(12)) and [e["step"] for e in evals] == [6, 12]
+    keys = {"loss", "lr", "step_time_s", "data_time_s", "tokens_per_s", "samples_per_s", "peak_mem_bytes"}
+    assert keys <= train[0].keys() and train[0]["peak_mem_bytes"] > 0
+    assert train[0]["tokens_per_s"] == pytest.approx(8 * 32 / train[0]["step_time_s"])
+    assert evals[-1]["val_ppl"] == pytest.approx(2.718281828 ** evals[-1]["val_loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("strategy, precision, nproc", [("single", "bf16", 1), ("single", "fp16", 1),
+                                                        ("ddp", "bf16", 2), ("fsdp", "fp16", 2)])
+def test_mixed_precision_on_cpu(strategy, precision, nproc, fp32_run, shards, params_file, tmp_path):
+    gpt2dist(*train_args(shards, params_file, tmp_path, strategy, nproc=nproc, precision=precision))
+    low, full = read_metrics(tmp_path), read_metrics(fp32_run)
+    gaps = [abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(low, full)]
+    assert max(gaps) < 0.05  # same training, reduced precision ...
+    assert max(gaps) > 1e-6  # ... and the reduced precision was really applied
+    assert run_record(tmp_path)["precision"] == precision
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every rank, as a node failure would (torchrun starts ranks in new sessions)."""
+    family = [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children(recursive=True))]
+    for pid in family:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    psutil.wait_procs([psutil.Process(pid) for pid in family if psutil.pid_exists(pid)], timeout=30)
+
+
+def _start(args):
+    return subprocess.Popen([sys.executable, "-m", "gpt2dist", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+@pytest.mark.parametrize("strategy, nproc", [("single", 1), ("fsdp", 2)])
+def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, shards, params_file, tmp_path):
+    extra = ["--max-steps", "150", "--set", "train.checkpoint_interval=10", "--set", "model.n_embd=64"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    gpt2dist(*train_args(shards, params_file, whole, strategy, *extra, nproc=nproc))
+
+    proc = _start(train_args(shards, params_file, killed, strategy, *extra, nproc=nproc))
+    deadline = time.monotonic() + 120
+    while not (killed / "checkpoint.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _kill_tree(proc)
+    assert run_record(killed)["status"] == "running", "the run finished before it could be killed"
+
+    gpt2dist(*train_args(shards, params_file, killed, strategy, *extra, nproc=nproc))
+    record = run_record(killed)
+    assert record["status"] == "completed" and 0 < record["resumed_from_step"] < 150
+    resumed, uninterrupted = read_metrics(killed), read_metrics(whole)
+    assert [line["step"] for line in resumed] == list(range(150))
+    assert resumed[-1]["loss"] == pytest.approx(uninterrupted[-1]["loss"], rel=1e-6)
+    a, b = final_params(killed), final_params(whole)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+
+
+def _flip_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("unknown-strategy", "unknown --strategy 'ring'"),
+        ("batch-not-divisible", "train.global_batch_size (8) must be divisible by nproc x train.micro_batch_size"),
+        ("missing-shard", "train.bin is missing"),
+        ("flipped-byte", "train.bin is corrupt"),
+        ("apex-without-apex", "NVIDIA Apex (apex.amp) is not importable here"),
+        ("unknown-key", "unknown key 'train.lrate'"),
+        ("vocab-too-large", "the data's vocabulary (500) exceeds model.vocab_size (100)"),
+    ],
+)
+def test_bad_input_fails_with_one_line(case, expected, shards, params_file, tmp_path):
+    data, strategy, nproc, precision, extra = tmp_path / "data", "single", 1, "fp32", []
+    shutil.copytree(shards, data)
+    if case == "unknown-strategy":
+        strategy = "ring"
+    elif case == "batch-not-divisible":
+        strategy, nproc = "ddp", 3
+    elif case == "missing-shard":
+        (data / "train.bin").unlink()
+    elif case == "flipped-byte":
+        _flip_byte(data / "train.bin")
+    elif case == "apex-without-apex":
+        strategy, nproc, precision = "ddp", 2, "apex-O1"
+    elif case == "unknown-key":
+        extra = ["--set", "train.lrate=0.1"]
+    elif case == "vocab-too-large":
+        extra = ["--set", "model.vocab_size=100"]
+    out = tmp_path / "run"
+    result = gpt2dist(*train_args(data, params_file, out, strategy, *extra, nproc=nproc, precision=precision),
+                      check=False)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
+    assert not (out / "run.json").exists()
+
+
+def test_print_command_and_multinode(shards, params_file, tmp_path):
+    local = gpt2dist(*train_args(shards, params_file, tmp_path, "ddp", "--print-command", nproc=2))
+    assert "torch.distributed.run --standalone --nproc-per-node=2 -m gpt2dist.launch.worker" in local.stdout
+    multi = gpt2dist(*train_args(shards, params_file, tmp_path, "horovod", "--hosts", "gpu-a:8,gpu-b:8"))
+    assert "horovodrun -np 16 -H gpu-a:8,gpu-b:8" in multi.stdout and "mpirun -np 16" in multi.stdout
+    assert '"nproc": 16' in (tmp_path / "spec.json").read_text()
+    assert not (tmp_path / "run.json").exists()
