@@ -1,4 +1,4 @@
-# gpt2dist: prepare -> train (one job per run id) -> collect -> plot -> report.
+# gpt2dist: selftest, prepare -> train (one job per run id) -> collect -> plot -> report.
 # `snakemake --cores all` runs the study of params.yaml's preset (auto: paper with CUDA
 # GPUs, cpu without). Every rule calls the `gpt2dist` command that its DVC stage calls.
 from snakemake.utils import min_version, validate
@@ -14,10 +14,18 @@ validate(config, "workflow/schemas/params.schema.json", set_default=False)
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/prepare.smk"
+include: "workflow/rules/selftest.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/collect.smk"
 include: "workflow/rules/plot.smk"
 include: "workflow/rules/report.smk"
+
+
+# Seconds of CPU each: on a cluster they run on the submit host, not as jobs.
+localrules:
+    collect,
+    plot,
+    report,
 
 
 report: "workflow/report/workflow.rst"

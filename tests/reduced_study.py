@@ -14,7 +14,7 @@ import yaml
 from conftest import REPO
 
 BIN = Path(sys.executable).parent
-COPIED = ["Snakefile", "params.yaml", "workflow"]
+COPIED = ["Snakefile", "params.yaml", "workflow", ".dvcignore"]  # .dvcignore: directory deps skip __pycache__
 
 
 def reduce_params(path: Path, **study) -> None:

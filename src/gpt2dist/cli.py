@@ -66,9 +66,16 @@ def train(
     if seed is not None:
         overrides.append(f"train.seed={seed}")
     host_list = commands.parse_hosts(hosts) if hosts else None
+    # other machines' commands: their GPUs are params.yaml's gpus_per_node, not this host's
+    device = None
+    if host_list:
+        from gpt2dist.config import planned_gpus
+        from gpt2dist.system.hardware import visible_gpus
+
+        device = "cuda" if planned_gpus(params, visible_gpus()) else "cpu"
     spec = runner.build_spec(data=data, out=out, strategy=strategy, precision=precision,
                              nproc=sum(h.slots for h in host_list) if host_list else nproc, params=params,
-                             preset=preset, overrides=overrides, check_devices=host_list is None)
+                             preset=preset, overrides=overrides, check_devices=host_list is None, device=device)
     if host_list:
         typer.echo("\n".join(runner.print_multinode(spec, host_list)))
         return
@@ -109,10 +116,12 @@ def _summary(directory: Path, meta: dict, verb: str) -> str:
 
 
 def _study(params: Path, preset: str | None, gpus: int | None = None):
+    """The study planned for `gpus` per node, else params.yaml's gpus_per_node, else the visible GPUs."""
+    from gpt2dist.config import planned_gpus
     from gpt2dist.pipeline.study import plan_study
     from gpt2dist.system.hardware import visible_gpus
 
-    return plan_study(params, preset, visible_gpus() if gpus is None else gpus)
+    return plan_study(params, preset, planned_gpus(params, visible_gpus()) if gpus is None else gpus)
 
 
 @app.command()
@@ -123,11 +132,13 @@ def collect(
     out: Annotated[Path, typer.Option(help="Where metrics.csv, runs.csv, summary.csv and summary.json go.")] = Path("results"),
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
+    gpus: Annotated[Optional[int], typer.Option(help="GPUs per node the study was planned for (default: "
+                                                "params.yaml's gpus_per_node, else the visible ones).")] = None,
 ) -> None:
     """Gather every run of the study into one tidy table and a per-configuration summary."""
     from gpt2dist.results.collect import collect as run_collect
 
-    result = run_collect(_study(params, preset), runs, data, out)
+    result = run_collect(_study(params, preset, gpus), runs, data, out)
     typer.echo(f"ok: {len(result['configs'])} configurations of preset {result['preset']} summarised in {out}")
 
 
@@ -155,11 +166,13 @@ def dvc_yaml(
     out: Annotated[Path, typer.Option(help="File to write.")] = Path("dvc.yaml"),
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
+    gpus: Annotated[Optional[int], typer.Option(help="Plan for this many GPUs per node (default: params.yaml's "
+                                                "gpus_per_node, else the visible ones).")] = None,
 ) -> None:
     """Write dvc.yaml for this machine's study: the same commands and paths as the Snakefile."""
     from gpt2dist.pipeline.dvc_stages import write_dvc_yaml
 
-    study = _study(params, preset)
+    study = _study(params, preset, gpus)
     write_dvc_yaml(study, out)
     typer.echo(f"ok: {out} with {len(study.runs)} train stages of preset {study.preset_name}")
 
@@ -177,7 +190,8 @@ def schema(out: Annotated[Path, typer.Option(help="File to write.")] = Path("wor
 @one_line_errors
 def doctor(
     no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Skip GPU checks (image builds, CPU nodes).")] = False,
-    gpus: Annotated[Optional[int], typer.Option(help="Plan the study for this many GPUs (default: the visible ones).")] = None,
+    gpus: Annotated[Optional[int], typer.Option(help="Plan the study for this many GPUs per node (default: "
+                                                "params.yaml's gpus_per_node, else the visible ones).")] = None,
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
 ) -> None:
@@ -198,3 +212,38 @@ def doctor(
     if missing:
         raise UsageError(f"preset '{study.preset_name}' needs what is missing here: " + "; ".join(missing))
     typer.echo(f"ok: everything preset '{study.preset_name}' ({len(study.runs)} runs) needs is here")
+
+
+@app.command()
+@one_line_errors
+def selftest(
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    out: Annotated[Path, typer.Option(help="JSON file with every check's result.")] = Path("results/selftest.json"),
+    timeout: Annotated[float, typer.Option(help="Seconds one check may take before it counts as hung.")] = 600,
+) -> None:
+    """Run every configuration of the study for a few steps, and one resume per strategy: minutes, not hours."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpt2dist.launch.selftest import run_selftest
+
+    console = Console(highlight=False)
+    study = _study(params, preset)
+
+    def progress(check, done: int, total: int) -> None:
+        verdict = "ok" if check.ok else f"FAILED: {check.error}"
+        console.print(f"[{done}/{total}] {check.name}: {verdict} ({check.seconds:.1f} s)", markup=False)
+
+    checks = run_selftest(study, params, out, timeout_s=timeout, report=progress)
+    table = Table(title=f"gpt2dist selftest: preset {study.preset_name} on {study.device}")
+    for column in ("check", "result", "seconds", "error"):
+        table.add_column(column)
+    for check in checks:
+        table.add_row(check.name, "ok" if check.ok else "failed", f"{check.seconds:.1f}", check.error)
+    console.print(table)
+    failed = [check.name for check in checks if not check.ok]
+    if failed:
+        raise UsageError(f"selftest: {len(failed)} of {len(checks)} checks failed ({', '.join(failed)}); "
+                         f"each error is in the table above and in {out}")
+    typer.echo(f"ok: all {len(checks)} checks of preset '{study.preset_name}' passed ({out})")

@@ -145,6 +145,8 @@ class StudyConfig(_Strict):
 
     repeats: int = Field(3, ge=1, description="Repeats per configuration (3 or more give confidence intervals).")
     warmup_steps: int = Field(5, ge=0, description="Leading steps left out of throughput statistics.")
+    train_runtime_min: int = Field(60, gt=0, description="Time limit of one train job on a cluster (SLURM "
+                                   "--time), minutes; a job that hits it is retried and resumes from its checkpoint.")
     runs: list[RunGroup] = Field(min_length=1)
 
 
@@ -159,6 +161,9 @@ class ParamsFile(_Strict):
     """The whole params.yaml; its JSON schema (workflow/schemas/) is generated from this."""
 
     preset: str = Field("auto", description="A preset name, or auto: paper with CUDA GPUs, cpu without.")
+    gpus_per_node: int | None = Field(
+        None, ge=0, description="GPUs per node the study is planned for; null: the GPUs visible where it is "
+        "planned. Set it (or `snakemake --config gpus_per_node=8`) when planning on a login node without GPUs.")
     container: str = Field(description="Image every pipeline rule runs in under --sdm apptainer.")
     presets: dict[str, Preset] = Field(min_length=1)
 
@@ -248,6 +253,12 @@ def resolve_preset_name(raw: dict, requested: str | None, cuda_available: bool) 
     if name not in raw["presets"]:
         raise UsageError(f"unknown preset '{name}' (available: {', '.join(raw['presets'])})")
     return name
+
+
+def planned_gpus(path: Path, visible: int) -> int:
+    """GPUs per node to plan a study for: params.yaml's gpus_per_node, else those visible here."""
+    gpus = read_params(path).get("gpus_per_node")
+    return visible if gpus is None else int(gpus)
 
 
 def load_preset(path: Path, name: str, overrides: list[str] | tuple[str, ...] = ()) -> Preset:

@@ -12,13 +12,16 @@ PARAMS = "params.yaml"
 # machine whatever --cores is (and needs no --cores for --report or --lint).
 WHOLE_MACHINE = 1024
 
+# Snakemake plans where it is started, often a login node without GPUs: the GPUs per node come
+# from the user (`--config gpus_per_node=8`, or params.yaml), not from the planning host.
+GPUS = visible_gpus() if config.get("gpus_per_node") is None else int(config["gpus_per_node"])
 try:
-    STUDY = gs.plan_study(PARAMS, None, visible_gpus())
+    STUDY = gs.plan_study(PARAMS, config.get("preset"), GPUS)
 except UsageError as exc:
     sys.exit(f"error: {exc}")
 if STUDY.dropped:
-    print(f"warning: more processes than the {visible_gpus()} visible GPUs, dropped: "
-          f"{', '.join(STUDY.dropped)}", file=sys.stderr)
+    print(f"warning: more processes than the {GPUS} GPUs per node, dropped: {', '.join(STUDY.dropped)}",
+          file=sys.stderr)
 RUNS = {run.run_id: run for run in STUDY.runs}
 OUTPUTS = gs.stage_outputs(STUDY)
 

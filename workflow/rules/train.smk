@@ -4,6 +4,9 @@
 rule train:
     input:
         rules.prepare.output,
+        # ancient: the selftest must pass before any run trains, but a newer selftest (after a
+        # change of the study's matrix, say) does not make finished runs stale
+        ancient(rules.selftest.output),
     output:
         record=f"{gs.RUNS_DIR}/{{run}}/run.json",
         metrics=f"{gs.RUNS_DIR}/{{run}}/metrics.jsonl",
@@ -26,6 +29,7 @@ rule train:
         tasks=lambda wildcards: RUNS[wildcards.run].processes,
         mpi=lambda wildcards: "srun" if RUNS[wildcards.run].processes > 1 else "",
         tasks_per_gpu=0,
+        runtime=STUDY.preset.study.train_runtime_min,  # minutes
     container:
         config["container"]
     shell:

@@ -16,12 +16,14 @@ from gpt2dist.io import atomic_write_text
 from gpt2dist.pipeline.study import (
     DATA_DIR,
     RUNS_DIR,
+    SELFTEST,
     STAGE_CODE,
     Study,
     collect_command,
     plot_command,
     prepare_command,
     report_command,
+    selftest_command,
     stage_outputs,
     train_command,
 )
@@ -37,6 +39,10 @@ def dvc_stages(study: Study) -> dict:
     outs = stage_outputs(study)
     run_files = [path for stage, paths in outs.items() if stage.startswith("train@") for path in paths]
     return {"stages": {
+        # Before prepare, so `dvc repro` meets a broken node in minutes. No train stage depends on it:
+        # its file holds timings, and a dependency would retrain every run after each selftest.
+        "selftest": {"cmd": selftest_command(study), "deps": STAGE_CODE["selftest"],
+                     "params": [f"{keys}.model", f"{keys}.train", f"{keys}.study"], "outs": [SELFTEST]},
         "prepare": {"cmd": prepare_command(study), "deps": STAGE_CODE["prepare"], "params": [f"{keys}.data"],
                     "outs": outs["prepare"]},
         "train": {

@@ -19,6 +19,7 @@ from gpt2dist.errors import UsageError
 DATA_DIR = "data/tokens"
 RUNS_DIR = "results/runs"
 RESULTS_DIR = "results"
+SELFTEST = f"{RESULTS_DIR}/selftest.json"
 FIGURES = ("throughput", "speedup", "efficiency", "loss_vs_step", "loss_vs_time", "memory", "epoch_time")
 ONE_PROCESS = ("single", "dp")
 RUN_ID = re.compile(r"^(?P<strategy>[a-z]+)-(?P<precision>fp32|fp16|bf16|apex-O[12])-n(?P<nproc>\d+)-r(?P<repeat>\d+)$")
@@ -27,6 +28,7 @@ RUN_ID = re.compile(r"^(?P<strategy>[a-z]+)-(?P<precision>fp32|fp16|bf16|apex-O[
 # to one figure re-runs only plot and report.
 STAGE_CODE = {
     "prepare": ["src/gpt2dist/data"],
+    "selftest": ["src/gpt2dist/training", "src/gpt2dist/launch"],
     "train": ["src/gpt2dist/training", "src/gpt2dist/launch", "src/gpt2dist/data/shards.py"],
     "collect": ["src/gpt2dist/results/collect.py"],
     "plot": ["src/gpt2dist/results/plots.py"],
@@ -69,6 +71,7 @@ class Study:
     device: str
     runs: list[Run]
     dropped: list[str] = field(default_factory=list)
+    gpus: int = 0  # per node, as planned (not necessarily visible where the plan is made)
 
     def seed(self, run: Run) -> int:
         """Repeats differ in seed, so the loss carries its own spread; strategies of one repeat share it."""
@@ -97,7 +100,7 @@ def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
         raise UsageError(f"presets.{name}.study.runs lists a configuration twice")
     if not runs:
         raise UsageError(f"no run of preset '{name}' fits this machine ({gpus} GPUs); dropped: {', '.join(dropped)}")
-    return Study(name, chosen, device, runs, dropped)
+    return Study(name, chosen, device, runs, dropped, gpus)
 
 
 def preset_json(study: Study, *sections: str) -> str:
@@ -116,6 +119,10 @@ def prepare_command(study: Study, params: str = "params.yaml") -> str:
                 "--no-progress")
 
 
+def selftest_command(study: Study, params: str = "params.yaml") -> str:
+    return _cmd("gpt2dist", "selftest", "--params", params, "--preset", study.preset_name, "--out", SELFTEST)
+
+
 def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
     return _cmd("gpt2dist", "train", "--data", DATA_DIR, "--out", f"{RUNS_DIR}/{run.run_id}", "--params", params,
                 "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
@@ -124,7 +131,7 @@ def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
 
 def collect_command(study: Study, params: str = "params.yaml") -> str:
     return _cmd("gpt2dist", "collect", "--runs", RUNS_DIR, "--data", DATA_DIR, "--out", RESULTS_DIR,
-                "--params", params, "--preset", study.preset_name)
+                "--params", params, "--preset", study.preset_name, "--gpus", study.gpus)
 
 
 def plot_command() -> str:
@@ -141,6 +148,7 @@ def stage_outputs(study: Study) -> dict[str, list[str]]:
             for run in study.runs}
     return {
         "prepare": [f"{DATA_DIR}/{name}" for name in ("train.bin", "val.bin", "tokenizer.json", "meta.json")],
+        "selftest": [SELFTEST],
         **runs,
         "collect": [f"{RESULTS_DIR}/{name}" for name in ("metrics.csv", "runs.csv", "summary.csv", "summary.json")],
         "plot": [f"{RESULTS_DIR}/figures/{name}.{ext}" for name in FIGURES for ext in ("png", "svg")],

@@ -94,6 +94,16 @@ def t_interval(values: pd.Series) -> tuple[float, float]:
     return values.mean() - half, values.mean() + half
 
 
+def baseline_of(strategy: str, precision: str, configs: set[str]) -> str | None:
+    """The one-process run of the same precision that a configuration's speedup divides by:
+    single's, else the strategy's own at one process. Never another precision: dividing an
+    fp16 run by an fp32 one would count the mixed-precision gain as scaling."""
+    for candidate in (f"single-{precision}-n1", f"{strategy}-{precision}-n1"):
+        if candidate in configs:
+            return candidate
+    return None
+
+
 def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.DataFrame:
     rows = []
     for keys, group in runs.groupby(CONFIG_KEYS, sort=False):
@@ -104,14 +114,8 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
         rows.append(row)
     summary = in_study_order(pd.DataFrame(rows))
     by_config = summary.set_index("config_id")["tokens_per_s"]
-
-    def baseline(precision: str) -> float:
-        for candidate in (f"single-{precision}-n1", "single-fp32-n1"):
-            if candidate in by_config:
-                return by_config[candidate]
-        return math.nan
-
-    summary["speedup"] = summary["tokens_per_s"] / summary["precision"].map(baseline)
+    summary["baseline"] = [baseline_of(s, p, set(by_config.index)) for s, p in zip(summary["strategy"], summary["precision"])]
+    summary["speedup"] = summary["tokens_per_s"] / summary["baseline"].map(lambda b: by_config.get(b, math.nan))
     summary["scaling_efficiency"] = summary["speedup"] / summary["nproc"]
     peak = peak_flops(device_name) if device_name else None
     summary["mfu"] = (summary.apply(lambda r: mfu(r["tokens_per_s"], flops_per_token(study.preset.model), r["nproc"], peak),

@@ -68,13 +68,20 @@ def missing_for(study: Study, no_gpu: bool) -> list[str]:
     needs: dict[str, list[str]] = {}
     hvd, apex = environment.horovod_build(), environment.apex_features()
     gpu_study = study.device == "cuda" and not no_gpu
+    versions = environment.versions()
     for run in study.runs:
         if run.repeat:
             continue
+        # even with --no-gpu (an image built on a host without GPUs): a CPU-only torch never runs a GPU study
+        if study.device == "cuda" and versions["cuda"] is None:
+            needs.setdefault(f"a CUDA build of torch (torch {versions['torch']} is CPU-only)",
+                             []).append(run.config_id)
         if run.strategy == "horovod" and hvd is None:
             needs.setdefault("Horovod (containers/install_horovod.sh)", []).append(run.config_id)
         if run.strategy == "horovod" and gpu_study and hvd is not None and not hvd["nccl"]:
             needs.setdefault("Horovod built with NCCL (install_horovod.sh --gpu)", []).append(run.config_id)
         if run.precision.startswith("apex") and not apex["amp"]:
             needs.setdefault("NVIDIA Apex with apex.amp (the container image)", []).append(run.config_id)
-    return [f"{piece}: needed by {', '.join(runs)}" for piece, runs in needs.items()]
+    configurations = sum(1 for run in study.runs if not run.repeat)
+    return [f"{piece}: needed by " + (f"all {len(runs)} configurations" if len(runs) == configurations else ", ".join(runs))
+            for piece, runs in needs.items()]

@@ -1,0 +1,172 @@
+"""`gpt2dist selftest`: every configuration of the chosen study for a few steps on a tiny GPT-2
+(the preset's vocabulary and context, 2 layers), plus one checkpoint-and-resume per strategy.
+
+The paper study is about a hundred runs of minutes each; a configuration that crashes on this
+node should be known in minutes, not after hours. Each check is a real `gpt2dist train`
+subprocess, so a crash in one (a CUDA error, a missing library, a hung rank) cannot take the
+others down, and its error line is the one a user would see. The shards are random tokens
+written here: the selftest checks the training machinery, and needs no `prepare` first.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpt2dist.data.shards import write_shards
+from gpt2dist.io import atomic_write_json
+from gpt2dist.pipeline.study import Run, Study
+
+STEPS = 4
+RESUME_AT = 2
+# A resumed run must end where an uninterrupted one ends; reduced precisions and GPU reductions
+# are not bitwise repeatable, so they get a looser bound.
+RESUME_RTOL = {"fp32": 1e-5}
+RESUME_RTOL_REDUCED = 1e-2
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    seconds: float
+    error: str = ""
+
+
+def overrides(study: Study, steps: int) -> list[str]:
+    """A tiny version of the study's model and a global batch that every process count divides."""
+    batch = math.lcm(*(run.nproc for run in study.runs))
+    return [
+        "model.n_layer=2",
+        f"train.global_batch_size={batch}",
+        "train.micro_batch_size=1",
+        f"train.max_steps={steps}",
+        "train.warmup_steps=1",
+        f"train.eval_interval={steps}",
+        "train.eval_batches=1",
+    ]
+
+
+def write_random_shards(directory: Path, study: Study) -> Path:
+    """Enough uniformly random tokens of the preset's vocabulary for the few steps a check takes."""
+    model = study.preset.model
+    rng = np.random.default_rng(0)
+    per_step = math.lcm(*(run.nproc for run in study.runs)) * (model.n_positions + 1)
+    tokens = {split: [rng.integers(0, model.vocab_size, size=per_step * (STEPS + 2), dtype=np.uint16)]
+              for split in ("train", "val")}
+    write_shards(directory, tokens, vocab_size=model.vocab_size, eos_id=0, tokenizer={"name": "selftest-random"},
+                 source={"name": "selftest-random"})
+    return directory
+
+
+EXCEPTION = re.compile(r"\b(\w+(?:Error|Exception)): .+")
+
+
+def one_line(stderr: str) -> str:
+    """The line that says what went wrong: the first exception a rank raised (the root cause; the
+    launcher's own failure comes after it), else gpt2dist's `error:` line, else the last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    raised = [match[0] for line in lines if (match := EXCEPTION.search(line)) and not line.startswith("error:")]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (raised[:1] or errors[-1:] or lines[-1:] or ["exited without a message"])[0][:300]
+
+
+class Selftest:
+    def __init__(self, study: Study, params: Path, workdir: Path, timeout_s: float):
+        self.study, self.params, self.workdir, self.timeout_s = study, params, workdir, timeout_s
+        self.shards = write_random_shards(workdir / "shards", study)
+        self.base = overrides(study, STEPS)
+
+    def train(self, run: Run, out: Path, *extra: str) -> str | None:
+        """Run `gpt2dist train` for one configuration; None when it succeeded, else its error line."""
+        sets = [arg for assignment in self.base for arg in ("--set", assignment)]
+        command = [sys.executable, "-m", "gpt2dist", "train", "--data", str(self.shards), "--out", str(out),
+                   "--params", str(self.params), "--preset", self.study.preset_name, "--strategy", run.strategy,
+                   "--precision", run.precision, "--nproc", str(run.nproc), *sets, *extra]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"no result within {self.timeout_s:g} s (a hung rank or collective?)"
+        return one_line(done.stderr) if done.returncode else None
+
+    def configuration(self, run: Run) -> Check:
+        started = time.perf_counter()
+        out = self.workdir / run.config_id
+        # one checkpoint, at the end: on the paper preset each is most of a gigabyte
+        error = self.train(run, out, "--set", f"train.checkpoint_interval={STEPS}")
+        (out / "checkpoint.pt").unlink(missing_ok=True)
+        return Check(run.config_id, error is None, time.perf_counter() - started, error or "")
+
+    def resume(self, run: Run) -> Check:
+        """Stop after RESUME_AT steps, re-run to STEPS, and compare with the uninterrupted run."""
+        name, out = f"resume {run.config_id}", self.workdir / f"resume-{run.config_id}"
+        started = time.perf_counter()
+        every = ("--set", f"train.checkpoint_interval={RESUME_AT}")
+        error = self.train(run, out, *every, "--max-steps", str(RESUME_AT)) or self.train(run, out, *every)
+        if error is None:
+            error = resume_mismatch(out, self.workdir / run.config_id, run.precision)
+        return Check(name, error is None, time.perf_counter() - started, error or "")
+
+
+def final_loss(run_dir: Path) -> float:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [line for line in lines if line["kind"] == "train"][-1]["loss"]
+
+
+def resume_mismatch(resumed: Path, whole: Path, precision: str) -> str | None:
+    record = json.loads((resumed / "run.json").read_text())
+    if record.get("resumed_from_step") != RESUME_AT:
+        return f"the re-run started at step {record.get('resumed_from_step')}, not at the checkpoint of step {RESUME_AT}"
+    if not (whole / "metrics.jsonl").exists():
+        return "no uninterrupted run to compare with (its configuration failed)"
+    a, b = final_loss(resumed), final_loss(whole)
+    rtol = RESUME_RTOL.get(precision, RESUME_RTOL_REDUCED)
+    if abs(a - b) > rtol * abs(b):
+        return f"resumed run ends at loss {a:.6f}, uninterrupted at {b:.6f} (tolerance {rtol:g} relative)"
+    return None
+
+
+def resume_cases(study: Study) -> list[Run]:
+    """One configuration per strategy: fp32 where the study has it, at the most processes (a
+    sharded checkpoint has to be gathered and scattered again)."""
+    chosen: dict[str, Run] = {}
+    for run in study.runs:
+        if run.repeat == 0:
+            best = chosen.setdefault(run.strategy, run)
+            if (run.precision == "fp32", run.nproc) > (best.precision == "fp32", best.nproc):
+                chosen[run.strategy] = run
+    return list(chosen.values())
+
+
+def run_selftest(study: Study, params: Path, out: Path, *, timeout_s: float = 600,
+                 report=print) -> list[Check]:
+    """Run every check, report each as it ends, and write `out` (atomically) with all of them."""
+    configurations = [run for run in study.runs if run.repeat == 0]
+    checks: list[Check] = []
+    with tempfile.TemporaryDirectory(prefix="gpt2dist-selftest-") as tmp:
+        test = Selftest(study, params, Path(tmp), timeout_s)
+        total = len(configurations) + len(resume_cases(study))
+        for run in configurations:
+            checks.append(test.configuration(run))
+            report(checks[-1], len(checks), total)
+        for run in resume_cases(study):
+            checks.append(test.resume(run))
+            report(checks[-1], len(checks), total)
+    atomic_write_json(out, {
+        "preset": study.preset_name,
+        "device": study.device,
+        "steps": STEPS,
+        "passed": sum(check.ok for check in checks),
+        "failed": sum(not check.ok for check in checks),
+        "checks": [asdict(check) for check in checks],
+    })
+    return checks
