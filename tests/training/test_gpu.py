@@ -1,9 +1,15 @@
 """GPU-only paths (NCCL, DataParallel over devices, fp16 GradScaler, Apex). Skipped without CUDA."""
 
 import importlib.util
+import threading
 
 import pytest
 import torch
+
+from gpt2dist.launch.runner import build_spec
+from gpt2dist.training.loop import Trainer
+from gpt2dist.training.model import TokenLoss, lm_loss
+from gpt2dist.training.strategies import REGISTRY
 
 from conftest import gpt2dist, gpu, read_metrics, run_record, train_args
 
@@ -27,6 +33,41 @@ def test_one_gpu(strategy, precision, shards, params_file, tmp_path):
 def test_two_gpus(strategy, shards, params_file, tmp_path):
     gpt2dist(*train_args(shards, params_file, tmp_path, strategy, nproc=2))
     assert run_record(tmp_path)["status"] == "completed"
+
+
+def trainer(shards, params_file, out, strategy: str, precision: str, nproc: int = 1) -> Trainer:
+    spec = build_spec(data=shards, out=out, strategy=strategy, precision=precision, nproc=nproc, params=params_file,
+                      preset=None, overrides=[])
+    return Trainer(spec, REGISTRY[strategy](spec))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_dp_replica_threads_compute_in_the_run_dtype(precision, shards, params_file, tmp_path):
+    """DataParallel's worker threads inherit autocast but not its dtype (pytorch#125186); the loss module re-enters it."""
+    dp = trainer(shards, params_file, tmp_path, "dp", precision, nproc=2)
+    seen, lock = [], threading.Lock()
+
+    def record(module, args, output):
+        with lock:
+            seen.append((threading.get_ident(), output[0].device.index, output[0].dtype))
+
+    dp.model.register_forward_hook(record)  # replicas share the original's hooks
+    dp.train_step(0)
+    expected = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    assert {device for _, device, _ in seen} == {0, 1}
+    assert threading.get_ident() not in {thread for thread, _, _ in seen}
+    assert {dtype for _, _, dtype in seen} == {expected}
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_dp_gathers_scalars_and_weights_uneven_chunks(shards, params_file, tmp_path):
+    dp = trainer(shards, params_file, tmp_path, "dp", "fp32", nproc=2)
+    inputs, targets = (t[:3].cuda() for t in next(dp.train_batches.micro_batches(0, 0, 1, 4)))
+    sums, counts = dp.loss(inputs, targets)  # 3 rows over 2 GPUs: chunks of 2 and 1
+    assert sums.shape == (2,) and counts.tolist() == [2 * targets.size(1), targets.size(1)]
+    one_device = lm_loss(TokenLoss(dp.model, dp.precision.autocast), inputs, targets)
+    assert lm_loss(dp.loss, inputs, targets).item() == pytest.approx(one_device.item(), rel=1e-5)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("apex") is None, reason="needs NVIDIA Apex (the container image)")

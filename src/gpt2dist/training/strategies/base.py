@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from gpt2dist.config import RunSpec
 from gpt2dist.system.hardware import device_index
+from gpt2dist.training.model import TokenLoss
 from gpt2dist.training.precision import Precision
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,10 @@ class Strategy:
         """Move, wrap and build the optimizer in the order this strategy needs."""
         model.to(self.placement.device)
         return precision.prepare(model, make_optimizer(model))
+
+    def loss_module(self, model: nn.Module, precision: Precision) -> nn.Module:
+        """What the loop calls with (inputs, targets) to get (loss sums, token counts)."""
+        return TokenLoss(model, precision.autocast)
 
     def rows_per_micro_batch(self) -> int:
         """Sequences this process feeds to one forward pass."""
