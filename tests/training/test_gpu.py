@@ -70,6 +70,16 @@ def test_dp_gathers_scalars_and_weights_uneven_chunks(shards, params_file, tmp_p
     assert lm_loss(dp.loss, inputs, targets).item() == pytest.approx(one_device.item(), rel=1e-5)
 
 
+def test_batches_are_pinned_on_cuda(shards, params_file, tmp_path):
+    """Pinned host batches make the non_blocking copy asynchronous, so data_time_s times host work only."""
+    single = trainer(shards, params_file, tmp_path, "single", "fp32")
+    for sampler in (single.train_batches, single.val_batches):
+        inputs, targets = next(sampler.micro_batches(0, 0, 1, 2))
+        assert inputs.is_pinned() and targets.is_pinned()
+    line = single.train_step(0)
+    assert 0 < line["data_time_s"] <= line["step_time_s"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("apex") is None, reason="needs NVIDIA Apex (the container image)")
 @pytest.mark.parametrize("strategy", ["ddp", "horovod"])
 def test_apex_o1(strategy, shards, params_file, tmp_path):

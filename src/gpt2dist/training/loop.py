@@ -64,8 +64,11 @@ class Trainer:
         shards = open_shards(Path(spec.data_dir), check_hash=False)  # the launcher verified hashes
         check_vocabulary(shards.meta, spec)
         t = spec.train
-        self.train_batches = BatchSampler(shards.train, "train", spec.model.n_positions, t.global_batch_size, t.seed)
-        self.val_batches = BatchSampler(shards.val, "val", spec.model.n_positions, t.global_batch_size, t.seed)
+        pin = self.place.device.type == "cuda"
+        self.train_batches = BatchSampler(shards.train, "train", spec.model.n_positions, t.global_batch_size, t.seed,
+                                          pin_memory=pin)
+        self.val_batches = BatchSampler(shards.val, "val", spec.model.n_positions, t.global_batch_size, t.seed,
+                                        pin_memory=pin)
         self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=spec.strategy == "fsdp")
         model = build_model(spec.model, seed=t.seed, eos_id=shards.meta["eos_id"])
         self.compiled = t.compile and strategy.compiles
@@ -94,9 +97,9 @@ class Trainer:
         for micro in range(accum):
             fetch = time.perf_counter()
             inputs, targets = next(batches)
+            data_time += time.perf_counter() - fetch  # host work only: from pinned memory the copy is queued
             inputs = inputs.to(device, non_blocking=True)
             targets = targets.to(device, non_blocking=True)
-            data_time += time.perf_counter() - fetch
             last = micro == accum - 1
             with strategy.accumulate(self.model, last):
                 loss = lm_loss(self.loss, inputs, targets) / accum  # the loss module enters autocast
