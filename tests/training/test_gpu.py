@@ -44,7 +44,7 @@ def trainer(shards, params_file, out, strategy: str, precision: str, nproc: int 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_dp_replica_threads_compute_in_the_run_dtype(precision, shards, params_file, tmp_path):
-    """DataParallel's worker threads inherit autocast but not its dtype (pytorch#125186); the loss module re-enters it."""
+    """DataParallel's worker threads inherit autocast, not its dtype (pytorch#125186); TokenLoss re-enters it."""
     dp = trainer(shards, params_file, tmp_path, "dp", precision, nproc=2)
     seen, lock = [], threading.Lock()
 
