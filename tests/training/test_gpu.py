@@ -1,6 +1,9 @@
 """GPU-only paths (NCCL, DataParallel over devices, fp16 GradScaler, Apex). Skipped without CUDA."""
 
 import importlib.util
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -33,6 +36,17 @@ def test_one_gpu(strategy, precision, shards, params_file, tmp_path):
 def test_two_gpus(strategy, shards, params_file, tmp_path):
     gpt2dist(*train_args(shards, params_file, tmp_path, strategy, nproc=2))
     assert run_record(tmp_path)["status"] == "completed"
+
+
+@pytest.mark.timeout(120)
+def test_task_bound_to_one_gpu_claims_cuda_0():
+    """A SLURM task with --gpus-per-task=1 and local rank 3 sees its GPU as cuda:0 (DDP's device_ids follow it)."""
+    probe = ("import torch; from gpt2dist.training.strategies.base import claim_gpu; "
+             "print(claim_gpu(3), torch.cuda.current_device())")
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(torch.cuda.device_count())))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": listed.split(",")[-1]}  # the last GPU this job may use
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["cuda:0", "0"]
 
 
 def trainer(shards, params_file, out, strategy: str, precision: str, nproc: int = 1) -> Trainer:
