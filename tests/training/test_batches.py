@@ -21,6 +21,8 @@ def test_ranks_partition_the_global_batch():
     assert not set(two[0]) & set(two[1])
     x, y = next(sampler.micro_batches(5, 0, 1, 2))
     assert x.shape == (2, 16) and (y[:, :-1] == x[:, 1:]).all()  # targets are inputs shifted by one
+    # a strided view would be staged through pageable memory on its way to CUDA
+    assert x.is_contiguous() and y.is_contiguous() and not sampler.pin_memory
 
 
 def test_batches_depend_on_seed_split_and_step():

@@ -61,6 +61,7 @@ def test_two_ranks_follow_single_process(strategy, reference, shards, params_fil
     assert losses[-1] < 0.9 * losses[0]
 
 
+@pytest.mark.timeout(300)
 def test_dp_on_cpu_is_the_degenerate_one_device_case(reference, shards, params_file, tmp_path):
     gpt2dist(*train_args(shards, params_file, tmp_path, "dp"))
     assert_follows_reference(reference, tmp_path)

@@ -1,9 +1,18 @@
 """GPU-only paths (NCCL, DataParallel over devices, fp16 GradScaler, Apex). Skipped without CUDA."""
 
 import importlib.util
+import os
+import subprocess
+import sys
+import threading
 
 import pytest
 import torch
+
+from gpt2dist.launch.runner import build_spec
+from gpt2dist.training.loop import Trainer
+from gpt2dist.training.model import TokenLoss, lm_loss
+from gpt2dist.training.strategies import REGISTRY
 
 from conftest import gpt2dist, gpu, read_metrics, run_record, train_args
 
@@ -27,6 +36,62 @@ def test_one_gpu(strategy, precision, shards, params_file, tmp_path):
 def test_two_gpus(strategy, shards, params_file, tmp_path):
     gpt2dist(*train_args(shards, params_file, tmp_path, strategy, nproc=2))
     assert run_record(tmp_path)["status"] == "completed"
+
+
+@pytest.mark.timeout(120)
+def test_task_bound_to_one_gpu_claims_cuda_0():
+    """A SLURM task with --gpus-per-task=1 and local rank 3 sees its GPU as cuda:0 (DDP's device_ids follow it)."""
+    probe = ("import torch; from gpt2dist.training.strategies.base import claim_gpu; "
+             "print(claim_gpu(3), torch.cuda.current_device())")
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(torch.cuda.device_count())))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": listed.split(",")[-1]}  # the last GPU this job may use
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["cuda:0", "0"]
+
+
+def trainer(shards, params_file, out, strategy: str, precision: str, nproc: int = 1) -> Trainer:
+    spec = build_spec(data=shards, out=out, strategy=strategy, precision=precision, nproc=nproc, params=params_file,
+                      preset=None, overrides=[])
+    return Trainer(spec, REGISTRY[strategy](spec))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_dp_replica_threads_compute_in_the_run_dtype(precision, shards, params_file, tmp_path):
+    """DataParallel's worker threads inherit autocast, not its dtype (pytorch#125186); TokenLoss re-enters it."""
+    dp = trainer(shards, params_file, tmp_path, "dp", precision, nproc=2)
+    seen, lock = [], threading.Lock()
+
+    def record(module, args, output):
+        with lock:
+            seen.append((threading.get_ident(), output[0].device.index, output[0].dtype))
+
+    dp.model.register_forward_hook(record)  # replicas share the original's hooks
+    dp.train_step(0)
+    expected = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    assert {device for _, device, _ in seen} == {0, 1}
+    assert threading.get_ident() not in {thread for thread, _, _ in seen}
+    assert {dtype for _, _, dtype in seen} == {expected}
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_dp_gathers_scalars_and_weights_uneven_chunks(shards, params_file, tmp_path):
+    dp = trainer(shards, params_file, tmp_path, "dp", "fp32", nproc=2)
+    inputs, targets = (t[:3].cuda() for t in next(dp.train_batches.micro_batches(0, 0, 1, 4)))
+    sums, counts = dp.loss(inputs, targets)  # 3 rows over 2 GPUs: chunks of 2 and 1
+    assert sums.shape == (2,) and counts.tolist() == [2 * targets.size(1), targets.size(1)]
+    one_device = lm_loss(TokenLoss(dp.model, dp.precision.autocast), inputs, targets)
+    assert lm_loss(dp.loss, inputs, targets).item() == pytest.approx(one_device.item(), rel=1e-5)
+
+
+def test_batches_are_pinned_on_cuda(shards, params_file, tmp_path):
+    """Pinned host batches make the non_blocking copy asynchronous, so data_time_s times host work only."""
+    single = trainer(shards, params_file, tmp_path, "single", "fp32")
+    for sampler in (single.train_batches, single.val_batches):
+        inputs, targets = next(sampler.micro_batches(0, 0, 1, 2))
+        assert inputs.is_pinned() and targets.is_pinned()
+    line = single.train_step(0)
+    assert 0 < line["data_time_s"] <= line["step_time_s"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("apex") is None, reason="needs NVIDIA Apex (the container image)")

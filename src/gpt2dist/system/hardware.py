@@ -1,5 +1,6 @@
 """What the machine offers, without importing torch: dense BF16/FP16 tensor-core peaks (for
-model FLOPs utilisation), the GPUs this process may use, and optional command facts."""
+model FLOPs utilisation), the GPUs this process may use and which one a rank drives, and
+optional command facts."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+
+from gpt2dist.errors import UsageError
 
 # Matched in order against torch.cuda.get_device_name(); the first substring found wins.
 PEAK_BF16_FLOPS: list[tuple[str, float]] = [
@@ -50,3 +53,25 @@ def visible_gpus() -> int:
         return len([d for d in listed.split(",") if d.strip() and d.strip() != "-1"])
     out = command_output(["nvidia-smi", "-L"]) or ""
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def device_index(local_rank: int, visible: int) -> int:
+    """The one rule for "which GPU is mine", shared by every strategy.
+
+    A task bound to one GPU (SLURM --gpus-per-task=1, or CUDA_VISIBLE_DEVICES set per rank)
+    sees it as index 0 whatever its local rank; a process that sees the node's GPUs drives
+    the one numbered like its local rank. Anything else would put two ranks on one GPU.
+    """
+    if visible < 1:
+        raise UsageError(
+            "no CUDA GPU is visible to this rank (check CUDA_VISIBLE_DEVICES and the job's GPU request); "
+            "run on a GPU node or on CPU"
+        )
+    if visible == 1:
+        return 0
+    if local_rank >= visible:
+        raise UsageError(
+            f"local rank {local_rank} has no GPU of its own: this process sees {visible} GPUs (0-{visible - 1}); "
+            f"start at most {visible} ranks per node, or give each task one GPU (srun --gpus-per-task=1)"
+        )
+    return local_rank

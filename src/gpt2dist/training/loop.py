@@ -64,8 +64,11 @@ class Trainer:
         shards = open_shards(Path(spec.data_dir), check_hash=False)  # the launcher verified hashes
         check_vocabulary(shards.meta, spec)
         t = spec.train
-        self.train_batches = BatchSampler(shards.train, "train", spec.model.n_positions, t.global_batch_size, t.seed)
-        self.val_batches = BatchSampler(shards.val, "val", spec.model.n_positions, t.global_batch_size, t.seed)
+        pin = self.place.device.type == "cuda"
+        self.train_batches = BatchSampler(shards.train, "train", spec.model.n_positions, t.global_batch_size, t.seed,
+                                          pin_memory=pin)
+        self.val_batches = BatchSampler(shards.val, "val", spec.model.n_positions, t.global_batch_size, t.seed,
+                                        pin_memory=pin)
         self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=spec.strategy == "fsdp")
         model = build_model(spec.model, seed=t.seed, eos_id=shards.meta["eos_id"])
         self.compiled = t.compile and strategy.compiles
@@ -74,6 +77,7 @@ class Trainer:
         elif t.compile:
             log.warning("train.compile ignored: %s does not support compiled blocks", spec.strategy)
         self.model, self.optimizer = strategy.prepare(model, optimizer_factory(t, self.place.device), self.precision)
+        self.loss = strategy.loss_module(self.model, self.precision)
         self.rows = strategy.rows_per_micro_batch()
         self.tokens_per_step = t.global_batch_size * spec.model.n_positions
 
@@ -93,13 +97,12 @@ class Trainer:
         for micro in range(accum):
             fetch = time.perf_counter()
             inputs, targets = next(batches)
+            data_time += time.perf_counter() - fetch  # host work only: from pinned memory the copy is queued
             inputs = inputs.to(device, non_blocking=True)
             targets = targets.to(device, non_blocking=True)
-            data_time += time.perf_counter() - fetch
             last = micro == accum - 1
             with strategy.accumulate(self.model, last):
-                with precision.autocast():
-                    loss = lm_loss(self.model, inputs, targets) / accum
+                loss = lm_loss(self.loss, inputs, targets) / accum  # the loss module enters autocast
                 precision.backward(loss, self.optimizer, last=last, sync_grads=lambda: strategy.sync_grads(self.optimizer))
             loss_sum += loss.detach().float()
         clip = spec.train.grad_clip or math.inf
@@ -131,8 +134,7 @@ class Trainer:
         count = 0
         for index in range(self.spec.train.eval_batches):
             for inputs, targets in self.val_batches.micro_batches(index, self.place.rank, self.spec.world_size, self.rows):
-                with self.precision.autocast():
-                    total += lm_loss(self.model, inputs.to(self.place.device), targets.to(self.place.device)).float()
+                total += lm_loss(self.loss, inputs.to(self.place.device), targets.to(self.place.device))
                 count += 1
         self.model.train()
         val_loss = self.strategy.all_reduce_mean(total / count).item()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,10 +43,36 @@ def compile_blocks(model: GPT2LMHeadModel) -> None:
         block.compile()
 
 
-def lm_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy. Takes the tuple output so DataParallel can gather it."""
-    logits = model(input_ids=inputs, use_cache=False, return_dict=False)[0]
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+class TokenLoss(nn.Module):
+    """The model and its next-token cross-entropy as one module, returning (loss sum, token count).
+
+    DataParallel gathers whatever its module returns onto device 0: returning the loss rather
+    than logits keeps each replica's [rows, T, vocab] logits on its own GPU and gathers two
+    numbers per device. Autocast is entered here, inside the replica, because DataParallel's
+    worker threads inherit "autocast on" but not its dtype (pytorch#125186): a bf16 run
+    would otherwise compute in fp16 without a loss scaler.
+    """
+
+    def __init__(self, model: nn.Module, autocast: Callable[[], AbstractContextManager]):
+        super().__init__()
+        self.model, self.autocast = model, autocast
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.autocast():
+            logits = self.model(input_ids=inputs, use_cache=False, return_dict=False)[0]
+            total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum")
+        # shape [1], not a scalar: DataParallel's gather concatenates these without a warning
+        return total.float().reshape(1), targets.new_full((1,), targets.numel())
+
+
+def mean_loss(loss_sums: torch.Tensor, token_counts: torch.Tensor) -> torch.Tensor:
+    """Per-token mean over all replicas: weighting by tokens keeps it exact for uneven chunks."""
+    return loss_sums.sum() / token_counts.sum()
+
+
+def lm_loss(loss: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of a batch through a TokenLoss (or DataParallel over one)."""
+    return mean_loss(*loss(inputs, targets))
 
 
 def non_embedding_params(cfg: ModelConfig) -> int:

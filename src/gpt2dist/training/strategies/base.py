@@ -14,6 +14,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from gpt2dist.config import RunSpec
+from gpt2dist.system.hardware import device_index
+from gpt2dist.training.model import TokenLoss
 from gpt2dist.training.precision import Precision
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ class Strategy:
         self.placement: Placement | None = None
 
     def setup(self) -> Placement:
-        device = torch.device("cuda", 0) if self.spec.device == "cuda" else torch.device("cpu")
+        device = claim_gpu(0) if self.spec.device == "cuda" else torch.device("cpu")
         self.placement = Placement(rank=0, world_size=1, local_rank=0, device=device)
         return self.placement
 
@@ -48,6 +50,10 @@ class Strategy:
         """Move, wrap and build the optimizer in the order this strategy needs."""
         model.to(self.placement.device)
         return precision.prepare(model, make_optimizer(model))
+
+    def loss_module(self, model: nn.Module, precision: Precision) -> nn.Module:
+        """What the loop calls with (inputs, targets) to get (loss sums, token counts)."""
+        return TokenLoss(model, precision.autocast)
 
     def rows_per_micro_batch(self) -> int:
         """Sequences this process feeds to one forward pass."""
@@ -89,6 +95,13 @@ class Strategy:
 
     def teardown(self) -> None:
         """Release communication resources."""
+
+
+def claim_gpu(local_rank: int) -> torch.device:
+    """This rank's GPU by the shared rule, made current so NCCL and bare `.cuda()` calls land on it."""
+    index = device_index(local_rank, torch.cuda.device_count())
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def describe(strategy: Strategy, detail: str) -> None:

@@ -13,8 +13,9 @@ class DDP(TorchDistributed):
     def prepare(self, model, make_optimizer, precision):
         # Apex amp must patch the bare model before DDP registers its hooks.
         model, optimizer = super().prepare(model, make_optimizer, precision)
-        cuda = self.placement.device.type == "cuda"
-        wrapped = DistributedDataParallel(model, device_ids=[self.placement.local_rank] if cuda else None)
+        device = self.placement.device
+        cuda = device.type == "cuda"
+        wrapped = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
         describe(self, f"DistributedDataParallel, world {self.placement.world_size}, "
                  f"{'nccl' if cuda else 'gloo'}, accumulation {self.spec.grad_accum_steps}")
         return wrapped, optimizer

@@ -1,13 +1,15 @@
 """torch.nn.DataParallel, the study's "single parameter server".
 
-One process; each forward scatters the micro-batch over nproc GPUs, gathers outputs on
-GPU 0 and reduces gradients there. Without CUDA it degenerates to one CPU device, which
-run.json records (placement.degenerate), so the code path still runs in CI.
+One process; each forward scatters the micro-batch over nproc GPUs and reduces gradients
+on GPU 0. The replicated module is the model together with its loss (TokenLoss), so each
+replica reduces its own logits and only loss sums and token counts are gathered on GPU 0.
+Without CUDA it degenerates to one CPU device, which run.json records
+(placement.degenerate), so the code path still runs in CI.
 """
 
-import torch
 from torch import nn
 
+from gpt2dist.training.model import TokenLoss
 from gpt2dist.training.strategies.base import Strategy, describe
 
 
@@ -17,21 +19,15 @@ class DataParallel(Strategy):
     # in place would still call the original's compiled code on GPU 0.
     compiles = False
 
-    def prepare(self, model, make_optimizer, precision):
-        model, optimizer = super().prepare(model, make_optimizer, precision)
+    def loss_module(self, model, precision):
+        # the replica enters the run's autocast itself: worker threads would default to fp16
+        loss = TokenLoss(model, precision.autocast)
         if self.spec.device == "cuda":
             devices = list(range(self.spec.nproc))
-            describe(self, f"DataParallel over cuda:{devices}, gather on cuda:0")
-            return nn.DataParallel(model, device_ids=devices), optimizer
+            describe(self, f"DataParallel over cuda:{devices}, loss computed per replica, scalars gathered on cuda:0")
+            return nn.DataParallel(loss, device_ids=devices)
         describe(self, "DataParallel without CUDA: degenerate one-device case on CPU")
-        return nn.DataParallel(model), optimizer
-
-    @property
-    def degenerate(self) -> bool:
-        return not torch.cuda.is_available()
+        return nn.DataParallel(loss)
 
     def rows_per_micro_batch(self) -> int:
         return self.spec.train.micro_batch_size * self.spec.nproc
-
-    def state_module(self, model):
-        return model.module

@@ -11,7 +11,7 @@ that the single-process reference never takes).
 import torch
 
 from gpt2dist.errors import UsageError
-from gpt2dist.training.strategies.base import Placement, Strategy, describe
+from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu, describe
 
 
 def import_horovod():
@@ -31,10 +31,7 @@ class Horovod(Strategy):
     def setup(self) -> Placement:
         self.hvd = hvd = import_horovod()
         hvd.init()
-        cuda = self.spec.device == "cuda"
-        if cuda:
-            torch.cuda.set_device(hvd.local_rank())
-        device = torch.device("cuda", hvd.local_rank()) if cuda else torch.device("cpu")
+        device = claim_gpu(hvd.local_rank()) if self.spec.device == "cuda" else torch.device("cpu")
         self.placement = Placement(hvd.rank(), hvd.size(), hvd.local_rank(), device)
         return self.placement
 

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from gpt2dist.config import DEFAULT_PORT
-from gpt2dist.training.strategies.base import Placement, Strategy
+from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu
 
 
 def _env_from_slurm_tasks() -> None:
@@ -33,12 +33,8 @@ class TorchDistributed(Strategy):
         _env_from_slurm_tasks()
         cuda = self.spec.device == "cuda"
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        # a SLURM task bound to one GPU sees it as device 0
-        index = local_rank if cuda and torch.cuda.device_count() > 1 else 0
-        if cuda:
-            torch.cuda.set_device(index)
+        device = claim_gpu(local_rank) if cuda else torch.device("cpu")
         dist.init_process_group(backend="nccl" if cuda else "gloo")
-        device = torch.device("cuda", index) if cuda else torch.device("cpu")
         self.placement = Placement(dist.get_rank(), dist.get_world_size(), local_rank, device)
         return self.placement
 
