@@ -45,8 +45,9 @@ def summary_markdown(summary: dict) -> str:
 
 Hardware: {summary['hardware']}. Software: {versions}.
 Throughput is each run's median after {summary['warmup_steps']} warm-up steps; the table gives the median
-over repeats and a 95% t-interval of their mean. Speedup is over `single` at the same precision
-(or fp32); efficiency is speedup / processes. Configurations dropped for lack of GPUs: {dropped}.
+over repeats and a 95% t-interval of their mean. Speedup is over the one-process run of the same
+precision (`single`'s, else the strategy's own; "n/a" where the study has none); efficiency is
+speedup / processes. Configurations dropped for lack of GPUs: {dropped}.
 
 {table}
 

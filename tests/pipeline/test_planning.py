@@ -1,0 +1,71 @@
+"""Planning a GPU study on a host without GPUs (a cluster's login node): the GPUs per node come
+from the user (`--config gpus_per_node=N`, params.yaml, `--gpus`), never from the planning host.
+This machine has no GPU, so every test here is that situation for real."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+import yaml
+
+from gpt2dist.pipeline.study import plan_study
+
+from conftest import REPO, gpt2dist, train_args
+from reduced_study import copy_workflow, run
+
+pytestmark = pytest.mark.slow
+
+PAPER_CONFIGURATIONS = 37  # the paper preset's runs at 1, 2, 4 and 8 GPUs
+
+
+def resources(dry_run: str) -> dict[str, dict[str, str]]:
+    """run id -> its train job's resources, from `snakemake -n` output."""
+    found = {}
+    for block in dry_run.split("rule train:")[1:]:
+        run_id = re.search(r"wildcards: run=(\S+)", block)[1]
+        found[run_id] = dict(item.split("=", 1) for item in re.search(r"resources: (.*)", block)[1].split(", "))
+    return found
+
+
+def test_snakemake_plans_the_paper_study_for_the_gpus_the_user_names(tmp_path):
+    work = copy_workflow(tmp_path)
+    planned = run(["snakemake", "-n", "-p", "--config", "gpus_per_node=8", "preset=paper"], work).stdout
+    jobs = resources(planned)
+    assert len(jobs) == PAPER_CONFIGURATIONS * 3
+    assert jobs["ddp-bf16-n8-r0"]["gpu"] == "8" and jobs["ddp-bf16-n8-r0"]["tasks"] == "8"
+    assert jobs["dp-fp32-n8-r0"]["gpu"] == "8" and jobs["dp-fp32-n8-r0"]["tasks"] == "1"  # one process drives 8
+    assert jobs["single-fp32-n1-r0"]["runtime"] == "60"  # the preset's study.train_runtime_min
+    assert "--preset paper" in planned and "--gpus 8" in planned  # collect plans the same study later
+
+    fewer = run(["snakemake", "-n", "--config", "gpus_per_node=2", "preset=paper"], work)
+    two_gpus = plan_study(work / "params.yaml", "paper", 2)
+    assert set(resources(fewer.stdout)) == {run.run_id for run in two_gpus.runs}
+    assert max(run.nproc for run in two_gpus.runs) == 2
+    assert "dropped: dp-fp32-n4, dp-fp32-n8" in fewer.stderr
+
+
+def test_gpus_per_node_in_params_reaches_dvc_yaml_and_train_hosts(params_file, shards, tmp_path):
+    params = yaml.safe_load(params_file.read_text()) | {"gpus_per_node": 4}
+    gpu_params = tmp_path / "params.yaml"
+    gpu_params.write_text(yaml.safe_dump(params))
+    stages = tmp_path / "dvc.yaml"
+    gpt2dist("dvc-yaml", "--params", gpu_params, "--out", stages)
+    collect = yaml.safe_load(stages.read_text())["stages"]["collect"]["cmd"]
+    assert "--gpus 4" in collect
+    # commands for other machines describe those machines' GPUs, not this CPU-only host's
+    gpt2dist(*train_args(shards, gpu_params, tmp_path / "run", "ddp", "--hosts", "gpu-a:4,gpu-b:4"))
+    assert json.loads((tmp_path / "run" / "spec.json").read_text())["device"] == "cuda"
+    gpt2dist(*train_args(shards, params_file, tmp_path / "cpu-run", "ddp", "--hosts", "a:2,b:2"))
+    assert json.loads((tmp_path / "cpu-run" / "spec.json").read_text())["device"] == "cpu"
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU-only torch")
+def test_doctor_names_a_cpu_only_torch_for_a_gpu_study():
+    result = gpt2dist("doctor", "--gpus", "8", "--preset", "paper", "--params", REPO / "params.yaml", check=False)
+    assert result.returncode == 2
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error:") and "a CUDA build of torch" in error
+    assert f"needed by all {PAPER_CONFIGURATIONS} configurations" in error
