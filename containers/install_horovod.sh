@@ -37,7 +37,8 @@ esac
 # The key leaves the source patches out on purpose: they only let a compiler build the sdist
 # (C++17 for torch's headers; includes that GCC 12 still pulled in transitively), so a wheel
 # that built is the same code with or without them, and a cached GCC 12 wheel stays valid.
-# A patch that changed what Horovod does would have to join the key.
+# A patch that changed what Horovod does would have to join the key, as the NCCL link mode
+# (which changes the binary) does in the --gpu variant.
 cache_dir="$CACHE_ROOT/horovod-$HOROVOD_VERSION/torch-${torch_version}-${py_tag}-${variant}"
 wheel=$(ls "$cache_dir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
 
