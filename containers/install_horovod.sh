@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Build and install Horovod 0.28.1 against the torch already installed in $PYTHON.
 #
-# Why a script: 0.28.1 is Horovod's last release and its sdist compiles with C++14,
-# which torch >= 2.1 headers reject. We patch both CMakeLists to C++17 (the top-level
-# one too, or gloo's rendezvous Store symbol is defined twice at link time), build a
-# wheel once and cache it keyed by Horovod, torch, Python and GPU flavour, so CI, the
-# README setup and the container recipe all run this one tested recipe.
+# Why a script: 0.28.1 is Horovod's last release and its sdist does not build as shipped
+# with torch >= 2.1 (C++14) or GCC 13 (missing includes); patch_horovod_source.sh fixes
+# both. We build a wheel once and cache it keyed by Horovod, torch, Python and GPU
+# flavour, so CI, the README setup and the container recipe all run this one tested recipe.
 #
 # Usage: containers/install_horovod.sh [--cpu|--gpu]   (default: --gpu when nvcc and a
 #        CUDA build of torch are present, else --cpu)
@@ -15,6 +14,7 @@ set -euo pipefail
 HOROVOD_VERSION=0.28.1
 PYTHON=${PYTHON:-python}
 CACHE_ROOT=${GPT2DIST_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpt2dist/wheels}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 die() { echo "install_horovod: $*" >&2; exit 1; }
 
@@ -30,10 +30,15 @@ fi
 case $flavour in
   --cpu) variant=cpu ;;
   --gpu) [[ -n $torch_cuda ]] || die "--gpu needs a CUDA build of torch (found $torch_version)"
-         variant=cuda${torch_cuda} ;;
+         variant=cuda${torch_cuda}-nccl-shared ;;
   *) die "unknown option '$flavour' (use --cpu or --gpu)" ;;
 esac
 
+# The key leaves the source patches out on purpose: they only let a compiler build the sdist
+# (C++17 for torch's headers; includes that GCC 12 still pulled in transitively), so a wheel
+# that built is the same code with or without them, and a cached GCC 12 wheel stays valid.
+# A patch that changed what Horovod does would have to join the key, as the NCCL link mode
+# (which changes the binary) does in the --gpu variant.
 cache_dir="$CACHE_ROOT/horovod-$HOROVOD_VERSION/torch-${torch_version}-${py_tag}-${variant}"
 wheel=$(ls "$cache_dir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
 
@@ -45,17 +50,15 @@ if [[ -z $wheel ]]; then
     || die "could not download the horovod==$HOROVOD_VERSION sdist from the package index"
   tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
   src="$work/horovod-$HOROVOD_VERSION"
-  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
-    "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
-  grep -q 'CMAKE_CXX_STANDARD 14' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt" \
-    && die "C++17 patch did not apply; the sdist layout changed"
+  bash "$HERE/patch_horovod_source.sh" "$src"
   # CMake 4 removed support for cmake_minimum_required(<3.5), which the vendored gloo uses.
   "$PYTHON" -m pip install --quiet "cmake>=3.13,<4" packaging psutil pyyaml cloudpickle
   export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
   if [[ $variant == cpu ]]; then
     export HOROVOD_WITHOUT_MPI=1
   else
-    export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITH_MPI=1
+    # Link the libnccl.so that torch loads, not a second, static copy of NCCL.
+    export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITH_MPI=1 HOROVOD_NCCL_LINK=SHARED
   fi
   "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src" \
     > "$work/build.log" 2>&1 || { grep -A12 -m3 -E 'CMake Error|error:' "$work/build.log" >&2 || tail -n 40 "$work/build.log" >&2; die "Horovod build failed (log above)"; }

@@ -87,6 +87,7 @@ def test_params_without_presets(tmp_path):
         (dict(strategy="dp", nproc=2), "'dp' drives one device per --nproc; 2 requested but 0 CUDA GPUs"),
         (dict(strategy="single", nproc=2), "strategy 'single' runs one process"),
         (dict(strategy="fsdp", precision="apex-O1"), "cannot wrap FSDP"),
+        (dict(strategy="dp", precision="apex-O2"), "'apex-O2' patches the model's forward, which DataParallel"),
         (dict(strategy="ddp", precision="apex-O2"), "'apex-O2' needs CUDA"),
     ],
 )
@@ -96,6 +97,13 @@ def test_impossible_combinations(params_file, shards, kw, fragment):
     with pytest.raises(UsageError) as err:
         check_combination(spec, visible_gpus=0)
     assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("strategy, precision", [("dp", "apex-O1"), ("ddp", "apex-O2"), ("horovod", "apex-O2")])
+def test_apex_combinations_that_can_run(params_file, shards, strategy, precision):
+    """The dp x apex-O2 refusal is that pair only: neighbouring apex runs on a CUDA machine pass."""
+    spec = spec_for(params_file, shards).model_copy(update=dict(strategy=strategy, precision=precision, device="cuda"))
+    check_combination(spec, visible_gpus=1)
 
 
 def test_unknown_strategy_and_precision(params_file, shards):

@@ -300,6 +300,11 @@ def check_combination(spec: RunSpec, visible_gpus: int) -> None:
     if spec.precision.startswith("apex"):
         if spec.strategy == "fsdp":
             raise UsageError("precision 'apex-*' cannot wrap FSDP-sharded parameters; use fsdp with bf16 or fp16")
+        if spec.strategy == "dp" and spec.precision == "apex-O2":
+            # O2 patches forward on the model object; DataParallel's replicas copy that bound
+            # method and so all run the cuda:0 model.
+            raise UsageError("precision 'apex-O2' patches the model's forward, which DataParallel replicas would "
+                             "share with cuda:0; use dp with apex-O1, or ddp with apex-O2")
         if spec.device != "cuda":
             raise UsageError(f"precision '{spec.precision}' needs CUDA; on CPU use bf16 or fp16 (torch.amp)")
     per_step = spec.nproc * t.micro_batch_size

@@ -13,6 +13,7 @@ from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer
 from gpt2dist.training.model import TokenLoss, lm_loss
 from gpt2dist.training.strategies import REGISTRY
+from gpt2dist.training.strategies.single import Single
 
 from conftest import gpt2dist, gpu, read_metrics, run_record, train_args
 
@@ -94,8 +95,44 @@ def test_batches_are_pinned_on_cuda(shards, params_file, tmp_path):
     assert 0 < line["data_time_s"] <= line["step_time_s"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("apex") is None, reason="needs NVIDIA Apex (the container image)")
-@pytest.mark.parametrize("strategy", ["ddp", "horovod"])
-def test_apex_o1(strategy, shards, params_file, tmp_path):
-    gpt2dist(*train_args(shards, params_file, tmp_path, strategy, precision="apex-O1"))
-    assert run_record(tmp_path)["status"] == "completed"
+needs_apex = pytest.mark.skipif(importlib.util.find_spec("apex") is None, reason="needs NVIDIA Apex (the container image)")
+
+
+@needs_apex
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy, precision", [("single", "apex-O2"), ("dp", "apex-O1"), ("ddp", "apex-O1"),
+                                                 ("ddp", "apex-O2"), ("horovod", "apex-O1"), ("horovod", "apex-O2")])
+def test_apex_trains_skips_compile_and_resumes(strategy, precision, shards, params_file, tmp_path):
+    """Horovod: amp must patch the DistributedOptimizer (else scale_loss finds no _amp_stash). Extending
+    a finished run is a resume, through Apex's checkpoint path (optimizer + amp state, O2 master weights)."""
+    args = train_args(shards, params_file, tmp_path, strategy, "--set", "train.compile=true",
+                      "--set", "train.checkpoint_interval=3", precision=precision)
+    gpt2dist(*args, "--max-steps", "6")
+    gpt2dist(*args, "--max-steps", "9")
+    record = run_record(tmp_path)
+    assert record["status"] == "completed" and record["resumed_from_step"] == 6
+    assert record["compiled"] is False and record["compile_skipped"].startswith("Apex amp casts")
+    losses = [line["loss"] for line in read_metrics(tmp_path)]
+    assert [line["step"] for line in read_metrics(tmp_path)] == list(range(9)) and losses[-1] < losses[0]
+
+
+@needs_apex
+def test_apex_o2_checkpoint_restores_master_weights_and_optimizer_state(shards, params_file, tmp_path):
+    """Bitwise: O2's fp32 masters and fp32 Adam moments come back as saved, not rounded through fp16.
+    In one process, so amp.initialize runs twice: harmless for O2, which patches no torch functions."""
+    spec = build_spec(data=shards, out=tmp_path, strategy="single", precision="apex-O2", nproc=1,
+                      params=params_file, preset=None, overrides=["train.max_steps=4"])
+    first = Trainer(spec, Single(spec))
+    first.run()
+    saved_amp = first.precision.amp.state_dict()
+    resumed = Trainer(spec, Single(spec))
+    assert resumed.resume() == 4
+    amp = resumed.precision.amp
+    pairs = list(zip(amp.master_params(first.optimizer), amp.master_params(resumed.optimizer), strict=True))
+    assert all(a.dtype == torch.float32 and torch.equal(a, b) for a, b in pairs)
+    assert all(torch.equal(a, b) for a, b in zip(first.model.parameters(), resumed.model.parameters(), strict=True))
+    before, after = first.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
+    assert before.keys() == after.keys()
+    for index, moments in before.items():
+        assert all(torch.equal(value, after[index][key]) for key, value in moments.items())
+    assert amp.state_dict() == saved_amp

@@ -1,4 +1,7 @@
-"""Resumable checkpoints: model, optimizer, loss scaler and data position in one file.
+"""Resumable checkpoints: model, optimizer, precision state (loss scaler; Apex O2's fp32
+master weights) and data position in one file. The model is keyed by parameter name; the
+optimizer too, except where the strategy or precision keeps torch's positional form
+(Strategy.full_state_dict).
 
 The file is replaced atomically, so a run killed mid-write resumes from the previous
 checkpoint. Randomness needs no saved generator state: data order and dropout are seeded

@@ -71,11 +71,13 @@ class Trainer:
                                         pin_memory=pin)
         self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=spec.strategy == "fsdp")
         model = build_model(spec.model, seed=t.seed, eos_id=shards.meta["eos_id"])
-        self.compiled = t.compile and strategy.compiles
+        conflict = strategy.compile_conflict or self.precision.compile_conflict
+        self.compiled = t.compile and conflict is None
+        self.compile_skipped = conflict if t.compile else None  # run.json says why a requested compile did not apply
         if self.compiled:
             compile_blocks(model)
         elif t.compile:
-            log.warning("train.compile ignored: %s does not support compiled blocks", spec.strategy)
+            log.warning("train.compile ignored: %s", conflict)
         self.model, self.optimizer = strategy.prepare(model, optimizer_factory(t, self.place.device), self.precision)
         self.loss = strategy.loss_module(self.model, self.precision)
         self.rows = strategy.rows_per_micro_batch()
@@ -141,7 +143,7 @@ class Trainer:
         return {"kind": "eval", "step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
 
     def checkpoint(self, step: int) -> None:
-        model_state, optim_state = self.strategy.full_state_dict(self.model, self.optimizer)
+        model_state, optim_state = self.strategy.full_state_dict(self.model, self.optimizer, self.precision)
         if self.rank0:
             save_checkpoint(
                 self.out / "checkpoint.pt",
@@ -149,7 +151,7 @@ class Trainer:
                 fingerprint=self.spec.fingerprint(),
                 model=model_state,
                 optimizer=optim_state,
-                precision=self.precision.state_dict(),
+                precision=self.precision.state_dict(self.optimizer),
             )
         self.strategy.barrier()
 
@@ -157,8 +159,9 @@ class Trainer:
         state = load_checkpoint(self.out / "checkpoint.pt", self.spec.fingerprint())
         if state is None:
             return 0
-        self.strategy.load_full_state_dict(self.model, self.optimizer, state["model"], state["optimizer"])
-        self.precision.load_state_dict(state["precision"])
+        self.strategy.load_full_state_dict(self.model, self.optimizer, self.precision,
+                                           state["model"], state["optimizer"])
+        self.precision.load_state_dict(state["precision"], self.optimizer)
         log.info("resumed from %s at step %d", self.out / "checkpoint.pt", state["step"])
         return state["step"]
 
@@ -204,6 +207,7 @@ class Trainer:
             "preset": spec.preset,
             "grad_accum_steps": spec.grad_accum_steps,
             "compiled": self.compiled,
+            "compile_skipped": self.compile_skipped,
             "tokens_per_step": self.tokens_per_step,
             "placement": placement,
             "config": spec.model_dump(),

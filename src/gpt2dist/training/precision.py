@@ -36,6 +36,9 @@ def require_apex() -> Any:
 class Precision:
     """fp32/bf16/fp16 with torch.amp; subclassed for Apex."""
 
+    compile_conflict: str | None = None  # why train.compile cannot apply under this precision; None: it can
+    optimizer_state_by_name = True  # whether DCP can map the optimizer's parameters to the model's names
+
     def __init__(self, name: str, device: torch.device, *, sharded: bool):
         self.name, self.device = name, device
         self.dtype = _AUTOCAST_DTYPE.get(name)
@@ -85,16 +88,26 @@ class Precision:
         else:
             optimizer.step()
 
-    def state_dict(self) -> dict:
+    def load_optimizer_state_dict(self, optimizer, state: dict) -> None:
+        """Load torch's positional optimizer state (used where DCP cannot key it by name)."""
+        optimizer.load_state_dict(state)
+
+    def state_dict(self, optimizer) -> dict:
         return {"scaler": self.scaler.state_dict()} if self.scaler else {}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, optimizer) -> None:
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
 
 class ApexPrecision(Precision):
     """NVIDIA Apex amp (O1: patched casts; O2: fp16 model with fp32 master weights)."""
+
+    compile_conflict = ("Apex amp casts through Python wrappers it patches into torch functions (O1) and the "
+                        "model's forward (O2), which torch.compile would break graphs on or recompile for every step")
+    # O2 steps fp32 master copies that no model parameter name maps to; Apex's checkpoint recipe
+    # is optimizer.state_dict() + amp.state_dict(), loaded after amp.initialize.
+    optimizer_state_by_name = False
 
     def __init__(self, name: str, device: torch.device, *, sharded: bool):
         super().__init__(name, device, sharded=sharded)
@@ -120,12 +133,29 @@ class ApexPrecision(Precision):
     def step(self, optimizer):
         optimizer.step()
 
-    def state_dict(self):
-        return {"amp": self.amp.state_dict()}
+    def _make_master_params(self, optimizer) -> None:
+        # O2 swaps its fp32 master copies into the optimizer lazily; its zero_grad() does it now, so
+        # saved state loads onto fp32 tensors instead of being rounded through the fp16 parameters.
+        optimizer.zero_grad()
 
-    def load_state_dict(self, state):
-        if "amp" in state:
-            self.amp.load_state_dict(state["amp"])
+    def load_optimizer_state_dict(self, optimizer, state):
+        self._make_master_params(optimizer)
+        optimizer.load_state_dict(state)
+
+    def state_dict(self, optimizer):
+        state = {"amp": self.amp.state_dict()}  # the loss scaler
+        if self.opt_level == "O2":
+            # The model holds fp16 roundings of the master weights; a resumed run must step the masters.
+            state["master_params"] = [p.detach().cpu() for p in self.amp.master_params(optimizer)]
+        return state
+
+    def load_state_dict(self, state, optimizer):
+        self.amp.load_state_dict(state["amp"])
+        if "master_params" in state:
+            self._make_master_params(optimizer)
+            with torch.no_grad():
+                for master, saved in zip(self.amp.master_params(optimizer), state["master_params"], strict=True):
+                    master.copy_(saved)
 
 
 def make_precision(name: str, device: torch.device, *, sharded: bool) -> Precision:

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from gpt2dist.config import RunSpec
 from gpt2dist.system.hardware import device_index
@@ -35,7 +41,11 @@ class Strategy:
 
     name: str = ""
     launcher: str = "python"  # python | torchrun | horovodrun
-    compiles: bool = True  # whether train.compile applies under this wrapping
+    compile_conflict: str | None = None  # why train.compile cannot apply under this wrapping; None: it can
+    # DCP keys optimizer state by parameter name by driving the optimizer through torch's API
+    # (zero_grad(set_to_none=True), step()); a strategy whose optimizer rejects that keeps
+    # torch's positional optimizer.state_dict() instead, which every rank then holds whole.
+    optimizer_state_by_name: bool = True
 
     def __init__(self, spec: RunSpec):
         self.spec = spec
@@ -47,9 +57,15 @@ class Strategy:
         return self.placement
 
     def prepare(self, model: nn.Module, make_optimizer: OptimizerFactory, precision: Precision):
-        """Move, wrap and build the optimizer in the order this strategy needs."""
+        """Move, build the optimizer, let the strategy wrap it, and apply the precision last: Apex amp
+        patches the optimizer object it is given, so that must be the one that steps."""
         model.to(self.placement.device)
-        return precision.prepare(model, make_optimizer(model))
+        optimizer = self.wrap_optimizer(model, make_optimizer(model))
+        return precision.prepare(model, optimizer)
+
+    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer training steps, for strategies whose gradients meet inside it (Horovod)."""
+        return optimizer
 
     def loss_module(self, model: nn.Module, precision: Precision) -> nn.Module:
         """What the loop calls with (inputs, targets) to get (loss sums, token counts)."""
@@ -76,19 +92,25 @@ class Strategy:
         """The module whose state dict is checkpointed (DCP understands DDP and FSDP wrappers)."""
         return model
 
-    def full_state_dict(self, model: nn.Module, optimizer) -> tuple[dict, dict]:
-        """Unsharded model and optimizer state keyed by parameter name, portable across strategies."""
+    def full_state_dict(self, model: nn.Module, optimizer, precision: Precision) -> tuple[dict, dict]:
+        """Unsharded model state keyed by parameter name; the optimizer's keyed by name too where the
+        strategy and the precision allow it, else torch's positional form."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=self.placement.world_size > 1)
-        return get_state_dict(self.state_module(model), optimizer, options=options)
+        module = self.state_module(model)
+        model_state = get_model_state_dict(module, options=options)
+        if self.optimizer_state_by_name and precision.optimizer_state_by_name:
+            return model_state, get_optimizer_state_dict(module, optimizer, options=options)
+        return model_state, optimizer.state_dict()
 
-    def load_full_state_dict(self, model: nn.Module, optimizer, model_state: dict, optim_state: dict) -> None:
-        set_state_dict(
-            self.state_module(model),
-            optimizer,
-            model_state_dict=model_state,
-            optim_state_dict=optim_state,
-            options=StateDictOptions(full_state_dict=True),
-        )
+    def load_full_state_dict(self, model: nn.Module, optimizer, precision: Precision, model_state: dict,
+                             optim_state: dict) -> None:
+        options = StateDictOptions(full_state_dict=True)
+        module = self.state_module(model)
+        set_model_state_dict(module, model_state, options=options)
+        if self.optimizer_state_by_name and precision.optimizer_state_by_name:
+            set_optimizer_state_dict(module, optimizer, optim_state, options=options)
+        else:
+            precision.load_optimizer_state_dict(optimizer, optim_state)
 
     def barrier(self) -> None:
         """Wait for every rank."""

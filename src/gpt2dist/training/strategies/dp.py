@@ -15,9 +15,8 @@ from gpt2dist.training.strategies.base import Strategy, describe
 
 class DataParallel(Strategy):
     name = "dp"
-    # DataParallel copies the module onto each device at every forward; a block compiled
-    # in place would still call the original's compiled code on GPU 0.
-    compiles = False
+    compile_conflict = ("DataParallel copies the module onto each device at every forward, and a block compiled "
+                        "in place would still call the original's compiled code on GPU 0")
 
     def loss_module(self, model, precision):
         # the replica enters the run's autocast itself: worker threads would default to fp16

@@ -6,6 +6,12 @@ inside `skip_synchronize()`. Optimizer state is not broadcast: every rank builds
 seeded model and loads the same checkpoint, and hvd.broadcast_optimizer_state would take
 a zero-gradient AdamW step on a fresh optimizer (weight decay and a bias-correction step
 that the single-process reference never takes).
+
+With Apex, amp.initialize must patch the DistributedOptimizer itself (the maintainers'
+recipe, horovod#1089, apex#1057): Horovod builds a new optimizer object, so wrapping one
+that amp had patched loses amp's per-optimizer state. Under O2 the model's cast to fp16
+replaces the gradient accumulators Horovod hooked, so `synchronize()` reduces every
+gradient after backward: the same result, without overlap.
 """
 
 import torch
@@ -27,6 +33,9 @@ def import_horovod():
 class Horovod(Strategy):
     name = "horovod"
     launcher = "horovodrun"
+    # DCP's loader calls optimizer.zero_grad(set_to_none=True), which Horovod's zero_grad() rejects;
+    # every rank holds the whole optimizer, so torch's positional state dict is exact.
+    optimizer_state_by_name = False
 
     def setup(self) -> Placement:
         self.hvd = hvd = import_horovod()
@@ -35,16 +44,19 @@ class Horovod(Strategy):
         self.placement = Placement(hvd.rank(), hvd.size(), hvd.local_rank(), device)
         return self.placement
 
-    def prepare(self, model, make_optimizer, precision):
-        hvd = self.hvd
-        model, optimizer = super().prepare(model, make_optimizer, precision)
-        optimizer = hvd.DistributedOptimizer(
+    def wrap_optimizer(self, model, optimizer):
+        return self.hvd.DistributedOptimizer(
             optimizer,
             named_parameters=model.named_parameters(),
             backward_passes_per_step=self.spec.grad_accum_steps,
-            op=hvd.Average,
+            op=self.hvd.Average,
         )
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def prepare(self, model, make_optimizer, precision):
+        hvd = self.hvd
+        model, optimizer = super().prepare(model, make_optimizer, precision)
+        # The live parameters (GPT-2 has no buffers), not model.state_dict(), which under Apex O2 holds fp32 copies.
+        hvd.broadcast_parameters(dict(model.named_parameters()), root_rank=0)
         describe(self, f"DistributedOptimizer, world {hvd.size()}, accumulation {self.spec.grad_accum_steps}")
         return model, optimizer
 
