@@ -56,6 +56,9 @@ def train(
     seed: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.seed=S.")] = None,
     hosts: Annotated[Optional[str], typer.Option(help="HOST:SLOTS,... : print the multi-node commands.")] = None,
     print_command: Annotated[bool, typer.Option(help="Print the launcher command instead of running it.")] = False,
+    keep_checkpoint: Annotated[bool, typer.Option(help="Keep checkpoint.pt once the run completes.")] = True,
+    stale_checkpoint: Annotated[str, typer.Option(help="A checkpoint of other settings in --out: fail, or restart "
+                                                  "afresh (for workflow tools re-running a changed job).")] = "fail",
 ) -> None:
     """Train GPT-2 with one strategy; re-running the same command resumes from the last checkpoint."""
     from gpt2dist.launch import commands, runner
@@ -75,7 +78,8 @@ def train(
         device = "cuda" if planned_gpus(params, visible_gpus()) else "cpu"
     spec = runner.build_spec(data=data, out=out, strategy=strategy, precision=precision,
                              nproc=sum(h.slots for h in host_list) if host_list else nproc, params=params,
-                             preset=preset, overrides=overrides, check_devices=host_list is None, device=device)
+                             preset=preset, overrides=overrides, check_devices=host_list is None, device=device,
+                             keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint)
     if host_list:
         typer.echo("\n".join(runner.print_multinode(spec, host_list)))
         return

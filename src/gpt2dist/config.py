@@ -180,6 +180,11 @@ class RunSpec(_Strict):
     device: DeviceType
     model: ModelConfig
     train: TrainConfig
+    keep_checkpoint: bool = Field(True, description="Keep checkpoint.pt once the run completes (the pipeline "
+                                  "drops it: GPT-2 small's is about 1.5 GB per run).")
+    stale_checkpoint: Literal["fail", "restart"] = Field(
+        "fail", description="A checkpoint of other settings: fail (by hand: the directory is another run's) or "
+        "restart (a workflow tool re-runs the job because its settings changed).")
 
     @property
     def world_size(self) -> int:
@@ -192,7 +197,7 @@ class RunSpec(_Strict):
 
     def fingerprint(self) -> str:
         """Identity of the computation; a checkpoint from another fingerprint is not resumed."""
-        identity = self.model_dump(exclude={"out_dir", "data_dir"})
+        identity = self.model_dump(exclude={"out_dir", "data_dir", "keep_checkpoint", "stale_checkpoint"})
         identity["train"].pop("max_steps")  # extending a run is a resume, not a new run
         blob = json.dumps(identity, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,4 +1,6 @@
-# One job per run id. Each job takes every core of the machine so that no two runs share
+# One job per run id. checkpoint.pt is deliberately not an output: Snakemake deletes an
+# interrupted job's outputs (--rerun-incomplete, retries), and the re-run must find the
+# checkpoint to resume from; the metrics so far travel inside it. Each job takes every core of the machine so that no two runs share
 # it: throughput numbers from overlapping runs would not be comparable. `gpus` lets
 # `--resources gpus=N` (or the SLURM executor) account for devices.
 rule train:
@@ -11,7 +13,6 @@ rule train:
         record=f"{gs.RUNS_DIR}/{{run}}/run.json",
         metrics=f"{gs.RUNS_DIR}/{{run}}/metrics.jsonl",
         spec=f"{gs.RUNS_DIR}/{{run}}/spec.json",
-        checkpoint=temp(f"{gs.RUNS_DIR}/{{run}}/checkpoint.pt"),
     wildcard_constraints:
         run="|".join(map(re.escape, RUNS)),
     params:

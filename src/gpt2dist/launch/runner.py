@@ -44,17 +44,18 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
 
 def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: int, params: Path,
                preset: str | None, overrides: list[str], check_devices: bool = True,
-               device: str | None = None) -> RunSpec:
+               device: str | None = None, keep_checkpoint: bool = True, stale_checkpoint: str = "fail") -> RunSpec:
     """The validated RunSpec; `device` defaults to what this machine has (cuda when visible)."""
     _choice(strategy, STRATEGIES, "--strategy")
     _choice(precision, PRECISIONS, "--precision")
+    _choice(stale_checkpoint, ("fail", "restart"), "--stale-checkpoint")
     if nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {nproc}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     name, chosen = choose_preset(params, preset, device == "cuda", overrides)
     spec = RunSpec(data_dir=str(Path(data).resolve()), out_dir=str(Path(out).resolve()), preset=name,
                    strategy=strategy, precision=precision, nproc=nproc, device=device, model=chosen.model,
-                   train=chosen.train)
+                   train=chosen.train, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint)
     preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
     if check_devices:
         check_combination(spec, torch.cuda.device_count())

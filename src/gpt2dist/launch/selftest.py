@@ -125,7 +125,7 @@ def final_loss(run_dir: Path) -> float:
 def resume_mismatch(resumed: Path, whole: Path, precision: str) -> str | None:
     record = json.loads((resumed / "run.json").read_text())
     if record.get("resumed_from_step") != RESUME_AT:
-        return f"the re-run started at step {record.get('resumed_from_step')}, not at the checkpoint of step {RESUME_AT}"
+        return f"the re-run started at step {record.get('resumed_from_step')}, not at its checkpoint's {RESUME_AT}"
     if not (whole / "metrics.jsonl").exists():
         return "no uninterrupted run to compare with (its configuration failed)"
     a, b = final_loss(resumed), final_loss(whole)

@@ -51,9 +51,10 @@ def dvc_stages(study: Study) -> dict:
                 "cmd": "${item.cmd}",
                 "deps": [f"{DATA_DIR}/meta.json", f"{DATA_DIR}/train.bin", f"{DATA_DIR}/val.bin", *STAGE_CODE["train"]],
                 "params": [f"{keys}.model", f"{keys}.train"],
+                # no checkpoint.pt: DVC deletes outs before running a stage, and an interrupted run
+                # resumes from it (the metrics so far travel inside it)
                 "outs": [f"{RUNS_DIR}/${{key}}/run.json", f"{RUNS_DIR}/${{key}}/metrics.jsonl",
-                         {f"{RUNS_DIR}/${{key}}/spec.json": {"cache": False}},
-                         {f"{RUNS_DIR}/${{key}}/checkpoint.pt": {"cache": False}}],
+                         {f"{RUNS_DIR}/${{key}}/spec.json": {"cache": False}}],
             },
         },
         "collect": {

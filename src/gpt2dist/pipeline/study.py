@@ -126,7 +126,9 @@ def selftest_command(study: Study, params: str = "params.yaml") -> str:
 def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
     return _cmd("gpt2dist", "train", "--data", DATA_DIR, "--out", f"{RUNS_DIR}/{run.run_id}", "--params", params,
                 "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
-                "--nproc", run.nproc, "--seed", study.seed(run))
+                "--nproc", run.nproc, "--seed", study.seed(run),
+                # the tools re-run a job whose settings changed, and would keep every run's checkpoint
+                "--no-keep-checkpoint", "--stale-checkpoint", "restart")
 
 
 def collect_command(study: Study, params: str = "params.yaml") -> str:

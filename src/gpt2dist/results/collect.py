@@ -114,7 +114,8 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
         rows.append(row)
     summary = in_study_order(pd.DataFrame(rows))
     by_config = summary.set_index("config_id")["tokens_per_s"]
-    summary["baseline"] = [baseline_of(s, p, set(by_config.index)) for s, p in zip(summary["strategy"], summary["precision"])]
+    configs = set(by_config.index)
+    summary["baseline"] = [baseline_of(s, p, configs) for s, p in zip(summary["strategy"], summary["precision"])]
     summary["speedup"] = summary["tokens_per_s"] / summary["baseline"].map(lambda b: by_config.get(b, math.nan))
     summary["scaling_efficiency"] = summary["speedup"] / summary["nproc"]
     peak = peak_flops(device_name) if device_name else None

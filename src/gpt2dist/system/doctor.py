@@ -83,5 +83,6 @@ def missing_for(study: Study, no_gpu: bool) -> list[str]:
         if run.precision.startswith("apex") and not apex["amp"]:
             needs.setdefault("NVIDIA Apex with apex.amp (the container image)", []).append(run.config_id)
     configurations = sum(1 for run in study.runs if not run.repeat)
-    return [f"{piece}: needed by " + (f"all {len(runs)} configurations" if len(runs) == configurations else ", ".join(runs))
+    return [f"{piece}: needed by "
+            + (f"all {len(runs)} configurations" if len(runs) == configurations else ", ".join(runs))
             for piece, runs in needs.items()]

@@ -1,7 +1,9 @@
 """Resumable checkpoints: model, optimizer, precision state (loss scaler; Apex O2's fp32
 master weights) and data position in one file. The model is keyed by parameter name; the
 optimizer too, except where the strategy or precision keeps torch's positional form
-(Strategy.full_state_dict).
+(Strategy.full_state_dict). The metrics lines written so far travel with it, so a workflow
+tool that deletes an interrupted job's declared outputs (Snakemake's --rerun-incomplete, DVC
+before every run) loses nothing a resumed run needs.
 
 The file is replaced atomically, so a run killed mid-write resumes from the previous
 checkpoint. Randomness needs no saved generator state: data order and dropout are seeded
@@ -11,6 +13,7 @@ uninterrupted one would, even at another world size.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -18,10 +21,12 @@ import torch
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open
 
-CHECKPOINT_FORMAT = 1
+log = logging.getLogger(__name__)
+CHECKPOINT_FORMAT = 2  # 2: metrics lines inside
 
 
-def save_checkpoint(path: Path, *, step: int, fingerprint: str, model: dict, optimizer: dict, precision: dict) -> None:
+def save_checkpoint(path: Path, *, step: int, fingerprint: str, model: dict, optimizer: dict, precision: dict,
+                    metrics: list[dict]) -> None:
     payload = {
         "format": CHECKPOINT_FORMAT,
         "fingerprint": fingerprint,
@@ -29,19 +34,26 @@ def save_checkpoint(path: Path, *, step: int, fingerprint: str, model: dict, opt
         "model": model,
         "optimizer": optimizer,
         "precision": precision,
+        "metrics": metrics,  # metrics.jsonl's records up to this step
     }
     with atomic_open(path, "wb") as handle:
         torch.save(payload, handle)
 
 
-def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
-    """The checkpoint to resume from, None when there is none; refuses another run's."""
+def load_checkpoint(path: Path, fingerprint: str, *, stale: str = "fail") -> dict | None:
+    """The checkpoint to resume from, None when there is none. Another run's checkpoint is refused
+    (stale="fail", by hand: the directory holds someone else's run), or removed so training starts
+    afresh (stale="restart": a workflow tool re-runs a job because its settings changed)."""
     if not path.exists():
         return None
     payload = torch.load(path, map_location="cpu", weights_only=False)
-    if payload.get("format") != CHECKPOINT_FORMAT or payload.get("fingerprint") != fingerprint:
-        raise UsageError(
-            f"{path} belongs to a run with other settings (fingerprint {payload.get('fingerprint')}, "
-            f"this run {fingerprint}); use another --out or delete that directory"
-        )
-    return payload
+    if payload.get("format") == CHECKPOINT_FORMAT and payload.get("fingerprint") == fingerprint:
+        return payload
+    if stale == "restart":
+        log.warning("%s is from other settings (fingerprint %s); starting afresh", path, payload.get("fingerprint"))
+        path.unlink()
+        return None
+    raise UsageError(
+        f"{path} belongs to a run with other settings (fingerprint {payload.get('fingerprint')}, "
+        f"this run {fingerprint}); use another --out or delete that directory"
+    )

@@ -152,27 +152,29 @@ class Trainer:
                 model=model_state,
                 optimizer=optim_state,
                 precision=self.precision.state_dict(self.optimizer),
+                metrics=self.metrics.history,
             )
         self.strategy.barrier()
 
-    def resume(self) -> int:
-        state = load_checkpoint(self.out / "checkpoint.pt", self.spec.fingerprint())
+    def resume(self) -> tuple[int, list[dict]]:
+        """The step to start from and the metrics lines measured before it."""
+        state = load_checkpoint(self.out / "checkpoint.pt", self.spec.fingerprint(), stale=self.spec.stale_checkpoint)
         if state is None:
-            return 0
+            return 0, []
         self.strategy.load_full_state_dict(self.model, self.optimizer, self.precision,
                                            state["model"], state["optimizer"])
         self.precision.load_state_dict(state["precision"], self.optimizer)
         log.info("resumed from %s at step %d", self.out / "checkpoint.pt", state["step"])
-        return state["step"]
+        return state["step"], state["metrics"]
 
     # -- the run --------------------------------------------------------------------------
     def run(self) -> None:
         t = self.spec.train
-        start = self.resume()
+        start, history = self.resume()
         record = self._run_record(start) if self.rank0 else None  # capture() runs git, mpirun, nvidia-smi
         if record is not None:
             atomic_write_json(self.out / "run.json", record)
-        metrics = MetricsLog(self.out / "metrics.jsonl", enabled=self.rank0, resume_step=start)
+        self.metrics = metrics = MetricsLog(self.out / "metrics.jsonl", enabled=self.rank0, history=history)
         progress = tqdm(total=t.max_steps, initial=start, disable=not self.rank0, desc=self.spec.strategy, unit="step")
         try:
             for step in range(start, t.max_steps):
@@ -191,6 +193,8 @@ class Trainer:
         if record is not None:
             record.update(status="completed", finished_at=now_iso())
             atomic_write_json(self.out / "run.json", record)  # written last, only on success
+            if not self.spec.keep_checkpoint:
+                (self.out / "checkpoint.pt").unlink(missing_ok=True)
 
     def _run_record(self, resumed_from: int) -> dict:
         spec = self.spec

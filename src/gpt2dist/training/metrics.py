@@ -25,24 +25,22 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class MetricsLog:
-    """Append-only JSONL; on resume, lines measured after the checkpoint are dropped first."""
+    """Append-only JSONL that remembers what it wrote, so a checkpoint can carry it. A resumed run
+    starts the file from the checkpoint's history: lines measured after the checkpoint are dropped,
+    and lines a workflow tool deleted with the file come back."""
 
-    def __init__(self, path: Path, *, enabled: bool, resume_step: int):
+    def __init__(self, path: Path, *, enabled: bool, history: list[dict]):
         self.path, self.enabled = path, enabled
+        self.history = list(history)
         self._handle = None
         if not enabled:
             return
-        kept = []
-        if resume_step and path.exists():
-            for line in path.read_text().splitlines():
-                record = json.loads(line)
-                if record["step"] < resume_step or (record["kind"] == "eval" and record["step"] == resume_step):
-                    kept.append(line + "\n")
-        atomic_write_text(path, "".join(kept))
+        atomic_write_text(path, "".join(json.dumps(record) + "\n" for record in self.history))
         self._handle = open(path, "a", buffering=1)
 
     def write(self, record: dict) -> None:
         if self._handle:
+            self.history.append(record)
             self._handle.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
