@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2dist.data.shards import write_shards
-from gpt2dist.launch.commands.runner import build_spec
+from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer
 from gpt2dist.training.strategies import REGISTRY
 
