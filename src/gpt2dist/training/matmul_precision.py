@@ -29,10 +29,12 @@ def pin_fp32_arithmetic(precision: str, device: torch.device) -> dict:
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "environment": {name: os.environ.get(name) for name in TF32_ENV},
-        "tf32_in_effect": tf32 and device.type == "cuda" and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0",
     }
     if device.type != "cuda":
         settings["note"] = "CPU has no TF32 arithmetic: these CUDA flags do nothing here and tf32 runs as IEEE fp32"
-    elif tf32 and not settings["tf32_in_effect"]:
-        settings["note"] = "NVIDIA_TF32_OVERRIDE=0 turns TF32 off inside NVIDIA's libraries: this tf32 run is fp32"
+    elif tf32 and torch.cuda.get_device_capability(device) < (8, 0):
+        settings["note"] = "TF32 needs compute capability 8.0 (Ampere) or newer: this tf32 run is IEEE fp32"
+    elif tf32 and os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        settings["note"] = "NVIDIA_TF32_OVERRIDE=0 turns TF32 off inside NVIDIA's libraries: this tf32 run is IEEE fp32"
+    settings["tf32_in_effect"] = tf32 and device.type == "cuda" and "note" not in settings
     return settings
