@@ -26,6 +26,11 @@ class FSDP(TorchDistributed):
         for block in blocks:
             fully_shard(block, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
+        if dist.get_backend() == "gloo":
+            # torch 2.8's gloo reduce_scatter takes ReduceOp.AVG but sums, doubling FSDP's gradients
+            # with 2 ranks; SUM plus FSDP's own division is right on every torch.
+            for module in (*blocks, model):
+                module.set_force_sum_reduction_for_comms(True)
         self.wrapping = {
             "fully_shard_modules": len(blocks) + 1,
             "param_dtype": str(policy.param_dtype or torch.float32).removeprefix("torch."),
