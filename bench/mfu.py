@@ -1,10 +1,12 @@
 """GPU throughput and model FLOPs utilisation: GPT-2 small (paper preset), context 1024,
-bf16, torch.compile on, one GPU, through the real Trainer.
+bf16 by default, torch.compile on, one GPU, through the real Trainer.
 
-    python bench/mfu.py [--steps 30] [--warmup 10] [--peak-tflops T] [--set key=value ...]
+    python bench/mfu.py [--steps 30] [--warmup 10] [--precision P] [--peak-tflops T] [--set key=value ...]
 
-MFU = tokens/s x (6N + 12*L*H*Q*T) / peak; the peak comes from gpt2dist.system.hardware's table
-for known GPUs or --peak-tflops for others. Target: >= 50% on H100/H200.
+MFU = tokens/s x (6N + 12*L*H*Q*T) / peak, where the peak is that of the arithmetic --precision
+runs (fp32: non-tensor-core FP32; tf32: TF32 tensor cores; bf16/fp16/apex: 16-bit tensor cores),
+from gpt2dist.system.hardware's table for known GPUs or --peak-tflops for others.
+Target: >= 50% on H100/H200 for bf16.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import sys
 import torch
 from common import median, single_trainer
 
-from gpt2dist.system.hardware import mfu, peak_flops
+from gpt2dist.config import PRECISIONS
+from gpt2dist.system.hardware import COMPUTE_DTYPE, mfu, peak_flops
 from gpt2dist.training.model import flops_per_token
 
 
@@ -23,14 +26,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--precision", default="bf16", choices=PRECISIONS)
     parser.add_argument("--peak-tflops", type=float, default=None, help="override for GPUs not in the table")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="preset override key=value")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/mfu.py needs a CUDA GPU")
     name = torch.cuda.get_device_name(0)
-    peak = peak_flops(name, args.peak_tflops)
+    peak = peak_flops(name, args.precision, args.peak_tflops)
     if peak is None:
         sys.exit(f"no peak FLOP/s known for '{name}'; pass --peak-tflops")
     trainer = single_trainer("paper", args.precision, ["train.compile=true", *args.overrides])
@@ -39,7 +42,8 @@ def main() -> None:
     per_token = flops_per_token(trainer.spec.model)
     print(f"{name}: GPT-2 small, context {trainer.spec.model.n_positions}, {args.precision}, compile on, "
           f"micro-batch {trainer.spec.train.micro_batch_size}, accumulation {trainer.spec.grad_accum_steps}")
-    print(f"tokens/s {rate:,.0f}  ({per_token / 1e6:.0f} MFLOP/token, peak {peak / 1e12:.0f} TFLOP/s)")
+    print(f"tokens/s {rate:,.0f}  ({per_token / 1e6:.0f} MFLOP/token, "
+          f"{COMPUTE_DTYPE[args.precision]} peak {peak / 1e12:.1f} TFLOP/s)")
     print(f"MFU {mfu(rate, per_token, 1, peak):.1%}  (target >= 50%)")
 
 

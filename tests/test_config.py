@@ -89,11 +89,18 @@ def test_params_without_presets(tmp_path):
         (dict(strategy="fsdp", precision="apex-O1"), "cannot wrap FSDP"),
         (dict(strategy="dp", precision="apex-O2"), "'apex-O2' patches the model's forward, which DataParallel"),
         (dict(strategy="ddp", precision="apex-O2"), "'apex-O2' needs CUDA"),
+        (dict(strategy="ddp", nproc=2, precision="bf16", fsdp_mixed_precision=True),
+         "train.fsdp_mixed_precision applies to --strategy fsdp with --precision bf16 or fp16, not ddp with bf16"),
+        (dict(strategy="fsdp", nproc=2, precision="fp32", fsdp_mixed_precision=True), "not fsdp with fp32"),
     ],
 )
 def test_impossible_combinations(params_file, shards, kw, fragment):
     # built without the dependency check, so the apex rows reach check_combination without apex installed
-    spec = spec_for(params_file, shards).model_copy(update=kw)
+    spec = spec_for(params_file, shards)
+    kw = dict(kw)
+    if kw.pop("fsdp_mixed_precision", False):
+        spec = spec.model_copy(update={"train": spec.train.model_copy(update={"fsdp_mixed_precision": True})})
+    spec = spec.model_copy(update=kw)
     with pytest.raises(UsageError) as err:
         check_combination(spec, visible_gpus=0)
     assert fragment in str(err.value)

@@ -24,7 +24,8 @@ from gpt2dist.io import atomic_write_text
 DEFAULT_PORT = 29500
 
 Strategy = Literal["single", "dp", "ddp", "horovod", "fsdp"]
-Precision = Literal["fp32", "fp16", "bf16", "apex-O1", "apex-O2"]
+# fp32 is IEEE fp32 everywhere; tf32 is fp32 with TF32 tensor-core matmuls (NVIDIA containers' default).
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "apex-O1", "apex-O2"]
 DeviceType = Literal["cpu", "cuda"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -68,6 +69,11 @@ class TrainConfig(_Strict):
     eval_batches: int = Field(gt=0, description="Global batches per evaluation.")
     checkpoint_interval: int = Field(gt=0, description="Write a resumable checkpoint every this many steps.")
     compile: bool = Field(False, description="torch.compile each transformer block.")
+    fsdp_mixed_precision: bool = Field(
+        False,
+        description="fsdp with bf16 or fp16 only: FSDP2's MixedPrecisionPolicy, parameters all-gathered and "
+                    "computed in that dtype, gradients reduced in fp32. Off (default): fp32 communication, as DDP.",
+    )
     seed: int = Field(1337, ge=0, description="Seeds init, data order and dropout.")
 
     @model_validator(mode="after")
@@ -312,6 +318,11 @@ def check_combination(spec: RunSpec, visible_gpus: int) -> None:
                              "share with cuda:0; use dp with apex-O1, or ddp with apex-O2")
         if spec.device != "cuda":
             raise UsageError(f"precision '{spec.precision}' needs CUDA; on CPU use bf16 or fp16 (torch.amp)")
+    if t.fsdp_mixed_precision and (spec.strategy != "fsdp" or spec.precision not in ("bf16", "fp16")):
+        raise UsageError(
+            f"train.fsdp_mixed_precision applies to --strategy fsdp with --precision bf16 or fp16, not "
+            f"{spec.strategy} with {spec.precision}; set train.fsdp_mixed_precision=false"
+        )
     per_step = spec.nproc * t.micro_batch_size
     if t.global_batch_size % per_step:
         raise UsageError(

@@ -1,28 +1,56 @@
-"""Which GPU a rank drives: one rule for ddp, fsdp, horovod and the single-process strategies."""
+"""Peak FLOP/s lookup: the most specific GPU name wins, and MFU uses the peak of the arithmetic that ran."""
+
+from __future__ import annotations
 
 import pytest
 
-from gpt2dist.errors import UsageError
-from gpt2dist.system.hardware import device_index
+from gpt2dist.config import PRECISIONS
+from gpt2dist.system.hardware import COMPUTE_DTYPE, PEAK_FLOPS, gpu_peaks, mfu, peak_flops
+
+# torch.cuda.get_device_name() strings as the drivers report them, and the datasheet column each is.
+DEVICE_NAMES = {
+    "NVIDIA H200": ("H200", 989e12),
+    "NVIDIA H200 NVL": ("H200 NVL", 835e12),
+    "NVIDIA H100 80GB HBM3": ("H100", 989e12),
+    "NVIDIA H100 NVL": ("H100 NVL", 835e12),
+    "NVIDIA H100 PCIe": ("H100 PCIe", 756e12),
+    "NVIDIA A100-SXM4-80GB": ("A100", 312e12),
+    "NVIDIA A100-PCIE-40GB": ("A100", 312e12),
+}
 
 
-@pytest.mark.parametrize("local_rank", range(8))
-def test_task_bound_to_one_gpu_uses_index_0(local_rank):
-    # srun --gpus-per-task=1: every task sees its own GPU as cuda:0, local ranks 0..7
-    assert device_index(local_rank, visible=1) == 0
+@pytest.mark.parametrize("device_name", DEVICE_NAMES)
+def test_most_specific_entry_wins(device_name):
+    entry, bf16_peak = DEVICE_NAMES[device_name]
+    assert gpu_peaks(device_name) is PEAK_FLOPS[entry]
+    assert peak_flops(device_name, "bf16") == bf16_peak
 
 
-def test_process_seeing_the_node_uses_its_local_rank():
-    assert [device_index(rank, visible=8) for rank in range(8)] == list(range(8))
+def test_every_table_entry_is_reachable_by_its_own_name():
+    """A fragment shadowed by a shorter one would never be chosen; list order must not matter."""
+    for fragment, peaks in PEAK_FLOPS.items():
+        assert gpu_peaks(f"NVIDIA {fragment}") is peaks
 
 
-@pytest.mark.parametrize("local_rank, visible", [(2, 2), (8, 8), (5, 4)])
-def test_more_ranks_than_visible_gpus(local_rank, visible):
-    with pytest.raises(UsageError, match=rf"local rank {local_rank} has no GPU of its own: this process sees "
-                                         rf"{visible} GPUs .*at most {visible} ranks per node"):
-        device_index(local_rank, visible)
+@pytest.mark.parametrize(("precision", "tflops"), [("fp32", 67), ("tf32", 494.5), ("bf16", 989), ("fp16", 989),
+                                                   ("apex-O1", 989), ("apex-O2", 989)])
+def test_peak_follows_the_arithmetic_that_ran(precision, tflops):
+    assert peak_flops("NVIDIA H100 80GB HBM3", precision) == pytest.approx(tflops * 1e12)
 
 
-def test_no_visible_gpu():
-    with pytest.raises(UsageError, match="no CUDA GPU is visible to this rank"):
-        device_index(0, visible=0)
+def test_every_precision_has_a_peak_on_every_gpu():
+    assert set(COMPUTE_DTYPE) == set(PRECISIONS)
+    for peaks in PEAK_FLOPS.values():
+        assert set(COMPUTE_DTYPE.values()) <= set(peaks)
+        assert peaks["fp32"] < peaks["tf32"] < peaks["bf16"] == peaks["fp16"]
+
+
+def test_unknown_gpu_and_override():
+    assert peak_flops("Tesla T4", "bf16") is None
+    assert peak_flops("Tesla T4", "fp32", override_tflops=8.1) == pytest.approx(8.1e12)
+
+
+def test_fp32_mfu_is_not_measured_against_the_bf16_peak():
+    tokens_per_s, per_token = 10_000.0, 1e9  # 10 TFLOP/s achieved on one A100
+    assert mfu(tokens_per_s, per_token, 1, peak_flops("NVIDIA A100-SXM4-80GB", "fp32")) == pytest.approx(10 / 19.5)
+    assert mfu(tokens_per_s, per_token, 2, peak_flops("NVIDIA A100-SXM4-80GB", "bf16")) == pytest.approx(10 / 624)

@@ -69,6 +69,17 @@ def test_dp_on_cpu_is_the_degenerate_one_device_case(reference, shards, params_f
     assert record["strategy"] == "dp" and record["placement"]["degenerate"] is True
 
 
+def test_tf32_on_cpu_is_fp32_and_says_so(reference, shards, params_file, tmp_path):
+    """CPU has no TF32 arithmetic: the tf32 control must train exactly like fp32 there, and run.json must say why."""
+    gpt2dist(*train_args(shards, params_file, tmp_path, "single", precision="tf32"))
+    assert divergence(reference, tmp_path) == {"loss": 0.0, "grad_norm": 0.0, "params": 0.0}
+    tf32, fp32 = run_record(tmp_path)["matmul"], run_record(reference)["matmul"]
+    assert tf32["cuda_matmul_allow_tf32"] and tf32["cudnn_allow_tf32"] and not tf32["tf32_in_effect"]
+    assert "tf32 runs as IEEE fp32" in tf32["note"]
+    assert not fp32["cuda_matmul_allow_tf32"] and not fp32["cudnn_allow_tf32"]
+    assert fp32["float32_matmul_precision"] == "highest"
+
+
 # --- negative controls: the comparison must catch the two classic data-parallel bugs ----
 
 def _sum_hook(state, bucket):

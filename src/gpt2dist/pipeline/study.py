@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt2dist.config import Preset, RunSpec, check_combination, choose_preset
+from gpt2dist.config import PRECISIONS, Preset, RunSpec, check_combination, choose_preset
 from gpt2dist.errors import UsageError
 
 DATA_DIR = "data/tokens"
@@ -22,7 +22,8 @@ RESULTS_DIR = "results"
 SELFTEST = f"{RESULTS_DIR}/selftest.json"
 FIGURES = ("throughput", "speedup", "efficiency", "loss_vs_step", "loss_vs_time", "memory", "epoch_time")
 ONE_PROCESS = ("single", "dp")
-RUN_ID = re.compile(r"^(?P<strategy>[a-z]+)-(?P<precision>fp32|fp16|bf16|apex-O[12])-n(?P<nproc>\d+)-r(?P<repeat>\d+)$")
+RUN_ID = re.compile(rf"^(?P<strategy>[a-z]+)-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
+                    r"-n(?P<nproc>\d+)-r(?P<repeat>\d+)$")
 # The code each stage runs, by subpackage: a new module in training/ is a dependency of every
 # train stage without anyone editing this. Results stages list their own module, so a change
 # to one figure re-runs only plot and report.

@@ -118,9 +118,14 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
     summary["baseline"] = [baseline_of(s, p, configs) for s, p in zip(summary["strategy"], summary["precision"])]
     summary["speedup"] = summary["tokens_per_s"] / summary["baseline"].map(lambda b: by_config.get(b, math.nan))
     summary["scaling_efficiency"] = summary["speedup"] / summary["nproc"]
-    peak = peak_flops(device_name) if device_name else None
-    summary["mfu"] = (summary.apply(lambda r: mfu(r["tokens_per_s"], flops_per_token(study.preset.model), r["nproc"], peak),
-                                    axis=1) if peak else math.nan)
+    per_token = flops_per_token(study.preset.model)
+
+    def utilisation(row) -> float:
+        """Against the peak of the arithmetic this row ran (fp32 rows against the fp32 peak, not bf16's)."""
+        peak = peak_flops(device_name, row["precision"]) if device_name else None
+        return mfu(row["tokens_per_s"], per_token, row["nproc"], peak) if peak else math.nan
+
+    summary["mfu"] = summary.apply(utilisation, axis=1)
     return summary
 
 

@@ -1,6 +1,6 @@
-"""What the machine offers, without importing torch: dense BF16/FP16 tensor-core peaks (for
-model FLOPs utilisation), the GPUs this process may use and which one a rank drives, and
-optional command facts."""
+"""What the machine offers, without importing torch: per-dtype peak FLOP/s (for model FLOPs
+utilisation against the arithmetic that actually ran), the GPUs this process may use and which
+one a rank drives, and optional command facts."""
 
 from __future__ import annotations
 
@@ -11,24 +11,41 @@ from pathlib import Path
 
 from gpt2dist.errors import UsageError
 
-# Matched in order against torch.cuda.get_device_name(); the first substring found wins.
-PEAK_BF16_FLOPS: list[tuple[str, float]] = [
-    ("H200", 989e12),
-    ("H100 NVL", 835e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),  # SXM5, e.g. "NVIDIA H100 80GB HBM3"
-    ("A100", 312e12),
-]
+# Dense peak FLOP/s per GPU and arithmetic: "fp32" is the non-tensor-core FMA rate, "tf32",
+# "bf16" and "fp16" the tensor-core rates without 2:4 sparsity (NVIDIA quotes sparse figures,
+# twice these). Sources: NVIDIA's H100 Tensor Core GPU datasheet (SXM, NVL and PCIe columns),
+# the H200 Tensor Core GPU datasheet (SXM and NVL columns; the same GH100 compute as H100 SXM/NVL)
+# and the A100 Tensor Core GPU datasheet; https://www.nvidia.com/en-us/data-center/{h100,h200,a100}/.
+# Keys are fragments of torch.cuda.get_device_name(); the longest fragment found wins, so
+# "NVIDIA H200 NVL" is an H200 NVL, not an H200 SXM.
+_HOPPER_SXM = {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12}
+_HOPPER_NVL = {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835e12, "fp16": 835e12}
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "H200": _HOPPER_SXM,
+    "H200 NVL": _HOPPER_NVL,
+    "H100": _HOPPER_SXM,  # SXM5, e.g. "NVIDIA H100 80GB HBM3"
+    "H100 NVL": _HOPPER_NVL,
+    "H100 PCIe": {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+}
+
+# The arithmetic each --precision runs its matmuls in, i.e. the peak its MFU is measured against.
+# Apex amp casts to fp16 (O1 per op, O2 the whole model).
+COMPUTE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "apex-O1": "fp16", "apex-O2": "fp16"}
 
 
-def peak_flops(device_name: str, override_tflops: float | None = None) -> float | None:
-    """Peak FLOP/s for a GPU name, the override when given, None when unknown."""
+def gpu_peaks(device_name: str) -> dict[str, float] | None:
+    """The per-dtype peaks of the most specific table entry naming this GPU, None when unknown."""
+    matches = [fragment for fragment in PEAK_FLOPS if fragment in device_name]
+    return PEAK_FLOPS[max(matches, key=len)] if matches else None
+
+
+def peak_flops(device_name: str, precision: str, override_tflops: float | None = None) -> float | None:
+    """Peak FLOP/s of `precision`'s arithmetic on a GPU, the override when given, None when unknown."""
     if override_tflops is not None:
         return override_tflops * 1e12
-    for fragment, peak in PEAK_BF16_FLOPS:
-        if fragment in device_name:
-            return peak
-    return None
+    peaks = gpu_peaks(device_name)
+    return peaks[COMPUTE_DTYPE[precision]] if peaks else None
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, n_devices: int, peak: float) -> float:

@@ -18,6 +18,7 @@ from gpt2dist.io import atomic_write_json
 from gpt2dist.system import environment
 from gpt2dist.training.batches import BatchSampler
 from gpt2dist.training.checkpoint import load_checkpoint, save_checkpoint
+from gpt2dist.training.matmul_precision import pin_fp32_arithmetic
 from gpt2dist.training.metrics import MetricsLog, now_iso, peak_memory_bytes
 from gpt2dist.training.model import build_model, compile_blocks, lm_loss
 from gpt2dist.training.precision import Precision, make_precision
@@ -59,6 +60,7 @@ class Trainer:
     def __init__(self, spec: RunSpec, strategy: Strategy):
         self.spec, self.strategy = spec, strategy
         self.place = strategy.setup()
+        self.matmul = pin_fp32_arithmetic(spec.precision, self.place.device)  # before any matmul runs
         self.rank0 = self.place.rank == 0
         self.out = Path(spec.out_dir)
         shards = open_shards(Path(spec.data_dir), check_hash=False)  # the launcher verified hashes
@@ -108,9 +110,7 @@ class Trainer:
                 precision.backward(loss, self.optimizer, last=last, sync_grads=lambda: strategy.sync_grads(self.optimizer))
             loss_sum += loss.detach().float()
         clip = spec.train.grad_clip or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(precision.master_params(self.model, self.optimizer), clip)
-        if hasattr(grad_norm, "full_tensor"):  # FSDP2 returns a DTensor
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = strategy.clip_grad_norm(precision.master_params(self.model, self.optimizer), clip)
         with strategy.step_context(self.optimizer):
             precision.step(self.optimizer)
         self.optimizer.zero_grad()  # set_to_none is the default; Horovod rejects the kwarg
@@ -214,6 +214,8 @@ class Trainer:
             "compile_skipped": self.compile_skipped,
             "tokens_per_step": self.tokens_per_step,
             "placement": placement,
+            "wrapping": self.strategy.wrapping,
+            "matmul": self.matmul,
             "config": spec.model_dump(),
             "fingerprint": spec.fingerprint(),
             "resumed_from_step": resumed_from,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +50,7 @@ class Strategy:
     def __init__(self, spec: RunSpec):
         self.spec = spec
         self.placement: Placement | None = None
+        self.wrapping: dict = {}  # what prepare() applied, beyond the strategy's name, for run.json
 
     def setup(self) -> Placement:
         device = claim_gpu(0) if self.spec.device == "cuda" else torch.device("cpu")
@@ -84,6 +85,20 @@ class Strategy:
 
     def step_context(self, optimizer) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
+
+    def clip_grad_norm(self, params: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+        """Scale gradients so their global L2 norm is at most max_norm; returns the norm before clipping.
+
+        The loop calls this, not torch.nn.utils.clip_grad_norm_, because only the strategy knows
+        whether a gradient is the whole tensor or this rank's shard of it."""
+        params = [p for p in params if p.grad is not None]
+        norm = self.global_grad_norm([p.grad for p in params])
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return norm
+
+    def global_grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """L2 norm over all gradients; here every rank holds full, already-reduced gradients."""
+        return torch.nn.utils.get_total_norm(grads)
 
     def all_reduce_mean(self, value: torch.Tensor) -> torch.Tensor:
         return value

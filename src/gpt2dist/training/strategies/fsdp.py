@@ -1,8 +1,14 @@
 """Fully Sharded Data Parallel (FSDP2, `fully_shard`): parameters, gradients and optimizer
 state sharded over ranks; each transformer block and then the root are sharded, so a
-block's parameters are gathered only while it runs."""
+block's parameters are gathered only while it runs.
 
-from torch.distributed.fsdp import fully_shard
+Communication stays fp32 by default, as under DDP, so the two differ only in sharding;
+train.fsdp_mixed_precision opts into FSDP2's MixedPrecisionPolicy (parameters gathered and
+computed in the autocast dtype, gradients reduced in fp32)."""
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from gpt2dist.training.model import transformer_blocks
 from gpt2dist.training.strategies.base import describe
@@ -15,13 +21,38 @@ class FSDP(TorchDistributed):
     def prepare(self, model, make_optimizer, precision):
         # Shard first: the optimizer must be built over the sharded (DTensor) parameters.
         model.to(self.placement.device)
+        policy = self._mixed_precision_policy(precision)
         blocks = transformer_blocks(model)
         for block in blocks:
-            fully_shard(block)
-        fully_shard(model)
-        describe(self, f"fully_shard on {len(blocks)} blocks + root, world {self.placement.world_size}")
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        if dist.get_backend() == "gloo":
+            # torch 2.8's gloo reduce_scatter takes ReduceOp.AVG but sums, doubling FSDP's gradients
+            # with 2 ranks; SUM plus FSDP's own division is right on every torch.
+            for module in (*blocks, model):
+                module.set_force_sum_reduction_for_comms(True)
+        self.wrapping = {
+            "fully_shard_modules": len(blocks) + 1,
+            "param_dtype": str(policy.param_dtype or torch.float32).removeprefix("torch."),
+            "reduce_dtype": str(policy.reduce_dtype or policy.param_dtype or torch.float32).removeprefix("torch."),
+        }
+        describe(self, f"fully_shard on {len(blocks)} blocks + root, world {self.placement.world_size}, "
+                       f"params {self.wrapping['param_dtype']}, reduce {self.wrapping['reduce_dtype']}")
         return model, make_optimizer(model)
+
+    def _mixed_precision_policy(self, precision) -> MixedPrecisionPolicy:
+        if not self.spec.train.fsdp_mixed_precision:
+            return MixedPrecisionPolicy()  # no casts: fp32 all-gather and reduce-scatter
+        return MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=torch.float32)
 
     def accumulate(self, model, last):
         model.set_requires_gradient_sync(last)
         return super().accumulate(model, last)
+
+    def global_grad_norm(self, grads):
+        # Each rank holds disjoint shards, so squared local norms add up to the squared global
+        # norm: one scalar all-reduce. (torch 2.8's DTensor norm reduction reports twice the norm.)
+        local = torch.nn.utils.get_total_norm([g.to_local() for g in grads])
+        squared = local.to(self.placement.device, torch.float32).square()
+        dist.all_reduce(squared, op=dist.ReduceOp.SUM)  # fully_shard's mesh spans the default group
+        return squared.sqrt()
