@@ -7,13 +7,14 @@ torch and transformers.
 from __future__ import annotations
 
 import functools
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from gpt2dist.errors import UsageError
+from gpt2dist.errors import Interrupted, UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -28,7 +29,8 @@ def main() -> None:
 
 
 def one_line_errors(command: Callable) -> Callable:
-    """Bad input ends a command with one 'error: ...' line and exit status 2."""
+    """Bad input ends a command with one 'error: ...' line and exit status 2; a stop signal with one line
+    and 128 + its number, as a shell reports it."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -37,6 +39,12 @@ def one_line_errors(command: Callable) -> Callable:
         except UsageError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+        except Interrupted as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(128 + exc.signum) from None
+        except KeyboardInterrupt:
+            typer.echo("error: interrupted by SIGINT", err=True)
+            raise typer.Exit(128 + signal.SIGINT) from None
 
     return wrapper
 
