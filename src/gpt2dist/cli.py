@@ -30,7 +30,7 @@ def main() -> None:
 
 def one_line_errors(command: Callable) -> Callable:
     """Bad input ends a command with one 'error: ...' line and exit status 2; a stop signal with one line
-    and 128 + its number, as a shell reports it."""
+    and 128 + its number, as a shell reports it. Every command wears it."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -45,6 +45,10 @@ def one_line_errors(command: Callable) -> Callable:
         except KeyboardInterrupt:
             typer.echo("error: interrupted by SIGINT", err=True)
             raise typer.Exit(128 + signal.SIGINT) from None
+        except OSError as exc:  # the long tail of file trouble: permissions, a file where a directory belongs, a full disk
+            typer.echo(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}; check that path and its permissions",
+                       err=True)
+            raise typer.Exit(2) from None
 
     return wrapper
 
@@ -173,6 +177,7 @@ def dvc_yaml(
 
 
 @app.command()
+@one_line_errors
 def schema(out: Annotated[Path, typer.Option(help="File to write.")] = Path("workflow/schemas/params.schema.json")) -> None:
     """Write the JSON schema of params.yaml (Snakemake validates against it) from the typed config."""
     from gpt2dist.config import write_params_schema
