@@ -45,7 +45,7 @@ def one_line_errors(command: Callable) -> Callable:
         except KeyboardInterrupt:
             typer.echo("error: interrupted by SIGINT", err=True)
             raise typer.Exit(128 + signal.SIGINT) from None
-        except OSError as exc:  # the long tail of file trouble: permissions, a file where a directory belongs, a full disk
+        except OSError as exc:  # the long tail of file trouble: permissions, a file for a directory, a full disk
             typer.echo(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}; check that path and its permissions",
                        err=True)
             raise typer.Exit(2) from None

@@ -83,27 +83,28 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
     with locks.own_run_directory(out):
         write_spec(spec, out / "spec.json")
         setup_logging()
+        started = now_iso()
         if command is None:
-            _train_here(spec)
+            _train_here(spec, started)
             return None
         log.info("starting the ranks: %s", shown)
         several_nodes = allocation is not None and len(allocation.nodes) > 1
         ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
         code, stopped_by = lifetime.run_launcher(command, commands.launch_env(ranks_here))
     if stopped_by is not None:
-        _stop(out, stopped_by)
+        _stop(out, stopped_by, started)
     if code:
         _mark_failed(out, code)
         raise UsageError(f"training failed ({launcher} exited with {code}); the ranks' messages are above")
     return shown
 
 
-def _train_here(spec: RunSpec) -> None:
+def _train_here(spec: RunSpec, started: str) -> None:
     lifetime.stop_on_signals()
     try:
         loop.run(spec)
     except Interrupted as stop:
-        _stop(Path(spec.out_dir), stop.signum)
+        _stop(Path(spec.out_dir), stop.signum, started)
 
 
 def _command(spec: RunSpec, launcher: str, out: Path, allocation: Allocation | None) -> list[str] | None:
@@ -117,21 +118,21 @@ def _command(spec: RunSpec, launcher: str, out: Path, allocation: Allocation | N
     return commands.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
 
 
-def _stop(out: Path, signum: int) -> None:
+def _stop(out: Path, signum: int, started: str) -> None:
     """End an interrupted run: run.json says so, with the signal this process got (ranks may have seen
     the SIGTERM their launcher turned it into, or been too blocked to write at all)."""
     name = signal.Signals(signum).name
     record_path = out / "run.json"
-    if not record_path.exists():
+    record = json.loads(record_path.read_text()) if record_path.exists() else None
+    if record is None or record["started_at"] < started:  # no rank got as far as writing this run's record
         raise Interrupted(signum, f"interrupted by {name} before training started; re-run the same command")
-    record = json.loads(record_path.read_text())
     if record["status"] == "completed":
         return  # the signal came after the last step
     record.update(status="interrupted", signal=name, finished_at=record.get("finished_at") or now_iso())
     atomic_write_json(record_path, record)
     where = f" at step {record['interrupted_at_step']}" if "interrupted_at_step" in record else ""
     raise Interrupted(signum, f"interrupted by {name}{where}; re-run the same command to resume from step "
-                              f"{record.get('checkpoint_step', record['resumed_from_step'])}")
+                              f"{record['checkpoint_step']}")
 
 
 def _mark_failed(out: Path, code: int) -> None:
