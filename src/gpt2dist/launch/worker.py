@@ -18,8 +18,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m gpt2dist.launch.worker SPEC_JSON", file=sys.stderr)
         return 2
     setup_logging()
-    lifetime.stop_on_signals()
     try:
+        lifetime.stop_on_signals()  # may stop at once: the launcher can be gone already
         spec = read_spec(Path(args[0]))
         with locks.hold_as_rank(Path(spec.out_dir)):
             loop.run(spec)
