@@ -7,13 +7,14 @@ torch and transformers.
 from __future__ import annotations
 
 import functools
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from gpt2dist.errors import UsageError
+from gpt2dist.errors import Interrupted, UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -28,7 +29,8 @@ def main() -> None:
 
 
 def one_line_errors(command: Callable) -> Callable:
-    """Bad input ends a command with one 'error: ...' line and exit status 2."""
+    """Bad input ends a command with one 'error: ...' line and exit status 2; a stop signal with one line
+    and 128 + its number, as a shell reports it. Every command wears it."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -36,6 +38,16 @@ def one_line_errors(command: Callable) -> Callable:
             return command(*args, **kwargs)
         except UsageError as exc:
             typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except Interrupted as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(128 + exc.signum) from None
+        except KeyboardInterrupt:
+            typer.echo("error: interrupted by SIGINT", err=True)
+            raise typer.Exit(128 + signal.SIGINT) from None
+        except OSError as exc:  # the long tail of file trouble: permissions, a file for a directory, a full disk
+            typer.echo(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}; check that path and its permissions",
+                       err=True)
             raise typer.Exit(2) from None
 
     return wrapper
@@ -182,6 +194,7 @@ def dvc_yaml(
 
 
 @app.command()
+@one_line_errors
 def schema(out: Annotated[Path, typer.Option(help="File to write.")] = Path("workflow/schemas/params.schema.json")) -> None:
     """Write the JSON schema of params.yaml (Snakemake validates against it) from the typed config."""
     from gpt2dist.config import write_params_schema

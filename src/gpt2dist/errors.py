@@ -1,5 +1,20 @@
-"""The one exception type for bad input: the CLI prints its message as one line and exits 2."""
+"""The exception types the CLI turns into one `error:` line: bad input (exit 2) and a stop signal (exit 128+N)."""
+
+import signal
 
 
 class UsageError(Exception):
     """Bad params, data or environment. The message names the problem and the fix."""
+
+
+class Interrupted(BaseException):
+    """A stop signal ended the run. A BaseException, like KeyboardInterrupt, so that no `except Exception`
+    on the way up swallows it; the message says where the run stopped and how to resume it."""
+
+    def __init__(self, signum: int, message: str = ""):
+        self.signum = signum
+        super().__init__(message or f"interrupted by {self.signal_name}")
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name

@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import shutil
-import subprocess
+import signal
 from pathlib import Path
 
 import torch
@@ -21,12 +21,13 @@ from gpt2dist.config import (
     choose_preset,
     write_spec,
 )
-from gpt2dist.errors import UsageError
+from gpt2dist.errors import Interrupted, UsageError
 from gpt2dist.io import atomic_write_json
-from gpt2dist.launch import commands, slurm
+from gpt2dist.launch import commands, lifetime, locks, slurm
 from gpt2dist.logs import setup_logging
 from gpt2dist.system.allocation import Allocation, job_allocation
 from gpt2dist.training import loop, preflight
+from gpt2dist.training.metrics import now_iso
 from gpt2dist.training.strategies import REGISTRY
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,6 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
     """Verify the data, then run (a failure raises). Returns the launcher command line, if one is used."""
     preflight.check_data(spec)
     out = Path(spec.out_dir)
-    write_spec(spec, out / "spec.json")
     launcher = REGISTRY[spec.strategy].launcher
     # without srun (an image run by `snakemake --sdm apptainer` has no SLURM commands) the
     # ranks start on this node with its own launcher
@@ -82,19 +82,33 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
     command = _command(spec, launcher, out, allocation)
     shown = " ".join(command) if command else f"(in this process) {spec.strategy}"
     if print_only:
+        write_spec(spec, out / "spec.json")
         return shown
-    setup_logging()
-    if command is None:
-        loop.run(spec)
-        return None
-    log.info("starting the ranks: %s", shown)
-    several_nodes = allocation is not None and len(allocation.nodes) > 1
-    ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
-    code = subprocess.run(command, env=commands.launch_env(ranks_here)).returncode
+    with locks.own_run_directory(out):
+        write_spec(spec, out / "spec.json")
+        setup_logging()
+        started = now_iso()
+        if command is None:
+            _train_here(spec, started)
+            return None
+        log.info("starting the ranks: %s", shown)
+        several_nodes = allocation is not None and len(allocation.nodes) > 1
+        ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
+        code, stopped_by = lifetime.run_launcher(command, commands.launch_env(ranks_here))
+    if stopped_by is not None:
+        _stop(out, stopped_by, started)
     if code:
         _mark_failed(out, code)
         raise UsageError(f"training failed ({launcher} exited with {code}); the ranks' messages are above")
     return shown
+
+
+def _train_here(spec: RunSpec, started: str) -> None:
+    lifetime.stop_on_signals()
+    try:
+        loop.run(spec)
+    except Interrupted as stop:
+        _stop(Path(spec.out_dir), stop.signum, started)
 
 
 def _command(spec: RunSpec, launcher: str, out: Path, allocation: Allocation | None) -> list[str] | None:
@@ -106,6 +120,23 @@ def _command(spec: RunSpec, launcher: str, out: Path, allocation: Allocation | N
         if command is not None:
             return command
     return commands.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
+
+
+def _stop(out: Path, signum: int, started: str) -> None:
+    """End an interrupted run: run.json says so, with the signal this process got (ranks may have seen
+    the SIGTERM their launcher turned it into, or been too blocked to write at all)."""
+    name = signal.Signals(signum).name
+    record_path = out / "run.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else None
+    if record is None or record["started_at"] < started:  # no rank got as far as writing this run's record
+        raise Interrupted(signum, f"interrupted by {name} before training started; re-run the same command")
+    if record["status"] == "completed":
+        return  # the signal came after the last step
+    record.update(status="interrupted", signal=name, finished_at=record.get("finished_at") or now_iso())
+    atomic_write_json(record_path, record)
+    where = f" at step {record['interrupted_at_step']}" if "interrupted_at_step" in record else ""
+    raise Interrupted(signum, f"interrupted by {name}{where}; re-run the same command to resume from step "
+                              f"{record['checkpoint_step']}")
 
 
 def _mark_failed(out: Path, code: int) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gpt2dist.config import read_spec
 from gpt2dist.errors import UsageError
+from gpt2dist.launch import lifetime, locks
 from gpt2dist.logs import setup_logging
 from gpt2dist.training import loop
 
@@ -18,10 +19,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging()
     try:
-        loop.run(read_spec(Path(args[0])))
+        lifetime.stop_on_signals()  # may stop at once: the launcher can be gone already
+        spec = read_spec(Path(args[0]))
+        with locks.hold_as_rank(Path(spec.out_dir)):
+            loop.run(spec)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BaseException:
+        # once stopped, a collective may fail first because a peer is gone: the launcher reports the stop
+        if lifetime.received is not None:
+            lifetime.exit_now(128 + lifetime.received)
+        raise
     return 0
 
 

@@ -21,6 +21,7 @@ from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
 from gpt2dist.pipeline.study import Study
+from gpt2dist.results.inputs import read_json, read_jsonl
 from gpt2dist.system.hardware import mfu, peak_flops
 from gpt2dist.training.model import flops_per_token
 
@@ -34,11 +35,10 @@ def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
     record_path = run_dir / "run.json"
     if not record_path.exists():
         raise UsageError(f"run {run_dir.name} has no run.json in {run_dir}; train it first")
-    record = json.loads(record_path.read_text())
+    record = read_json(record_path, "gpt2dist train")
     if record.get("status") != "completed":
         raise UsageError(f"run {run_dir.name} is not completed (status '{record.get('status')}'); re-run it")
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return record, pd.DataFrame(lines)
+    return record, pd.DataFrame(read_jsonl(run_dir / "metrics.jsonl", "gpt2dist train"))
 
 
 def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, dict]]:

@@ -6,7 +6,6 @@ preset in the title, and is written as PNG and SVG.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import seaborn as sns  # noqa: E402
 
 from gpt2dist.io import atomic_open  # noqa: E402
 from gpt2dist.results.collect import in_study_order, t_interval  # noqa: E402
+from gpt2dist.results.inputs import read_csv, read_json  # noqa: E402
 
 
 def _label(frame: pd.DataFrame) -> pd.Series:
@@ -96,8 +96,8 @@ FIGURES: dict[str, Callable[..., plt.Figure]] = {
 
 def plot(results: Path) -> list[Path]:
     results = Path(results)
-    info = json.loads((results / "summary.json").read_text())
-    tables = [pd.read_csv(results / name) for name in ("runs.csv", "summary.csv", "metrics.csv")]
+    info = read_json(results / "summary.json", "gpt2dist collect")
+    tables = [read_csv(results / name, "gpt2dist collect") for name in ("runs.csv", "summary.csv", "metrics.csv")]
     title = f"{info['hardware']}, preset {info['preset']}"
     sns.set_theme(style="whitegrid", context="notebook", palette="colorblind")
     written = []

@@ -3,7 +3,6 @@ summary.json, with the environment it was measured in."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from tabulate import tabulate
 from gpt2dist.io import atomic_write_text
 from gpt2dist.pipeline.study import FIGURES
 from gpt2dist.results.collect import in_study_order
+from gpt2dist.results.inputs import read_json
 
 
 def _num(value, fmt: str) -> str:
@@ -58,5 +58,5 @@ speedup / processes. Configurations dropped for lack of GPUs: {dropped}.
 def report(results: Path) -> Path:
     results = Path(results)
     path = results / "summary.md"
-    atomic_write_text(path, summary_markdown(json.loads((results / "summary.json").read_text())))
+    atomic_write_text(path, summary_markdown(read_json(results / "summary.json", "gpt2dist collect")))
     return path

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from gpt2dist.config import RunSpec, TrainConfig
 from gpt2dist.data.shards import open_shards
+from gpt2dist.errors import Interrupted
 from gpt2dist.io import atomic_write_json
 from gpt2dist.system import environment
 from gpt2dist.training.batches import BatchSampler
@@ -176,6 +177,7 @@ class Trainer:
             atomic_write_json(self.out / "run.json", record)
         self.metrics = metrics = MetricsLog(self.out / "metrics.jsonl", enabled=self.rank0, history=history)
         progress = tqdm(total=t.max_steps, initial=start, disable=not self.rank0, desc=self.spec.strategy, unit="step")
+        step = start
         try:
             for step in range(start, t.max_steps):
                 line = self.train_step(step)
@@ -187,6 +189,15 @@ class Trainer:
                     metrics.write(self.evaluate(done))
                 if done % t.checkpoint_interval == 0 or done == t.max_steps:
                     self.checkpoint(done)
+                    if record is not None:  # where a re-run resumes, even after SIGKILL
+                        record["checkpoint_step"] = done
+                        atomic_write_json(self.out / "run.json", record)
+        except Interrupted as stop:
+            if record is not None:
+                record.update(status="interrupted", signal=stop.signal_name, interrupted_at_step=step,
+                              finished_at=now_iso())
+                atomic_write_json(self.out / "run.json", record)
+            raise
         finally:
             progress.close()
             metrics.close()
@@ -219,6 +230,7 @@ class Trainer:
             "config": spec.model_dump(),
             "fingerprint": spec.fingerprint(),
             "resumed_from_step": resumed_from,
+            "checkpoint_step": resumed_from,
             "started_at": now_iso(),
             **environment.capture(),
         }

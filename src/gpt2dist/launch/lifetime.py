@@ -1,0 +1,144 @@
+"""Ranks live no longer than their run: a stop signal sent to `gpt2dist train` reaches every rank, and
+ranks exit within seconds when that process dies, SIGKILL included.
+
+torchrun and horovodrun start ranks in sessions of their own, so neither a terminal's Ctrl-C nor the
+death of `gpt2dist train` reaches them directly. Three links close the gap: the launcher forwards stop
+signals to its child (torchrun and horovodrun pass SIGTERM on to their ranks); the kernel sends that
+child SIGTERM when the launcher dies (PR_SET_PDEATHSIG); and each rank watches the launcher's pid
+itself, in case the child in between dies first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO
+
+from gpt2dist.errors import Interrupted
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# a rank blocked in a collective never runs Python signal handlers; after this long it exits hard
+GRACE_S = 3.0
+LAUNCHER_ENV = "GPT2DIST_LAUNCHER"  # host:pid of the `gpt2dist train` process the ranks belong to
+_PR_SET_PDEATHSIG = 1
+
+received: int | None = None  # the first stop signal this process got
+
+
+def launcher_env() -> dict[str, str]:
+    return {LAUNCHER_ENV: f"{socket.gethostname()}:{os.getpid()}"}
+
+
+def run_launcher(command: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+    """Run the launcher child to its end; return its exit code and the stop signal forwarded to it, if any.
+
+    The child gets its own process group, so a terminal's Ctrl-C reaches it once, through this process.
+    Its stderr (and its ranks') passes through here: once stopped, torchrun and horovodrun print a
+    traceback of their own, which this process replaces with one line.
+    """
+    env = {**env, **launcher_env()}
+    child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             preexec_fn=_die_with(os.getpid()))
+    forwarded: list[int] = []
+    relay = threading.Thread(target=_relay_until_stopped, args=(child.stderr, forwarded), daemon=True)
+    relay.start()
+
+    def forward(signum, frame):
+        forwarded.append(signum)
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    relay.join(timeout=GRACE_S)  # a rank that outlives its launcher may hold the pipe open
+    return code, (forwarded[0] if forwarded else None)
+
+
+def _relay_until_stopped(source: IO[bytes], stopped: list[int]) -> None:
+    line_open = False  # a progress bar's line, to end before the launcher's error line
+    while chunk := os.read(source.fileno(), 1 << 16):
+        if not stopped:
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
+            line_open = not chunk.endswith(b"\n")
+    if stopped and line_open:
+        sys.stderr.buffer.write(b"\n")
+
+
+def _die_with(parent: int):
+    """preexec_fn for a child: own process group, SIGTERM when `parent` dies (checked once after arming,
+    since the parent may die between fork and prctl)."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        os.setpgid(0, 0)
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGTERM)
+
+    return arm
+
+
+def stop_on_signals() -> None:
+    """Make stop signals raise Interrupted in the main thread, and end this process hard if the main
+    thread does not finish within GRACE_S; a rank started by a launcher also stops when it dies."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _raise_interrupted)
+    threading.Thread(target=_watch, args=(wake_read, _launcher_pidfd()), daemon=True, name="gpt2dist-watchdog").start()
+
+
+def exit_now(code: int) -> None:
+    """End a stopped process without interpreter shutdown, which takes seconds with torch loaded."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _raise_interrupted(signum, frame) -> None:
+    global received
+    if received is None:  # a second signal must not break the first one's clean-up
+        received = signum
+        raise Interrupted(signum)
+
+
+def _launcher_pidfd() -> int | None:
+    """A pidfd of this rank's `gpt2dist train` process, when it runs on this host."""
+    host, _, pid = os.environ.get(LAUNCHER_ENV, "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None  # not started by `gpt2dist train`, or started on another node by srun
+    try:
+        return os.pidfd_open(int(pid))
+    except ProcessLookupError:
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher is already gone
+    except OSError:
+        pass  # no pidfd support (Linux < 5.3): rely on the launcher's signals
+    return None
+
+
+def _watch(wake_read: int, launcher: int | None) -> None:
+    """Wait for a stop signal or the launcher's death, then give the main thread GRACE_S to finish."""
+    watched = [wake_read] + ([launcher] if launcher is not None else [])
+    while True:
+        ready, _, _ = select.select(watched, [], [])
+        if launcher in ready:
+            signum = signal.SIGTERM
+            os.kill(os.getpid(), signum)
+            break
+        signum = next((n for n in os.read(wake_read, 64) if n in STOP_SIGNALS), None)
+        if signum is not None:
+            break
+    time.sleep(GRACE_S)
+    os._exit(128 + signum)  # no flush: the main thread may hold the stream's lock

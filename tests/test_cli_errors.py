@@ -1,0 +1,69 @@
+"""Every subcommand ends bad input (a missing or unreadable file or directory) with one `error:` line and
+exit status 2, never a traceback, through the real command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import gpt2dist
+
+CASES = {
+    "prepare-missing-params": "params file",
+    "verify-missing-directory": "no token shards in",
+    "verify-empty-meta": "meta.json is not valid JSON",
+    "train-missing-data": "no token shards in",
+    "collect-empty-runs": "has no run.json",
+    "plot-missing-summary": "summary.json is missing; run `gpt2dist collect` first",
+    "plot-empty-table": "runs.csv cannot be read (No columns to parse from file); re-run `gpt2dist collect`",
+    "report-missing-summary": "summary.json is missing; run `gpt2dist collect` first",
+    "report-unreadable-summary": "summary.json cannot be read (Expecting value",
+    "dvc-yaml-missing-params": "params file",
+    "schema-out-below-a-file": "file: File exists; check that path",
+    "doctor-missing-params": "params file",
+}
+
+
+def _args(case: str, tmp: Path, shards: Path, params: Path) -> list:
+    missing = tmp / "missing"
+    if case == "prepare-missing-params":
+        return ["prepare", "--out", tmp / "tokens", "--params", missing]
+    if case == "verify-missing-directory":
+        return ["verify", missing]
+    if case == "verify-empty-meta":
+        (tmp / "meta.json").write_text("")
+        return ["verify", tmp]
+    if case == "train-missing-data":
+        return ["train", "--data", missing, "--out", tmp / "run", "--strategy", "single", "--params", params]
+    if case == "collect-empty-runs":
+        (tmp / "runs").mkdir()
+        return ["collect", "--runs", tmp / "runs", "--data", shards, "--out", tmp, "--params", params]
+    if case == "plot-empty-table":
+        (tmp / "summary.json").write_text('{"hardware": "cpu", "preset": "tiny"}')
+        (tmp / "runs.csv").write_text("")
+        return ["plot", "--results", tmp]
+    if case.startswith(("plot", "report")):
+        if case == "report-unreadable-summary":
+            (tmp / "summary.json").write_text("")
+        return [case.split("-")[0], "--results", tmp]
+    if case == "dvc-yaml-missing-params":
+        return ["dvc-yaml", "--out", tmp / "dvc.yaml", "--params", missing]
+    if case == "schema-out-below-a-file":
+        (tmp / "file").write_text("")
+        return ["schema", "--out", tmp / "file" / "schema.json"]
+    if case == "doctor-missing-params":
+        return ["doctor", "--no-gpu", "--params", missing]
+    raise AssertionError(case)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_ends_with_one_error_line(case, tmp_path, shards, params_file):
+    args = _args(case, tmp_path, shards, params_file)
+    before = set(tmp_path.rglob("*"))
+    result = gpt2dist(*args, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and CASES[case] in lines[0], result.stderr
+    assert set(tmp_path.rglob("*")) == before, "bad input left outputs behind"
