@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from gpt2dist.launch.locks import RANKS_LOCK
+
 from conftest import gpt2dist, read_metrics, run_record, train_args
 
 pytestmark = pytest.mark.slow
@@ -70,10 +71,7 @@ def _has_checkpoint(out: Path):
     return lambda: (out / "run.json").exists() and run_record(out).get("checkpoint_step", 0) > 0
 
 
-HOROVOD_RESUME = pytest.mark.xfail(strict=True, reason="resuming Horovod needs _DistributedOptimizer.zero_grad to "
-                                   "take set_to_none (fixed on branch wt-a); remove this mark once merged")
-CASES = [pytest.param(strategy, sig, id=f"{strategy}-{sig.name}",
-                      marks=HOROVOD_RESUME if (strategy, sig) == ("horovod", signal.SIGKILL) else ())
+CASES = [pytest.param(strategy, sig, id=f"{strategy}-{sig.name}")
          for strategy in ("ddp", "fsdp", "horovod") for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL)]
 
 

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 import torch
+from test_equivalence import assert_follows_reference
 
 from gpt2dist.config import PRECISIONS, STRATEGIES, ModelConfig, RunSpec, TrainConfig, check_combination
 from gpt2dist.errors import UsageError
 
 from conftest import REPO, TINY_PRESET, gpt2dist, gpu, read_metrics, run_record, train_args
-from test_equivalence import assert_follows_reference
 
 pytestmark = [pytest.mark.gpu, gpu]
 
