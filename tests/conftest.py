@@ -66,6 +66,17 @@ def make_shards(directory: Path, vocab: int = 500, train_tokens: int = 40_000, v
 
 
 @pytest.fixture(scope="session")
+def finished_study(tmp_path_factory) -> Path:
+    """One complete local Snakemake run of the reduced study, shared by the pipeline's checks (which
+    leave it as they found it) and the cluster test's comparison."""
+    from reduced_study import copy_workflow, run
+
+    work = copy_workflow(tmp_path_factory.mktemp("pipeline"))
+    run(["snakemake", "--cores", "2"], work)
+    return work
+
+
+@pytest.fixture(scope="session")
 def shards(tmp_path_factory) -> Path:
     return make_shards(tmp_path_factory.mktemp("shards"))
 

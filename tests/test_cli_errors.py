@@ -22,6 +22,9 @@ CASES = {
     "dvc-yaml-missing-params": "params file",
     "schema-out-below-a-file": "file: File exists; check that path",
     "doctor-missing-params": "params file",
+    "dvc-yaml-gpus-per-node-in-words": "gpus_per_node in ",
+    "selftest-unknown-configuration": "--only ring-fp32-n1: not a configuration of preset 'tiny' (it has single-",
+    "selftest-resume-alone": "--resume goes with --only",
 }
 
 
@@ -54,6 +57,13 @@ def _args(case: str, tmp: Path, shards: Path, params: Path) -> list:
         return ["schema", "--out", tmp / "file" / "schema.json"]
     if case == "doctor-missing-params":
         return ["doctor", "--no-gpu", "--params", missing]
+    if case == "dvc-yaml-gpus-per-node-in-words":
+        (tmp / "params.yaml").write_text(params.read_text() + "gpus_per_node: eight\n")
+        return ["dvc-yaml", "--out", tmp / "dvc.yaml", "--params", tmp / "params.yaml"]
+    if case == "selftest-unknown-configuration":
+        return ["selftest", "--params", params, "--only", "ring-fp32-n1", "--out", tmp / "selftest.json"]
+    if case == "selftest-resume-alone":
+        return ["selftest", "--params", params, "--resume", "--out", tmp / "selftest.json"]
     raise AssertionError(case)
 
 

@@ -14,12 +14,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpt2dist.errors import Interrupted, UsageError
+from gpt2dist.errors import Interrupted, UsageError, error_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
 Params = Annotated[Path, typer.Option(help="Parameter file.")]
 PresetName = Annotated[Optional[str], typer.Option(help="Preset; default: params.yaml's 'preset' (auto).")]
+Gpus = Annotated[Optional[int], typer.Option(
+    help="Plan the study for this many GPUs per node (default: params.yaml's gpus_per_node, else the visible ones).")]
 Overrides = Annotated[Optional[list[str]], typer.Option("--set", help="Override a preset key: model.n_layer=2.")]
 
 
@@ -37,17 +39,17 @@ def one_line_errors(command: Callable) -> Callable:
         try:
             return command(*args, **kwargs)
         except UsageError as exc:
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(error_line(exc), err=True)
             raise typer.Exit(2) from None
         except Interrupted as exc:
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(error_line(exc), err=True)
             raise typer.Exit(128 + exc.signum) from None
         except KeyboardInterrupt:
-            typer.echo("error: interrupted by SIGINT", err=True)
+            typer.echo(error_line("interrupted by SIGINT"), err=True)
             raise typer.Exit(128 + signal.SIGINT) from None
         except OSError as exc:  # the long tail of file trouble: permissions, a file for a directory, a full disk
-            typer.echo(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}; check that path and its permissions",
-                       err=True)
+            where = f"{exc.filename}: {exc.strerror}; check that path and its permissions" if exc.filename else exc
+            typer.echo(error_line(where), err=True)
             raise typer.Exit(2) from None
 
     return wrapper
@@ -59,7 +61,7 @@ def train(
     data: Annotated[Path, typer.Option(help="Token shard directory (train.bin, val.bin, meta.json).")],
     strategy: Annotated[str, typer.Option(help="single | dp | ddp | horovod | fsdp")],
     out: Annotated[Path, typer.Option(help="Run directory: metrics.jsonl, run.json, checkpoint.pt.")],
-    precision: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 | apex-O1 | apex-O2")] = "fp32",
+    precision: Annotated[str, typer.Option(help="fp32 | tf32 | fp16 | bf16 | apex-O1 | apex-O2")] = "fp32",
     nproc: Annotated[int, typer.Option(help="Processes (devices for dp) on this machine.")] = 1,
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
@@ -148,8 +150,7 @@ def collect(
     out: Annotated[Path, typer.Option(help="Where metrics.csv, runs.csv, summary.csv and summary.json go.")] = Path("results"),
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
-    gpus: Annotated[Optional[int], typer.Option(help="GPUs per node the study was planned for (default: "
-                                                "params.yaml's gpus_per_node, else the visible ones).")] = None,
+    gpus: Gpus = None,
 ) -> None:
     """Gather every run of the study into one tidy table and a per-configuration summary."""
     from gpt2dist.results.collect import collect as run_collect
@@ -182,8 +183,7 @@ def dvc_yaml(
     out: Annotated[Path, typer.Option(help="File to write.")] = Path("dvc.yaml"),
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
-    gpus: Annotated[Optional[int], typer.Option(help="Plan for this many GPUs per node (default: params.yaml's "
-                                                "gpus_per_node, else the visible ones).")] = None,
+    gpus: Gpus = None,
 ) -> None:
     """Write dvc.yaml for this machine's study: the same commands and paths as the Snakefile."""
     from gpt2dist.pipeline.dvc_stages import write_dvc_yaml
@@ -207,8 +207,7 @@ def schema(out: Annotated[Path, typer.Option(help="File to write.")] = Path("wor
 @one_line_errors
 def doctor(
     no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Skip GPU checks (image builds, CPU nodes).")] = False,
-    gpus: Annotated[Optional[int], typer.Option(help="Plan the study for this many GPUs per node (default: "
-                                                "params.yaml's gpus_per_node, else the visible ones).")] = None,
+    gpus: Gpus = None,
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
 ) -> None:
@@ -238,6 +237,10 @@ def selftest(
     preset: PresetName = None,
     out: Annotated[Path, typer.Option(help="JSON file with every check's result.")] = Path("results/selftest.json"),
     timeout: Annotated[float, typer.Option(help="Seconds one check may take before it counts as hung.")] = 600,
+    only: Annotated[Optional[list[str]], typer.Option(
+        help="Check only this configuration (e.g. ddp-bf16-n2); repeatable.")] = None,
+    resume: Annotated[bool, typer.Option(help="With --only: also kill and resume each of them.")] = False,
+    gpus: Gpus = None,
 ) -> None:
     """Run every configuration of the study for a few steps, and one resume per strategy: minutes, not hours."""
     from rich.console import Console
@@ -246,13 +249,15 @@ def selftest(
     from gpt2dist.launch.selftest import run_selftest
 
     console = Console(highlight=False)
-    study = _study(params, preset)
+    study = _study(params, preset, gpus)
 
     def progress(check, done: int, total: int) -> None:
         verdict = "ok" if check.ok else f"FAILED: {check.error}"
         console.print(f"[{done}/{total}] {check.name}: {verdict} ({check.seconds:.1f} s)", markup=False)
 
-    checks = run_selftest(study, params, out, timeout_s=timeout, report=progress)
+    if resume and not only:
+        raise UsageError("--resume goes with --only (without it, every strategy's resume is checked)")
+    checks = run_selftest(study, params, out, only=only, resume=resume, timeout_s=timeout, report=progress)
     table = Table(title=f"gpt2dist selftest: preset {study.preset_name} on {study.device}")
     for column in ("check", "result", "seconds", "error"):
         table.add_column(column)

@@ -269,7 +269,11 @@ def resolve_preset_name(raw: dict, requested: str | None, cuda_available: bool) 
 def planned_gpus(path: Path, visible: int) -> int:
     """GPUs per node to plan a study for: params.yaml's gpus_per_node, else those visible here."""
     gpus = read_params(path).get("gpus_per_node")
-    return visible if gpus is None else int(gpus)
+    if gpus is None:
+        return visible
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise UsageError(f"gpus_per_node in {path} must be a whole number of GPUs per node, 0 or more (not {gpus!r})")
+    return gpus
 
 
 def load_preset(path: Path, name: str, overrides: list[str] | tuple[str, ...] = ()) -> Preset:

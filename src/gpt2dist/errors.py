@@ -18,3 +18,9 @@ class Interrupted(BaseException):
     @property
     def signal_name(self) -> str:
         return signal.Signals(self.signum).name
+
+
+def error_line(problem: object) -> str:
+    """The one line a failure is reported with: a message that embeds another tool's (a multi-line
+    ImportError, say) is folded onto it."""
+    return "error: " + " ".join(str(problem).split())

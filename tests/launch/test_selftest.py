@@ -4,31 +4,50 @@ run for real (each check a `gpt2dist train` subprocess), with a matrix of what w
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
-from gpt2dist.launch.selftest import one_line, resume_cases
-from gpt2dist.pipeline.study import plan_study
+from gpt2dist.launch.selftest import one_line
+from gpt2dist.pipeline.study import plan_study, resume_cases
 
-from conftest import REPO, gpt2dist
+from conftest import gpt2dist
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(1500)
-def test_the_cpu_matrix_passes(tmp_path):
-    """What CI proves for every commit: every configuration of the cpu study, and every strategy's resume."""
+EVERY_STRATEGY = ["single-fp32-n1", "dp-fp32-n1", "ddp-fp32-n2", "fsdp-fp32-n2", "horovod-fp32-n2"]
+
+
+@pytest.fixture(scope="module")
+def every_strategy(params_file, tmp_path_factory) -> Path:
+    """The tiny preset with a configuration of each strategy."""
+    params = yaml.safe_load(params_file.read_text())
+    params["presets"]["tiny"]["study"]["runs"] = [
+        {"strategies": ["single", "dp"], "precisions": ["fp32"], "nproc": [1]},
+        {"strategies": ["ddp", "fsdp", "horovod"], "precisions": ["fp32"], "nproc": [2]},
+    ]
+    path = tmp_path_factory.mktemp("every-strategy") / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+@pytest.mark.timeout(600)
+def test_every_strategy_passes(every_strategy, tmp_path):
+    """Each strategy trains under the selftest (each check its own `gpt2dist train`), with the table printed."""
     out = tmp_path / "selftest.json"
-    result = gpt2dist("selftest", "--params", REPO / "params.yaml", "--preset", "cpu", "--out", out)
-    study = plan_study(REPO / "params.yaml", "cpu", 0)
+    selected = [arg for config in EVERY_STRATEGY for arg in ("--only", config)]
+    result = gpt2dist("selftest", "--params", every_strategy, *selected, "--out", out)
     report = json.loads(out.read_text())
-    configurations = {run.config_id for run in study.runs}
-    names = [check["name"] for check in report["checks"]]
-    assert set(names) == configurations | {f"resume {run.config_id}" for run in resume_cases(study)}
-    assert {name.split()[1].split("-")[0] for name in names if name.startswith("resume")} == \
-        {"single", "dp", "ddp", "fsdp", "horovod"}
-    assert report["failed"] == 0 and report["passed"] == len(names), report
-    assert "ok: all" in result.stdout and "resume horovod-fp32-n2" in result.stdout
+    assert [check["name"] for check in report["checks"]] == EVERY_STRATEGY
+    assert report["failed"] == 0 and report["passed"] == 5, report
+    assert "ok: all 5 checks" in result.stdout and "horovod-fp32-n2" in result.stdout
+
+
+def test_every_strategy_has_a_resume_case(every_strategy):
+    study = plan_study(every_strategy, None, 0)
+    assert sorted(run.config_id for run in resume_cases(study)) == sorted(EVERY_STRATEGY)
 
 
 @pytest.mark.timeout(300)
@@ -44,6 +63,15 @@ def test_a_hung_configuration_fails_the_selftest_with_its_line(params_file, tmp_
     assert "failed" in result.stdout and "single-fp32-n1" in result.stdout
 
 
+@pytest.mark.timeout(300)
+def test_the_pipelines_job_checks_one_configuration_and_its_resume(params_file, tmp_path):
+    out = tmp_path / "single.json"
+    gpt2dist("selftest", "--params", params_file, "--only", "single-fp32-n1", "--resume", "--out", out)
+    report = json.loads(out.read_text())
+    assert [check["name"] for check in report["checks"]] == ["single-fp32-n1", "resume single-fp32-n1"]
+    assert report["failed"] == 0, report
+
+
 def test_the_error_line_is_the_root_cause():
     ranks = ("[1]<stderr>:Traceback (most recent call last):\n"
              "[1]<stderr>:TypeError: zero_grad() got an unexpected keyword argument 'set_to_none'\n"
@@ -51,4 +79,6 @@ def test_the_error_line_is_the_root_cause():
              "error: training failed (horovodrun exited with 1); the ranks' messages are above\n")
     assert one_line(ranks) == "TypeError: zero_grad() got an unexpected keyword argument 'set_to_none'"
     assert one_line("warning: x\nerror: unknown preset 'gpu'\n") == "error: unknown preset 'gpu'"
+    assert one_line("error: train.bin is corrupt\nerror: training failed (torchrun exited with 1)\n") == \
+        "error: train.bin is corrupt"
     assert one_line("") == "exited without a message"

@@ -27,50 +27,55 @@ def workdir(tmp_path) -> Path:
     return copy_workflow(tmp_path)
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """One complete Snakemake run of the reduced study, shared by the read-only checks."""
-    work = copy_workflow(tmp_path_factory.mktemp("pipeline"))
-    run(["snakemake", "--cores", "2"], work)
-    return work
-
-
-def test_snakemake_produces_everything_then_does_nothing(finished):
+def test_snakemake_produces_everything_then_does_nothing(finished_study):
     for name in ("throughput", "speedup", "efficiency", "loss_vs_step", "loss_vs_time", "memory", "epoch_time"):
         for ext in ("png", "svg"):
-            assert (finished / "results" / "figures" / f"{name}.{ext}").stat().st_size > 1000
-    summary = json.loads((finished / "results" / "summary.json").read_text())
+            assert (finished_study / "results" / "figures" / f"{name}.{ext}").stat().st_size > 1000
+    summary = json.loads((finished_study / "results" / "summary.json").read_text())
     assert summary["preset"] == "cpu" and set(summary["configs"]) == {"single-fp32-n1", "ddp-fp32-n2"}
     assert summary["configs"]["single-fp32-n1"]["speedup"] == pytest.approx(1.0)
-    assert "| ddp " in (finished / "results" / "summary.md").read_text()
-    assert (finished / "logs" / "train" / "ddp-fp32-n2-r1.log").exists()
-    again = run(["snakemake", "--cores", "2"], finished)
+    assert "| ddp " in (finished_study / "results" / "summary.md").read_text()
+    assert (finished_study / "logs" / "train" / "ddp-fp32-n2-r1.log").exists()
+    again = run(["snakemake", "--cores", "2"], finished_study)
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
-def test_changing_a_training_key_reruns_train_collect_plot_not_prepare(finished):
-    params = yaml.safe_load((finished / "params.yaml").read_text())
+def test_changing_a_training_key_reruns_train_collect_plot_not_prepare(finished_study):
+    params = yaml.safe_load((finished_study / "params.yaml").read_text())
     params["presets"]["cpu"]["train"]["lr"] = 1e-3
-    (finished / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (finished_study / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
-        counts = job_counts(run(["snakemake", "-n"], finished).stdout)
+        counts = job_counts(run(["snakemake", "-n"], finished_study).stdout)
     finally:
         params["presets"]["cpu"]["train"]["lr"] = 3e-3
-        (finished / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    # the selftest reads the train settings too; prepare does not
-    assert counts == {"selftest": 1, "train": 4, "collect": 1, "plot": 1, "report": 1, "all": 1}
+        (finished_study / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    # each configuration's selftest reads the train settings too; prepare does not
+    assert counts == {"selftest": 2, "train": 4, "collect": 1, "plot": 1, "report": 1, "all": 1}
 
 
-def test_report_html_has_every_figure(finished):
-    run(["snakemake", "--report", "results/report.html"], finished)
-    html = (finished / "results" / "report.html").read_text(errors="ignore")
+def test_adding_a_configuration_checks_and_trains_only_the_new_one(finished_study):
+    params = yaml.safe_load((finished_study / "params.yaml").read_text())
+    runs = params["presets"]["cpu"]["study"]["runs"]
+    runs.append({"strategies": ["fsdp"], "precisions": ["fp32"], "nproc": [2]})
+    (finished_study / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        counts = job_counts(run(["snakemake", "-n"], finished_study).stdout)
+    finally:
+        runs.pop()
+        (finished_study / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert counts == {"selftest": 1, "train": 2, "collect": 1, "plot": 1, "report": 1, "all": 1}
+
+
+def test_report_html_has_every_figure(finished_study):
+    run(["snakemake", "--report", "results/report.html"], finished_study)
+    html = (finished_study / "results" / "report.html").read_text(errors="ignore")
     assert len(html) > 100_000 and "loss_vs_step.png" in html and "throughput.png" in html
 
 
-def test_figures_are_drawn_from_the_table(finished):
+def test_figures_are_drawn_from_the_table(finished_study):
     from gpt2dist.results.plots import FIGURES
 
-    results = finished / "results"
+    results = finished_study / "results"
     tables = [pd.read_csv(results / name) for name in ("runs.csv", "summary.csv", "metrics.csv")]
     configs = tables[1]["config_id"].nunique()
     bars = FIGURES["throughput"](*tables, "test")
@@ -96,8 +101,8 @@ def _snakemake_jobs(work: Path) -> dict[str, tuple[str, set[str]]]:
         command = re.search(r"^Shell command: (.*?)(?: > \S+ 2>&1)?$", block, re.M)
         if name == "all":
             continue
-        wildcard = re.search(r"wildcards: run=(\S+)", block)
-        key = f"train@{wildcard[1]}" if wildcard else name
+        wildcard = re.search(r"wildcards: \w+=(\S+)", block)
+        key = f"{name}@{wildcard[1]}" if wildcard else name
         jobs[key] = (command[1], set(outputs[1].split(", ")))
     return jobs
 
@@ -133,6 +138,10 @@ def test_repository_schema_is_current(tmp_path):
 
 
 def test_dvc_repro_status_exp_run_and_metrics_diff(workdir):
+    params_path = workdir / "params.yaml"
+    params = yaml.safe_load(params_path.read_text())
+    params["presets"]["cpu"]["study"]["repeats"] = 1  # DVC's bookkeeping is under test, not the study
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
     run(["git", "init", "-q"], workdir)
     run(["git", "config", "user.email", "t@example.invalid"], workdir)
     run(["git", "config", "user.name", "test"], workdir)
@@ -146,14 +155,24 @@ def test_dvc_repro_status_exp_run_and_metrics_diff(workdir):
     assert "up to date" in run(["dvc", "status"], workdir).stdout.lower() or not run(["dvc", "status"], workdir).stdout.strip()
     run(["git", "add", "-A"], workdir)
     run(["git", "commit", "-qm", "results"], workdir)
+
+    # a training key changes every configuration's selftest and run (collect follows them); not prepare
+    params["presets"]["cpu"]["train"]["lr"] = 1e-3
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    stale = set(re.findall(r"^(\S+):", run(["dvc", "status"], workdir).stdout, re.M))
+    run(["git", "checkout", "params.yaml"], workdir)
+    assert stale == {"selftest@single-fp32-n1", "selftest@ddp-fp32-n2", "train@single-fp32-n1-r0",
+                     "train@ddp-fp32-n2-r0"}, stale
+
+    # an experiment on a results key: collect and what follows re-run, no training
     before = json.loads((workdir / "results" / "summary.json").read_text())
-    exp = run(["dvc", "exp", "run", "-S", "presets.cpu.train.lr=0.001"], workdir).stdout
-    assert "Running stage 'train@ddp-fp32-n2-r0'" in exp and "Running stage 'collect'" in exp
-    assert "Running stage 'prepare'" not in exp
+    exp = run(["dvc", "exp", "run", "-S", "presets.cpu.study.warmup_steps=1"], workdir).stdout
+    ran = re.findall(r"^Running stage '([^'@]+)", exp, re.M)
+    assert ran == ["collect", "plot", "report"], exp
     after = json.loads((workdir / "results" / "summary.json").read_text())
-    assert after["configs"]["ddp-fp32-n2"]["final_val_loss"] != before["configs"]["ddp-fp32-n2"]["final_val_loss"]
+    assert after["configs"]["ddp-fp32-n2"]["tokens_per_s"] != before["configs"]["ddp-fp32-n2"]["tokens_per_s"]
     diff = run(["dvc", "metrics", "diff", "--all"], workdir).stdout
-    assert "configs.ddp-fp32-n2.final_val_loss" in diff
+    assert "configs.ddp-fp32-n2.tokens_per_s" in diff and "warmup_steps" in diff
     run(["dvc", "plots", "show", "--json"], workdir)
 
 

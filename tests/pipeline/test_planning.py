@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from gpt2dist.pipeline.study import plan_study
+from gpt2dist.pipeline.study import plan_study, resume_cases
 
 from conftest import REPO, gpt2dist, train_args
 from reduced_study import copy_workflow, run
@@ -40,12 +40,26 @@ def test_snakemake_plans_the_paper_study_for_the_gpus_the_user_names(tmp_path):
     assert jobs["dp-fp32-n8-r0"]["gpu"] == "8" and jobs["dp-fp32-n8-r0"]["tasks"] == "1"  # one process drives 8
     assert jobs["single-fp32-n1-r0"]["runtime"] == "60"  # the preset's study.train_runtime_min
     assert "--preset paper" in planned and "--gpus 8" in planned  # collect plans the same study later
+    selftests = re.findall(r"rule selftest:.*?wildcards: config=(\S+).*?resources: .*?gpu=(\d+)", planned, re.S)
+    assert len(selftests) == PAPER_CONFIGURATIONS and ("ddp-bf16-n8", "8") in selftests
 
     fewer = run(["snakemake", "-n", "--config", "gpus_per_node=2", "preset=paper"], work)
     two_gpus = plan_study(work / "params.yaml", "paper", 2)
     assert set(resources(fewer.stdout)) == {run.run_id for run in two_gpus.runs}
     assert max(run.nproc for run in two_gpus.runs) == 2
     assert "dropped: dp-fp32-n4, dp-fp32-n8" in fewer.stderr
+
+
+def test_the_resume_case_stays_when_a_larger_process_count_joins_the_study(params_file, tmp_path):
+    """Its selftest command carries --resume: were the choice to move, finished runs would re-train."""
+    params = yaml.safe_load(params_file.read_text())
+    runs = params["presets"]["tiny"]["study"]["runs"]
+    before = {run.config_id for run in resume_cases(plan_study(params_file, None, 0))}
+    runs.append({"strategies": ["ddp"], "precisions": ["fp32", "bf16"], "nproc": [1, 4]})
+    grown = tmp_path / "params.yaml"
+    grown.write_text(yaml.safe_dump(params))
+    assert before == {run.config_id for run in resume_cases(plan_study(grown, None, 0))} == \
+        {"single-fp32-n1", "ddp-fp32-n2"}
 
 
 def test_gpus_per_node_in_params_reaches_dvc_yaml_and_train_hosts(params_file, shards, tmp_path):

@@ -23,5 +23,6 @@ if STUDY.dropped:
     print(f"warning: more processes than the {GPUS} GPUs per node, dropped: {', '.join(STUDY.dropped)}",
           file=sys.stderr)
 RUNS = {run.run_id: run for run in STUDY.runs}
+CONFIGS = {run.config_id: run for run in gs.configurations(STUDY)}
 OUTPUTS = gs.stage_outputs(STUDY)
 

@@ -1,18 +1,25 @@
-# Every configuration of the study for a few steps on a tiny GPT-2, plus one resume per
-# strategy, before any run trains: a node that cannot run part of the study stops the
-# pipeline in minutes, with the pass/fail matrix in logs/selftest.log.
+# One job per configuration of the study, a few steps on a tiny GPT-2 (and a kill-and-resume for
+# one configuration per strategy), before that configuration's runs train: a node that cannot
+# run part of the study stops the pipeline in minutes, with the error line in logs/selftest/.
+# Per configuration, not one job for the whole matrix: adding a configuration to the study
+# checks only the new one, and the runs already trained stay valid (a single selftest job
+# would re-run, and every train job after it; `ancient` cannot help, as Snakemake then skips
+# the train jobs' own params check: snakemake/snakemake#4166).
 rule selftest:
     output:
-        gs.SELFTEST,
+        f"{gs.SELFTEST_DIR}/{{config}}.json",
+    wildcard_constraints:
+        config="|".join(map(re.escape, CONFIGS)),
     params:
-        command=gs.selftest_command(STUDY, PARAMS),
-        settings=gs.preset_json(STUDY, "model", "train", "study"),
+        command=lambda wildcards: gs.selftest_command(STUDY, CONFIGS[wildcards.config], PARAMS),
+        settings=gs.preset_json(STUDY, "model", "train"),
     log:
-        "logs/selftest.log",
+        "logs/selftest/{config}.log",
     threads: WHOLE_MACHINE
+    priority: 10  # before any train job that is ready at the same time
     resources:
-        gpus=max(run.nproc for run in STUDY.runs) if STUDY.device == "cuda" else 0,
-        gpu=max(run.nproc for run in STUDY.runs) if STUDY.device == "cuda" else 0,  # SLURM plugin
+        gpus=lambda wildcards: CONFIGS[wildcards.config].nproc if STUDY.device == "cuda" else 0,
+        gpu=lambda wildcards: CONFIGS[wildcards.config].nproc if STUDY.device == "cuda" else 0,  # SLURM plugin
     container:
         config["container"]
     shell:

@@ -6,9 +6,8 @@
 rule train:
     input:
         rules.prepare.output,
-        # ancient: the selftest must pass before any run trains, but a newer selftest (after a
-        # change of the study's matrix, say) does not make finished runs stale
-        ancient(rules.selftest.output),
+        # its configuration's selftest must pass first
+        lambda wildcards: gs.selftest_file(RUNS[wildcards.run]),
     output:
         record=f"{gs.RUNS_DIR}/{{run}}/run.json",
         metrics=f"{gs.RUNS_DIR}/{{run}}/metrics.jsonl",

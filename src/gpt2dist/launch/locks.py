@@ -1,17 +1,23 @@
-"""One writer per run directory. flock locks belong to open files, so the kernel drops them when their
-holder dies: a crash never leaves a stale lock behind.
+"""One writer per run directory, and one timed run per machine. flock locks belong to open files, so
+the kernel drops them when their holder dies: a crash never leaves a stale lock behind.
 
 The `gpt2dist train` process holds LAUNCHER_LOCK exclusively for the whole run; every rank holds
 RANKS_LOCK shared. Before it starts ranks, a launcher must once take RANKS_LOCK exclusively, so ranks
 that outlive a killed launcher keep a second run out of their directory until they are gone.
+
+A launcher then waits for the machine lock: two runs sharing a node would each report the other's
+load as their own speed. The workflow tools are meant to serialize runs (each train job asks for every
+core), but Snakemake 9.10 and later can start two such jobs at once (snakemake/snakemake#3913).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +29,13 @@ LAUNCHER_LOCK = ".launcher.lock"
 RANKS_LOCK = ".ranks.lock"
 # ranks of a killed launcher stop within a few seconds (lifetime.GRACE_S after their watchdog fires)
 SURVIVOR_WAIT_S = 15.0
+# The machine lock's file: per user in the temporary directory unless this names another (a directory
+# a container shares with its host, or a second file for runs meant to share a node on purpose).
+MACHINE_LOCK_ENV = "GPT2DIST_MACHINE_LOCK"
+# set while a process holds the machine: its children (the selftest's runs) are part of its work
+MACHINE_HELD_ENV = "GPT2DIST_MACHINE_HELD"
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -60,6 +73,46 @@ def _wait_for_survivors(out: Path, wait_s: float) -> None:
 
 def hold_as_rank(out: Path) -> IO:
     """Mark this rank as working in `out` until the returned file is closed (or the process ends)."""
-    handle = open(out / RANKS_LOCK, "a")
-    fcntl.flock(handle, fcntl.LOCK_SH)
+    handle = open(out / RANKS_LOCK, "a+")  # readable: NFSv4 refuses a shared lock on a write-only file
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+    except OSError as exc:
+        handle.close()
+        raise UsageError(f"cannot lock {out / RANKS_LOCK} ({exc.strerror}): --out must be on a file system with "
+                         "flock (Lustre: mount with -o flock)") from None
     return handle
+
+
+def machine_lock_path() -> Path:
+    default = Path(tempfile.gettempdir()) / f"gpt2dist-{os.getuid()}.machine.lock"
+    return Path(os.environ.get(MACHINE_LOCK_ENV) or default)
+
+
+@contextlib.contextmanager
+def hold_the_machine(poll_s: float = 0.5) -> Iterator[None]:
+    """Wait until no other gpt2dist run uses this machine, then keep others waiting until done."""
+    if os.environ.get(MACHINE_HELD_ENV):
+        yield  # a parent holds it for us
+        return
+    path = machine_lock_path()
+    with open(path, "a+") as handle:
+        told = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told:
+                    handle.seek(0)
+                    log.warning("waiting for the machine: another gpt2dist run holds %s (%s)", path,
+                                handle.read().strip() or "starting")
+                    told = True
+                time.sleep(poll_s)
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        os.environ[MACHINE_HELD_ENV] = str(os.getpid())
+        try:
+            yield
+        finally:
+            del os.environ[MACHINE_HELD_ENV]

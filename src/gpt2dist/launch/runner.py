@@ -84,9 +84,9 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
     if print_only:
         write_spec(spec, out / "spec.json")
         return shown
-    with locks.own_run_directory(out):
+    setup_logging()
+    with locks.own_run_directory(out), locks.hold_the_machine():
         write_spec(spec, out / "spec.json")
-        setup_logging()
         started = now_iso()
         if command is None:
             _train_here(spec, started)
@@ -95,11 +95,12 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
         several_nodes = allocation is not None and len(allocation.nodes) > 1
         ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
         code, stopped_by = lifetime.run_launcher(command, commands.launch_env(ranks_here))
-    if stopped_by is not None:
-        _stop(out, stopped_by, started)
-    if code:
-        _mark_failed(out, code)
-        raise UsageError(f"training failed ({launcher} exited with {code}); the ranks' messages are above")
+        if stopped_by is not None:
+            _stop(out, stopped_by, started)
+            return shown  # the signal came after the last step
+        if code:
+            _mark_failed(out, code, started)
+            raise UsageError(f"training failed ({launcher} exited with {code}); the ranks' messages are above")
     return shown
 
 
@@ -109,6 +110,9 @@ def _train_here(spec: RunSpec, started: str) -> None:
         loop.run(spec)
     except Interrupted as stop:
         _stop(Path(spec.out_dir), stop.signum, started)
+    except Exception:
+        _mark_failed(Path(spec.out_dir), 1, started)
+        raise
 
 
 def _command(spec: RunSpec, launcher: str, out: Path, allocation: Allocation | None) -> list[str] | None:
@@ -139,9 +143,9 @@ def _stop(out: Path, signum: int, started: str) -> None:
                               f"{record['checkpoint_step']}")
 
 
-def _mark_failed(out: Path, code: int) -> None:
+def _mark_failed(out: Path, code: int, started: str) -> None:
     record_path = out / "run.json"
-    if record_path.exists():
-        record = json.loads(record_path.read_text())
+    record = json.loads(record_path.read_text()) if record_path.exists() else None
+    if record is not None and record["started_at"] >= started:  # not a record of an earlier run
         record.update(status="failed", exit_code=code)
         atomic_write_json(record_path, record)

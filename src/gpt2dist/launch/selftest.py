@@ -23,8 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from gpt2dist.data.shards import write_shards
+from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_write_json
-from gpt2dist.pipeline.study import Run, Study
+from gpt2dist.launch.locks import hold_the_machine
+from gpt2dist.pipeline.study import Run, Study, configurations, resume_cases
 
 STEPS = 4
 RESUME_AT = 2
@@ -72,12 +74,12 @@ EXCEPTION = re.compile(r"\b(\w+(?:Error|Exception)): .+")
 
 
 def one_line(stderr: str) -> str:
-    """The line that says what went wrong: the first exception a rank raised (the root cause; the
-    launcher's own failure comes after it), else gpt2dist's `error:` line, else the last line."""
+    """The line that says what went wrong: the first exception a rank raised, else the first `error:`
+    line (a rank's own; the launcher's "training failed" comes after it), else the last line."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     raised = [match[0] for line in lines if (match := EXCEPTION.search(line)) and not line.startswith("error:")]
     errors = [line for line in lines if line.startswith("error:")]
-    return (raised[:1] or errors[-1:] or lines[-1:] or ["exited without a message"])[0][:300]
+    return (raised[:1] or errors[:1] or lines[-1:] or ["exited without a message"])[0][:300]
 
 
 class Selftest:
@@ -114,6 +116,7 @@ class Selftest:
         error = self.train(run, out, *every, "--max-steps", str(RESUME_AT)) or self.train(run, out, *every)
         if error is None:
             error = resume_mismatch(out, self.workdir / run.config_id, run.precision)
+        (out / "checkpoint.pt").unlink(missing_ok=True)
         return Check(name, error is None, time.perf_counter() - started, error or "")
 
 
@@ -135,30 +138,33 @@ def resume_mismatch(resumed: Path, whole: Path, precision: str) -> str | None:
     return None
 
 
-def resume_cases(study: Study) -> list[Run]:
-    """One configuration per strategy: fp32 where the study has it, at the most processes (a
-    sharded checkpoint has to be gathered and scattered again)."""
-    chosen: dict[str, Run] = {}
-    for run in study.runs:
-        if run.repeat == 0:
-            best = chosen.setdefault(run.strategy, run)
-            if (run.precision == "fp32", run.nproc) > (best.precision == "fp32", best.nproc):
-                chosen[run.strategy] = run
-    return list(chosen.values())
+def run_selftest(study: Study, params: Path, out: Path, *, only: list[str] | None = None, resume: bool = False,
+                 timeout_s: float = 600, report=print) -> list[Check]:
+    """Run the checks, report each as it ends, and write `out` (atomically) with all of them.
 
-
-def run_selftest(study: Study, params: Path, out: Path, *, timeout_s: float = 600,
-                 report=print) -> list[Check]:
-    """Run every check, report each as it ends, and write `out` (atomically) with all of them."""
-    configurations = [run for run in study.runs if run.repeat == 0]
+    Without `only`: every configuration, and a resume for each strategy's resume case. With it:
+    those configurations, each also resumed when `resume` is set (the pipeline's job per configuration)."""
+    if only:
+        runs = {run.config_id: run for run in configurations(study)}
+        unknown = [config for config in only if config not in runs]
+        if unknown:
+            raise UsageError(f"--only {', '.join(unknown)}: not a configuration of preset '{study.preset_name}' "
+                             f"(it has {', '.join(runs)})")
+        chosen = [runs[config] for config in only]
+        resumed = chosen if resume else []
+    else:
+        chosen, resumed = configurations(study), resume_cases(study)
     checks: list[Check] = []
-    with tempfile.TemporaryDirectory(prefix="gpt2dist-selftest-") as tmp:
+    # the checks' own runs share the lock: a timeout must not count time spent waiting for another run
+    # (ignore_cleanup_errors: the ranks of a timed-out check may still be leaving their directory)
+    with tempfile.TemporaryDirectory(prefix="gpt2dist-selftest-", ignore_cleanup_errors=True) as tmp, \
+            hold_the_machine():
         test = Selftest(study, params, Path(tmp), timeout_s)
-        total = len(configurations) + len(resume_cases(study))
-        for run in configurations:
+        total = len(chosen) + len(resumed)
+        for run in chosen:
             checks.append(test.configuration(run))
             report(checks[-1], len(checks), total)
-        for run in resume_cases(study):
+        for run in resumed:
             checks.append(test.resume(run))
             report(checks[-1], len(checks), total)
     atomic_write_json(out, {

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from gpt2dist.config import read_spec
-from gpt2dist.errors import UsageError
+from gpt2dist.errors import UsageError, error_line
 from gpt2dist.launch import lifetime, locks
 from gpt2dist.logs import setup_logging
 from gpt2dist.training import loop
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         with locks.hold_as_rank(Path(spec.out_dir)):
             loop.run(spec)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     except BaseException:
         # once stopped, a collective may fail first because a peer is gone: the launcher reports the stop

@@ -16,14 +16,16 @@ from gpt2dist.io import atomic_write_text
 from gpt2dist.pipeline.study import (
     DATA_DIR,
     RUNS_DIR,
-    SELFTEST,
+    SELFTEST_DIR,
     STAGE_CODE,
     Study,
     collect_command,
+    configurations,
     plot_command,
     prepare_command,
     report_command,
     selftest_command,
+    selftest_file,
     stage_outputs,
     train_command,
 )
@@ -39,17 +41,22 @@ def dvc_stages(study: Study) -> dict:
     outs = stage_outputs(study)
     run_files = [path for stage, paths in outs.items() if stage.startswith("train@") for path in paths]
     return {"stages": {
-        # Before prepare, so `dvc repro` meets a broken node in minutes. No train stage depends on it:
-        # its file holds timings, and a dependency would retrain every run after each selftest.
-        "selftest": {"cmd": selftest_command(study), "deps": STAGE_CODE["selftest"],
-                     "params": [f"{keys}.model", f"{keys}.train", f"{keys}.study"], "outs": [SELFTEST]},
+        # One per configuration, and each run depends on its configuration's: it re-runs only when
+        # the settings or code change, which re-train the run anyway.
+        "selftest": {
+            "foreach": {run.config_id: {"cmd": selftest_command(study, run)} for run in configurations(study)},
+            "do": {"cmd": "${item.cmd}", "deps": STAGE_CODE["selftest"], "params": [f"{keys}.model", f"{keys}.train"],
+                   "outs": [{f"{SELFTEST_DIR}/${{key}}.json": {"cache": False}}]},
+        },
         "prepare": {"cmd": prepare_command(study), "deps": STAGE_CODE["prepare"], "params": [f"{keys}.data"],
                     "outs": outs["prepare"]},
         "train": {
-            "foreach": {run.run_id: {"cmd": train_command(study, run)} for run in study.runs},
+            "foreach": {run.run_id: {"cmd": train_command(study, run), "selftest": selftest_file(run)}
+                        for run in study.runs},
             "do": {
                 "cmd": "${item.cmd}",
-                "deps": [f"{DATA_DIR}/meta.json", f"{DATA_DIR}/train.bin", f"{DATA_DIR}/val.bin", *STAGE_CODE["train"]],
+                "deps": ["${item.selftest}", f"{DATA_DIR}/meta.json", f"{DATA_DIR}/train.bin", f"{DATA_DIR}/val.bin",
+                         *STAGE_CODE["train"]],
                 "params": [f"{keys}.model", f"{keys}.train"],
                 # no checkpoint.pt: DVC deletes outs before running a stage, and an interrupted run
                 # resumes from it (the metrics so far travel inside it)

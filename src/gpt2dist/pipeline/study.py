@@ -19,7 +19,7 @@ from gpt2dist.errors import UsageError
 DATA_DIR = "data/tokens"
 RUNS_DIR = "results/runs"
 RESULTS_DIR = "results"
-SELFTEST = f"{RESULTS_DIR}/selftest.json"
+SELFTEST_DIR = f"{RESULTS_DIR}/selftest"
 FIGURES = ("throughput", "speedup", "efficiency", "loss_vs_step", "loss_vs_time", "memory", "epoch_time")
 ONE_PROCESS = ("single", "dp")
 RUN_ID = re.compile(rf"^(?P<strategy>[a-z]+)-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
@@ -104,6 +104,11 @@ def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
     return Study(name, chosen, device, runs, dropped, gpus)
 
 
+def configurations(study: Study) -> list[Run]:
+    """One run per configuration (its first repeat): what the selftest checks."""
+    return [run for run in study.runs if run.repeat == 0]
+
+
 def preset_json(study: Study, *sections: str) -> str:
     """The preset sections a stage reads, as one string: a Snakemake rule's params, so that
     changing them re-runs exactly the rules that read them."""
@@ -120,8 +125,29 @@ def prepare_command(study: Study, params: str = "params.yaml") -> str:
                 "--no-progress")
 
 
-def selftest_command(study: Study, params: str = "params.yaml") -> str:
-    return _cmd("gpt2dist", "selftest", "--params", params, "--preset", study.preset_name, "--out", SELFTEST)
+def resume_cases(study: Study) -> list[Run]:
+    """The configuration per strategy whose selftest also kills and resumes: fp32 where the study has
+    it, at the fewest processes that still shard a checkpoint (2 or more where the study has them).
+    Adding a larger process count to a study then leaves the choice, and every finished run, alone."""
+    def preference(run: Run) -> tuple:
+        return run.precision == "fp32", run.nproc >= 2, -run.nproc
+
+    chosen: dict[str, Run] = {}
+    for run in configurations(study):
+        if preference(run) > preference(chosen.setdefault(run.strategy, run)):
+            chosen[run.strategy] = run
+    return list(chosen.values())
+
+
+def selftest_file(run: Run) -> str:
+    return f"{SELFTEST_DIR}/{run.config_id}.json"
+
+
+def selftest_command(study: Study, run: Run, params: str = "params.yaml") -> str:
+    """The pipeline's selftest of one configuration (a job of its own: see workflow/rules/selftest.smk)."""
+    resume = ["--resume"] if run.config_id in {case.config_id for case in resume_cases(study)} else []
+    return _cmd("gpt2dist", "selftest", "--params", params, "--preset", study.preset_name, "--gpus", study.gpus,
+                "--only", run.config_id, *resume, "--out", selftest_file(run))
 
 
 def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
@@ -151,7 +177,7 @@ def stage_outputs(study: Study) -> dict[str, list[str]]:
             for run in study.runs}
     return {
         "prepare": [f"{DATA_DIR}/{name}" for name in ("train.bin", "val.bin", "tokenizer.json", "meta.json")],
-        "selftest": [SELFTEST],
+        **{f"selftest@{run.config_id}": [selftest_file(run)] for run in configurations(study)},
         **runs,
         "collect": [f"{RESULTS_DIR}/{name}" for name in ("metrics.csv", "runs.csv", "summary.csv", "summary.json")],
         "plot": [f"{RESULTS_DIR}/figures/{name}.{ext}" for name in FIGURES for ext in ("png", "svg")],

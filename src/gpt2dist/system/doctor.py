@@ -22,12 +22,13 @@ class Fact:
 def facts(no_gpu: bool) -> list[Fact]:
     versions, devices = environment.versions(), environment.devices()
     hvd, apex = environment.horovod_build(), environment.apex_features()
+    mpi = environment.mpi_implementation()
     rows = [
         Fact("python", versions["python"]),
         Fact("torch", versions["torch"]),
         Fact("transformers", str(versions["transformers"])),
         Fact("CPU", f"{devices['cpu']} ({devices['cpu_cores']} cores)"),
-        Fact("MPI", environment.mpi_implementation() or "not found", environment.mpi_implementation() is not None),
+        Fact("MPI", mpi or "not found", mpi is not None),
         Fact("Horovod", "not importable" if hvd is None else
              f"{versions['horovod']} (gloo {hvd['gloo']}, mpi {hvd['mpi']}, nccl {hvd['nccl']})", hvd is not None),
         Fact("apex.amp", "importable" if apex["amp"] else "not importable", apex["amp"]),

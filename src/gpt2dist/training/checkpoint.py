@@ -42,8 +42,10 @@ def save_checkpoint(path: Path, *, step: int, fingerprint: str, model: dict, opt
 
 def load_checkpoint(path: Path, fingerprint: str, *, stale: str = "fail") -> dict | None:
     """The checkpoint to resume from, None when there is none. Another run's checkpoint is refused
-    (stale="fail", by hand: the directory holds someone else's run), or removed so training starts
-    afresh (stale="restart": a workflow tool re-runs a job because its settings changed)."""
+    (stale="fail", by hand: the directory holds someone else's run), or ignored so training starts
+    afresh (stale="restart": a workflow tool re-runs a job because its settings changed). Every rank
+    reads the file and none deletes it (another rank may still be reading): the run's first checkpoint
+    replaces it."""
     if not path.exists():
         return None
     payload = torch.load(path, map_location="cpu", weights_only=False)
@@ -51,7 +53,6 @@ def load_checkpoint(path: Path, fingerprint: str, *, stale: str = "fail") -> dic
         return payload
     if stale == "restart":
         log.warning("%s is from other settings (fingerprint %s); starting afresh", path, payload.get("fingerprint"))
-        path.unlink()
         return None
     raise UsageError(
         f"{path} belongs to a run with other settings (fingerprint {payload.get('fingerprint')}, "

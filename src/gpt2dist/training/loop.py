@@ -203,6 +203,8 @@ class Trainer:
             metrics.close()
         if record is not None:
             record.update(status="completed", finished_at=now_iso())
+            if not self.spec.keep_checkpoint:
+                record["checkpoint_step"] = None  # deleted below, once the record says the run is complete
             atomic_write_json(self.out / "run.json", record)  # written last, only on success
             if not self.spec.keep_checkpoint:
                 (self.out / "checkpoint.pt").unlink(missing_ok=True)
