@@ -51,8 +51,14 @@ if [[ -z $wheel ]]; then
   tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
   src="$work/horovod-$HOROVOD_VERSION"
   bash "$HERE/patch_horovod_source.sh" "$src"
-  # CMake 4 removed support for cmake_minimum_required(<3.5), which the vendored gloo uses.
-  "$PYTHON" -m pip install --quiet "cmake>=3.13,<4" packaging psutil pyyaml cloudpickle
+  # CMake 4 removed support for cmake_minimum_required(<3.5), which the vendored gloo uses. It
+  # goes into a throwaway environment on PATH, not $PYTHON's: a base image whose pip constraint
+  # file pins another cmake (NGC's) would refuse it. Horovod's own dependencies go into $PYTHON's.
+  "$PYTHON" -m venv "$work/tools"
+  "$work/tools/bin/python" -m pip install --quiet "cmake>=3.13,<4"
+  mkdir "$work/bin" && ln -s "$work/tools/bin/cmake" "$work/bin/cmake"  # cmake only, not that python
+  export PATH="$work/bin:$PATH"
+  "$PYTHON" -m pip install --quiet packaging psutil pyyaml cloudpickle
   export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
   if [[ $variant == cpu ]]; then
     export HOROVOD_WITHOUT_MPI=1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Patch an unpacked Horovod 0.28.1 sdist so it builds against torch >= 2.1 and with GCC 13.
+# Patch an unpacked Horovod 0.28.1 sdist so it builds against torch >= 2.1 and with GCC 13 and 14.
 #
 # A script of its own so a CPU test can run it on the real sdist; install_horovod.sh calls it.
 # Re-running it changes nothing, and it fails loudly when a patch does not apply, which
@@ -33,3 +33,11 @@ add_include() {  # FILE HEADER AFTER: put `#include <HEADER>` after `#include <A
 }
 add_include horovod/common/common.h stdexcept memory
 add_include horovod/common/group_table.h string queue
+
+# GCC 14 rejects the vendored flatbuffers' span copy-assignment, which assigns span's const
+# members (and returns nothing), even uninstantiated. No code can have called it, so it goes;
+# the copy-assignment the compiler declares instead is deleted, as that operator was in effect.
+span=third_party/flatbuffers/include/flatbuffers/stl_emulation.h
+sed -i '/^  FLATBUFFERS_CONSTEXPR_CPP14 span &operator=(const span &other)$/,/^  }$/d' "$src/$span"
+grep -q 'span &operator=' "$src/$span" && die "could not remove span's copy-assignment from $span"
+grep -q 'span(const span &other)' "$src/$span" || die "$span lost span's copy constructor; the sdist layout changed"

@@ -3,26 +3,32 @@ shared by the local pipeline tests and the SLURM cluster test."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 from conftest import REPO
 
 BIN = Path(sys.executable).parent
 COPIED = ["Snakefile", "params.yaml", "workflow", ".dvcignore"]  # .dvcignore: directory deps skip __pycache__
+# The corpus: the paragraphs of the repository's own documents. Not the embedded corpus, whose text
+# (the standard library's docstrings) depends on the Python version: a study in the image
+# (Python 3.13) must read the same text as the host's to give the same numbers.
+CORPUS = ["README.md", "containers/README.md", "docs/cpu-study-summary.md"]
 
 
 def reduce_params(path: Path, **study) -> None:
     """Shrink the cpu preset: tiny model, few steps, a small corpus and a 4-run study."""
     params = yaml.safe_load(path.read_text())
     cpu = params["presets"]["cpu"]
-    cpu["data"] = {"source": {"kind": "embedded", "min_chars": 3000}, "tokenizer": {"kind": "bpe", "vocab_size": 512},
-                   "val_fraction": 0.2}
+    cpu["data"] = {"source": {"kind": "files", "paths": ["corpus/*.jsonl"]},
+                   "tokenizer": {"kind": "bpe", "vocab_size": 512}, "val_fraction": 0.2}
     cpu["model"].update(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=512)
     cpu["train"].update(max_steps=8, warmup_steps=2, eval_interval=4, checkpoint_interval=4, global_batch_size=8,
                         micro_batch_size=2)
@@ -35,9 +41,12 @@ def reduce_params(path: Path, **study) -> None:
 
 
 def copy_workflow(dest: Path) -> Path:
-    """The Snakefile, workflow/ and a reduced params.yaml in `dest`."""
+    """The Snakefile, workflow/, a reduced params.yaml and its corpus in `dest`."""
     for name in COPIED:
         (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, dest / name)
+    paragraphs = [text for name in CORPUS for text in (REPO / name).read_text().split("\n\n") if text.strip()]
+    (dest / "corpus").mkdir()
+    (dest / "corpus" / "paragraphs.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in paragraphs))
     reduce_params(dest / "params.yaml")
     return dest
 
@@ -49,3 +58,14 @@ def run(cmd: list[str], cwd: Path, check: bool = True, env: dict[str, str] | Non
     if check and result.returncode:
         raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
     return result
+
+
+def assert_same_training_numbers(results: Path, reference: Path, run_ids: list[str]) -> None:
+    """`results` holds exactly these runs, and each step's loss, grad norm and val loss equal
+    the reference study's to 1e-6 (the same fp32 computation, started or built another way)."""
+    steps = {where: pd.read_csv(r / "metrics.csv").set_index(["run_id", "step"]).sort_index()
+             for where, r in (("results", results), ("reference", reference))}
+    assert set(steps["results"].index.get_level_values("run_id")) == set(run_ids)
+    expected = steps["reference"].loc[steps["results"].index]
+    for column in ("loss", "grad_norm", "val_loss"):
+        pd.testing.assert_series_equal(steps["results"][column], expected[column], rtol=1e-6)

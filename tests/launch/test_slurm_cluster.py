@@ -15,12 +15,11 @@ import os
 import subprocess
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import yaml
 
 import slurm_cluster
-from reduced_study import BIN, REPO, copy_workflow, run
+from reduced_study import BIN, REPO, assert_same_training_numbers, copy_workflow, run
 
 pytestmark = pytest.mark.slow
 
@@ -124,12 +123,7 @@ def test_figures_and_summary_come_out_as_locally(study_on_cluster, finished_stud
     for r in results.values():
         assert all((r / "figures" / name).stat().st_size > 1000 for name in figures["local"])
         assert "| ddp " in (r / "summary.md").read_text()
-    steps = {where: pd.read_csv(r / "metrics.csv").set_index(["run_id", "step"]).sort_index()
-             for where, r in results.items()}
-    assert set(steps["cluster"].index.get_level_values("run_id")) == {"single-fp32-n1-r0", "ddp-fp32-n2-r0"}
-    local = steps["local"].loc[steps["cluster"].index]  # the local study's first repeats
-    for column in ("loss", "grad_norm", "val_loss"):
-        pd.testing.assert_series_equal(steps["cluster"][column], local[column], rtol=1e-6)
+    assert_same_training_numbers(results["cluster"], results["local"], ["single-fp32-n1-r0", "ddp-fp32-n2-r0"])
 
 
 def test_sbatch_job_of_two_tasks_runs_ddp_ranks_as_its_tasks(cluster, shards, params_file, tmp_path):

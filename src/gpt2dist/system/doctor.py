@@ -27,6 +27,7 @@ def facts(no_gpu: bool) -> list[Fact]:
         Fact("python", versions["python"]),
         Fact("torch", versions["torch"]),
         Fact("transformers", str(versions["transformers"])),
+        Fact("image", _image_summary(environment.image())),
         Fact("CPU", f"{devices['cpu']} ({devices['cpu_cores']} cores)"),
         Fact("MPI", mpi or "not found", mpi is not None),
         Fact("Horovod", "not importable" if hvd is None else
@@ -49,6 +50,16 @@ def facts(no_gpu: bool) -> list[Fact]:
     if "SLURM_JOB_ID" in os.environ:
         rows.append(_allocation())
     return rows
+
+
+def _image_summary(record: dict | None) -> str:
+    if record is None:
+        return "none (not inside a gpt2dist image)"
+    if "error" in record:
+        return record["error"]
+    base = record.get("base", {})
+    return (f"gpt2dist {record.get('variant')} image {str(record.get('content_id'))[:19]} "
+            f"on {base.get('name')} ({str(base.get('id'))[:19]})")
 
 
 def _allocation() -> Fact:

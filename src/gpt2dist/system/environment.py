@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 from pathlib import Path
@@ -10,6 +11,9 @@ from pathlib import Path
 import torch
 
 from gpt2dist.system.hardware import command_output
+
+# Written by containers/build_image.sh into every image it builds: the base and the image's ID.
+IMAGE_RECORD = Path("/opt/gpt2dist/image.json")
 
 
 def _version(dist: str) -> str | None:
@@ -102,5 +106,17 @@ def distributed() -> dict:
     return {"mpi": mpi_implementation(), "horovod": horovod_build(), "apex": apex_features(), "slurm": slurm()}
 
 
+def image(record: Path = IMAGE_RECORD) -> dict | None:
+    """The gpt2dist image this runs in (its build record), None outside one. A record that cannot
+    be read is reported as such rather than dropped: the run did happen inside some image."""
+    if not record.exists():
+        return None
+    try:
+        return json.loads(record.read_text())
+    except (OSError, ValueError) as exc:
+        return {"error": f"{record} unreadable: {exc}"}
+
+
 def capture() -> dict:
-    return {"versions": versions(), "devices": devices(), "distributed": distributed(), "git": git_commit()}
+    return {"versions": versions(), "devices": devices(), "distributed": distributed(), "git": git_commit(),
+            "image": image()}

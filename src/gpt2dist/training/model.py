@@ -4,17 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from gpt2dist.config import ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import GPT2LMHeadModel
 
 
 def build_model(cfg: ModelConfig, *, seed: int, eos_id: int) -> GPT2LMHeadModel:
     """Seeded init on CPU, so every rank and every strategy starts from identical weights."""
+    # Imported here: transformers takes seconds to import, and the launcher, which imports this
+    # module through the strategies, never builds a model.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     config = GPT2Config(
         n_layer=cfg.n_layer,
         n_head=cfg.n_head,
