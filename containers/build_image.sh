@@ -66,5 +66,10 @@ LABEL org.opencontainers.image.base.name="$base" org.gpt2dist.base.id="$base_id"
       org.opencontainers.image.revision="$revision" org.opencontainers.image.created="$created"
 COPY image.json /opt/gpt2dist/image.json
 STAMP
+replaced=$("$engine" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
 "$engine" build -q -t "$tag" --iidfile "$work/image.id" -f "$work/Containerfile" "$work" >/dev/null
+# The image this tag named before, untagged now: removed unless something still uses it.
+if [[ -n $replaced && $(cat "$work/image.id") != *"$replaced"* ]]; then
+  "$engine" rmi "$replaced" >/dev/null 2>&1 || true
+fi
 echo "build_image: $tag is $(cat "$work/image.id") ($variant, content $content_id, base $base $base_id)"

@@ -132,10 +132,10 @@ PY
     assert "ok: everything preset 'cpu' (48 runs) needs is here" in doctor, doctor
 
 
-# One configuration per strategy, in bf16 at its largest process count: the precision and the
-# process counts that the reduced study and the tests below leave out. The whole cpu matrix (21
-# checks, about 7 minutes on 2 cores) is run by hand: containers/README.md has its last result.
-SELFTEST_ONLY = ["single-bf16-n1", "dp-bf16-n1", "ddp-bf16-n2", "fsdp-bf16-n2", "horovod-bf16-n2"]
+# bf16 for the strategies the reduced study leaves out (its selftest jobs check single and ddp in
+# fp32, with a resume each), at their largest process count. The whole cpu matrix (21 checks,
+# about 7 minutes on 2 cores) is run by hand: containers/README.md has its last result.
+SELFTEST_ONLY = ["dp-bf16-n1", "fsdp-bf16-n2", "horovod-bf16-n2"]
 
 
 def test_selftest_and_reduced_study_inside_give_the_hosts_numbers(cpu_image, finished_study, tmp_path):
@@ -161,17 +161,18 @@ def test_selftest_and_reduced_study_inside_give_the_hosts_numbers(cpu_image, fin
 def test_the_torch_distributed_tests_pass_on_the_images_torch(cpu_image):
     """The tests whose subject changes between torch releases (DTensor/FSDP2, distributed
     checkpoints, Horovod's torch ops), on the base's torch 2.8 and the image's Horovod build:
-    fsdp and horovod follow the single-process run and resume after SIGKILL to the same state.
-    (ddp's equality with the host, and its resume, are checked by the study above.)"""
+    fsdp and horovod follow the single-process run, and fsdp's sharded checkpoint resumes after
+    SIGKILL to the same state. (ddp's equality with the host, and its resume, are checked by the
+    study above; Horovod's checkpoint is rank 0's torch.save, as on the host.)"""
     result = in_image(cpu_image, """
         # only the test runner: every library the tests import is the image's own
         PIP_CONSTRAINT="" python -m pip install --quiet --no-deps --target /tmp/test-tools \
           pytest pytest-timeout pluggy iniconfig
         cd /src && PYTHONPATH=/tmp/test-tools python -m pytest -q -p no:cacheprovider --durations=0 \
-          -k "fsdp or horovod" \
+          -k "fsdp or (follow and horovod)" \
           tests/training/test_equivalence.py::test_two_ranks_follow_single_process \
           tests/training/test_train_cli.py::test_sigkill_then_rerun_resumes_to_the_same_state
     """, mounts={REPO: "/src:ro"}, check=False)
     print(result.stdout[-3000:])
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert re.search(r"^4 passed", result.stdout, re.M), result.stdout[-2000:]
+    assert re.search(r"^3 passed", result.stdout, re.M), result.stdout[-2000:]

@@ -17,6 +17,7 @@ from conftest import gpt2dist
 pytestmark = pytest.mark.slow
 
 
+# The selftest of every strategy runs for real inside the image (tests/containers/test_image.py).
 EVERY_STRATEGY = ["single-fp32-n1", "dp-fp32-n1", "ddp-fp32-n2", "fsdp-fp32-n2", "horovod-fp32-n2"]
 
 
@@ -31,18 +32,6 @@ def every_strategy(params_file, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("every-strategy") / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     return path
-
-
-@pytest.mark.timeout(600)
-def test_every_strategy_passes(every_strategy, tmp_path):
-    """Each strategy trains under the selftest (each check its own `gpt2dist train`), with the table printed."""
-    out = tmp_path / "selftest.json"
-    selected = [arg for config in EVERY_STRATEGY for arg in ("--only", config)]
-    result = gpt2dist("selftest", "--params", every_strategy, *selected, "--out", out)
-    report = json.loads(out.read_text())
-    assert [check["name"] for check in report["checks"]] == EVERY_STRATEGY
-    assert report["failed"] == 0 and report["passed"] == 5, report
-    assert "ok: all 5 checks" in result.stdout and "horovod-fp32-n2" in result.stdout
 
 
 def test_every_strategy_has_a_resume_case(every_strategy):

@@ -91,7 +91,9 @@ def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision
     while not (killed / "checkpoint.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     _kill_tree(proc)
-    assert run_record(killed)["status"] == "running", "the run finished before it could be killed"
+    # "running" if every process died at once; "interrupted" if a rank outlived the snapshot of the
+    # family, saw its launcher die and stopped cleanly. Either way the run did not finish.
+    assert run_record(killed)["status"] in ("running", "interrupted"), "the run finished before it could be killed"
 
     gpt2dist(*train_args(shards, params_file, killed, strategy, *extra, **args))
     record = run_record(killed)
