@@ -40,14 +40,15 @@ def reduce_params(path: Path, **study) -> None:
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def copy_workflow(dest: Path) -> Path:
-    """The Snakefile, workflow/, a reduced params.yaml and its corpus in `dest`."""
+def copy_workflow(dest: Path, **study) -> Path:
+    """The Snakefile, workflow/, a reduced params.yaml (its study updated with `study`) and its
+    corpus in `dest`."""
     for name in COPIED:
         (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, dest / name)
     paragraphs = [text for name in CORPUS for text in (REPO / name).read_text().split("\n\n") if text.strip()]
     (dest / "corpus").mkdir()
     (dest / "corpus" / "paragraphs.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in paragraphs))
-    reduce_params(dest / "params.yaml")
+    reduce_params(dest / "params.yaml", **study)
     return dest
 
 

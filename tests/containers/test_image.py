@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from conftest import REPO
 from reduced_study import assert_same_training_numbers, copy_workflow
@@ -139,10 +138,7 @@ SELFTEST_ONLY = ["dp-bf16-n1", "fsdp-bf16-n2", "horovod-bf16-n2"]
 
 
 def test_selftest_and_reduced_study_inside_give_the_hosts_numbers(cpu_image, finished_study, tmp_path):
-    work = copy_workflow(tmp_path)
-    params = yaml.safe_load((work / "params.yaml").read_text())
-    params["presets"]["cpu"]["study"]["repeats"] = 1  # each run is compared with the host's first repeat
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    work = copy_workflow(tmp_path, repeats=1)  # each run is compared with the host's first repeat
     only = " ".join(f"--only {config}" for config in SELFTEST_ONLY)
     in_image(cpu_image, f"cd /study && gpt2dist selftest --params /opt/gpt2dist/params.yaml --preset cpu {only} "
              "--out /study/selftest.json && snakemake --cores 2", mounts={work: "/study"})

@@ -69,10 +69,7 @@ def edited_profile(dest: Path, cluster: slurm_cluster.Cluster) -> Path:
 @pytest.fixture(scope="module")
 def study_on_cluster(cluster, tmp_path_factory) -> Path:
     """The reduced study with one repeat (each run's numbers are compared with the local study's)."""
-    work = copy_workflow(tmp_path_factory.mktemp("cluster-study"))
-    params = yaml.safe_load((work / "params.yaml").read_text())
-    params["presets"]["cpu"]["study"]["repeats"] = 1
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    work = copy_workflow(tmp_path_factory.mktemp("cluster-study"), repeats=1)
     profile = edited_profile(work / "profile", cluster)
     result = run(["snakemake", "--profile", str(profile)], work, check=False, env=cluster.env)
     if result.returncode:
