@@ -23,6 +23,7 @@ include: "workflow/rules/report.smk"
 
 # Seconds of CPU each: on a cluster they run on the submit host, not as jobs.
 localrules:
+    round_done,
     collect,
     plot,
     report,

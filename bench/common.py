@@ -1,4 +1,6 @@
-"""Benchmark helpers: throwaway shards and a real single-process Trainer built from a preset."""
+"""Benchmark helpers: throwaway shards, a real single-process Trainer built from a preset, and the
+verdict on a target: a ratio with its 95% interval over interleaved rounds (paired by round),
+and how busy the machine was meanwhile, so a noisy machine says so instead of printing a number."""
 
 from __future__ import annotations
 
@@ -7,9 +9,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from gpt2dist.data.shards import write_shards
 from gpt2dist.launch.runner import build_spec
+from gpt2dist.results.statistics import paired_ratio
+from gpt2dist.system.conditions import LoadMonitor
 from gpt2dist.training.loop import Trainer
 from gpt2dist.training.strategies import REGISTRY
 
@@ -37,3 +42,34 @@ def single_trainer(preset: str, precision: str, overrides: list[str]) -> Trainer
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def ratio_interval(ours: list[float], theirs: list[float]) -> tuple[float, float, float, int]:
+    """ours[i] / theirs[i] over rounds i: geometric mean and 95% log-scale interval."""
+    return paired_ratio(pd.Series(ours, dtype=float), pd.Series(theirs, dtype=float))
+
+
+def decided(ours: list[float], theirs: list[float], target: float) -> bool:
+    """Whether the interval already lies wholly above or below the target."""
+    _, low, high, _ = ratio_interval(ours, theirs)
+    return low >= target or high < target
+
+
+def verdict_line(name: str, ours: list[float], theirs: list[float], target: float) -> str:
+    ratio, low, high, pairs = ratio_interval(ours, theirs)
+    measured = f"{name} = {ratio:.3f} (95% interval {low:.3f} to {high:.3f}, {pairs} interleaved rounds)"
+    if low >= target:
+        return f"{measured}: meets the target >= {target}"
+    if high < target:
+        return f"{measured}: misses the target >= {target}"
+    return (f"{measured}: cannot decide against the target >= {target}; the machine was too noisy for this many "
+            "rounds (raise --max-rounds, or run on a quiet machine)")
+
+
+def machine_line(monitor: LoadMonitor) -> str:
+    summary = monitor.summary()
+    mean, peak = summary["foreign_cpu_share_mean"], summary["foreign_cpu_share_max"]
+    if mean is None:
+        return "other processes' CPU share: not sampled (too short)"
+    note = "  <- disturbed: read the numbers above with care" if mean > 0.1 else ""
+    return f"other processes used {mean:.0%} of this run's CPUs on average (at most {peak:.0%}){note}"

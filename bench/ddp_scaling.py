@@ -1,11 +1,13 @@
 """Data-parallel scaling on this machine: `single` against `ddp` with N ranks, same global
 batch, run one after the other through the real `gpt2dist train` command.
 
-    python bench/ddp_scaling.py [--nproc 2] [--preset cpu] [--steps 40] [--warmup 5]
+    python bench/ddp_scaling.py [--nproc 2] [--preset cpu] [--steps 40] [--warmup 5] [--rounds 3]
 
-Scaling efficiency = ddp tokens/s / (N x single tokens/s), medians after warm-up steps.
-On a CPU the ranks share the cores that `single` used alone, so read it as the cost of
-communication and duplicated work, not as a GPU prediction.
+Scaling efficiency = ddp tokens/s / (N x single tokens/s), medians after warm-up steps, with a
+95% interval over interleaved rounds (single, ddp, single, ddp, ...; paired by round). Each run's
+record says how busy the machine was; a disturbed run is named. On a CPU the ranks share the
+cores that `single` used alone, so read it as the cost of communication and duplicated work,
+not as a GPU prediction.
 """
 
 from __future__ import annotations
@@ -17,19 +19,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO, median, random_shards
+from common import REPO, median, random_shards, ratio_interval
 
 from gpt2dist.config import load_preset
 
 
-def throughput(data: Path, out: Path, strategy: str, nproc: int, args) -> float:
+def throughput(data: Path, out: Path, strategy: str, nproc: int, args) -> tuple[float, float]:
+    """Median tokens/s after warm-up, and the share of the CPUs other processes used meanwhile."""
     subprocess.run([sys.executable, "-m", "gpt2dist", "train", "--data", str(data), "--out", str(out),
                     "--strategy", strategy, "--nproc", str(nproc), "--preset", args.preset,
                     "--params", str(REPO / "params.yaml"), "--max-steps", str(args.steps),
                     "--set", f"train.checkpoint_interval={args.steps}"],
                    check=True, stderr=subprocess.DEVNULL)
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return median([line["tokens_per_s"] for line in lines if line["kind"] == "train"][args.warmup:])
+    foreign = json.loads((out / "run.json").read_text())["conditions"]["foreign_cpu_share_mean"]
+    return median([line["tokens_per_s"] for line in lines if line["kind"] == "train"][args.warmup:]), foreign
 
 
 def main() -> None:
@@ -38,15 +42,24 @@ def main() -> None:
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     data = random_shards(load_preset(REPO / "params.yaml", args.preset).model.vocab_size)
     work = Path(tempfile.mkdtemp(prefix="gpt2dist-scaling-"))
-    single = throughput(data, work / "single", "single", 1, args)
-    ddp = throughput(data, work / "ddp", "ddp", args.nproc, args)
-    print(f"preset={args.preset} steps={args.steps} (median after {args.warmup} warm-up steps)")
-    print(f"single        {single:10,.0f} tokens/s")
-    print(f"ddp x{args.nproc}        {ddp:10,.0f} tokens/s")
-    print(f"speedup {ddp / single:.2f}x, scaling efficiency {ddp / (args.nproc * single):.2f}")
+    single, ddp, busy = [], [], []
+    for r in range(args.rounds):
+        for name, nproc, rates in (("single", 1, single), ("ddp", args.nproc, ddp)):
+            rate, foreign = throughput(data, work / f"{name}-r{r}", name, nproc, args)
+            rates.append(rate)
+            if foreign is not None and foreign > 0.1:
+                busy.append(f"{name} round {r} ({foreign:.0%} of the CPUs used by other processes)")
+    print(f"preset={args.preset} steps={args.steps} (median after {args.warmup} warm-up steps), {args.rounds} rounds")
+    print(f"single        {median(single):10,.0f} tokens/s (median of rounds)")
+    print(f"ddp x{args.nproc}        {median(ddp):10,.0f} tokens/s")
+    speedup, low, high, pairs = ratio_interval(ddp, single)
+    print(f"speedup {speedup:.2f}x (95% interval {low:.2f} to {high:.2f}), scaling efficiency "
+          f"{speedup / args.nproc:.2f} ({low / args.nproc:.2f} to {high / args.nproc:.2f}), {pairs} paired rounds")
+    print("disturbed runs: " + ("; ".join(busy) if busy else "none"))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Engine overhead: `single` through gpt2dist's Trainer against a minimal hand-written loop
 over the same transformers model, batch and precision, interleaved in one process.
 
-    python bench/engine_overhead.py [--preset cpu] [--precision fp32] [--rounds 5] [--steps 10]
+    python bench/engine_overhead.py [--preset cpu] [--precision fp32] [--min-rounds 5] [--max-rounds 40] [--steps 10]
 
-Prints tokens/s of both and their ratio (target: engine >= 0.97 x minimal loop).
+Prints tokens/s of both and their ratio with a 95% interval over interleaved rounds (target:
+engine >= 0.97 x minimal loop). Rounds continue until the interval lies wholly above or below the
+target, or --max-rounds, when it says the machine was too noisy to decide.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-from common import median, single_trainer
+from common import LoadMonitor, decided, machine_line, median, single_trainer, verdict_line
+
+TARGET = 0.97
 
 
 def minimal_loop(trainer, steps: int) -> float:
@@ -56,7 +60,8 @@ def main() -> None:
     parser.add_argument("--preset", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="params.yaml preset (default: paper on CUDA, cpu otherwise)")
     parser.add_argument("--precision", default="bf16" if torch.cuda.is_available() else "fp32")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--min-rounds", type=int, default=5)
+    parser.add_argument("--max-rounds", type=int, default=40)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     preset = "paper" if args.preset == "cuda" else args.preset
@@ -64,15 +69,18 @@ def main() -> None:
     engine(trainer, 0, 3)  # warm-up both paths (allocator, kernels)
     minimal_loop(trainer, 3)
     ours, theirs = [], []
-    for r in range(args.rounds):  # interleaved so drift and noise hit both alike
-        ours.append(engine(trainer, 3 + r * args.steps, args.steps))
-        theirs.append(minimal_loop(trainer, args.steps))
-    e, m = median(ours), median(theirs)
+    with LoadMonitor() as monitor:
+        for r in range(args.max_rounds):  # interleaved so drift and noise hit both alike
+            ours.append(engine(trainer, 3 + r * args.steps, args.steps))
+            theirs.append(minimal_loop(trainer, args.steps))
+            if r + 1 >= args.min_rounds and decided(ours, theirs, TARGET):
+                break
     print(f"preset={preset} precision={args.precision} device={trainer.place.device} "
-          f"tokens/step={trainer.tokens_per_step} rounds={args.rounds}x{args.steps} steps")
-    print(f"engine       {e:12,.0f} tokens/s")
-    print(f"minimal loop {m:12,.0f} tokens/s")
-    print(f"ratio engine/minimal = {e / m:.3f}  (target >= 0.97)")
+          f"tokens/step={trainer.tokens_per_step} rounds={len(ours)}x{args.steps} steps")
+    print(f"engine       {median(ours):12,.0f} tokens/s (median of rounds)")
+    print(f"minimal loop {median(theirs):12,.0f} tokens/s")
+    print(verdict_line("engine/minimal", ours, theirs, TARGET))
+    print(machine_line(monitor))
 
 
 if __name__ == "__main__":

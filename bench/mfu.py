@@ -6,7 +6,9 @@ bf16 by default, torch.compile on, one GPU, through the real Trainer.
 MFU = tokens/s x (6N + 12*L*H*Q*T) / peak, where the peak is that of the arithmetic --precision
 runs (fp32: non-tensor-core FP32; tf32: TF32 tensor cores; bf16/fp16/apex: 16-bit tensor cores),
 from gpt2dist.system.hardware's table for known GPUs or --peak-tflops for others.
-Target: >= 50% on H100/H200 for bf16.
+Target: >= 50% on H100/H200 for bf16. The MFU comes with a 95% interval over the measured steps
+(log scale) and a verdict on the target, and the GPU's SM clock and slowdown reasons during them
+(NVML), so a throttled GPU is named rather than averaged in.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 from common import median, single_trainer
 
 from gpt2dist.config import PRECISIONS
+from gpt2dist.results.statistics import log_interval
+from gpt2dist.system.gpu_telemetry import DISTURBING_REASONS
 from gpt2dist.system.hardware import COMPUTE_DTYPE, mfu, peak_flops
 from gpt2dist.training.model import flops_per_token
 
@@ -37,14 +41,26 @@ def main() -> None:
     if peak is None:
         sys.exit(f"no peak FLOP/s known for '{name}'; pass --peak-tflops")
     trainer = single_trainer("paper", args.precision, ["train.compile=true", *args.overrides])
-    rates = [trainer.train_step(step)["tokens_per_s"] for step in range(args.warmup + args.steps)][args.warmup:]
-    rate = median(rates)
+    lines = [trainer.train_step(step) for step in range(args.warmup + args.steps)][args.warmup:]
+    rates = [line["tokens_per_s"] for line in lines]
+    rate, low, high = log_interval(rates)
     per_token = flops_per_token(trainer.spec.model)
+    utilisation = [mfu(x, per_token, 1, peak) for x in (rate, low, high)]
     print(f"{name}: GPT-2 small, context {trainer.spec.model.n_positions}, {args.precision}, compile on, "
           f"micro-batch {trainer.spec.train.micro_batch_size}, accumulation {trainer.spec.grad_accum_steps}")
-    print(f"tokens/s {rate:,.0f}  ({per_token / 1e6:.0f} MFLOP/token, "
-          f"{COMPUTE_DTYPE[args.precision]} peak {peak / 1e12:.1f} TFLOP/s)")
-    print(f"MFU {mfu(rate, per_token, 1, peak):.1%}  (target >= 50%)")
+    print(f"tokens/s {rate:,.0f} (95% interval {low:,.0f} to {high:,.0f} over {len(rates)} steps; "
+          f"{per_token / 1e6:.0f} MFLOP/token, {COMPUTE_DTYPE[args.precision]} peak {peak / 1e12:.1f} TFLOP/s)")
+    target = 0.5
+    decision = ("meets" if utilisation[1] >= target else "misses" if utilisation[2] < target
+                else "cannot decide against")
+    print(f"MFU {utilisation[0]:.1%} ({utilisation[1]:.1%} to {utilisation[2]:.1%}): {decision} the target >= 50%")
+    clocks = [line["sm_clock_mhz"] for line in lines if "sm_clock_mhz" in line]
+    slowed = sum(bool(line.get("clock_event_reasons", 0) & DISTURBING_REASONS) for line in lines)
+    if clocks:
+        print(f"SM clock median {median(clocks):,.0f} MHz (min {min(clocks):,}); steps with a thermal, power-brake "
+              f"or hardware slowdown: {slowed}")
+    else:
+        print(f"GPU telemetry: {trainer.telemetry.unavailable}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 encoding (threads) with the same GPT-2 files, on 1 core and on all cores, over the same
 text in one run. Also prints `tokenizers`' batched encode, the engine gpt2dist used first.
 
-    python bench/tokenize_throughput.py [--mb 20] [--repeats 3]
+    python bench/tokenize_throughput.py [--mb 20] [--rounds 5]
 
+Each round runs every engine once, in turn, so drift hits all of them alike; the ratio is
+paired by round and printed with its 95% interval and a verdict on the target.
 Needs GPT-2's encoder.json and vocab.bpe (containers/fetch_gpt2_tokenizer.sh).
 Target: gpt2dist >= 1.0x tiktoken with all cores.
 """
@@ -29,7 +31,7 @@ def corpus(megabytes: float) -> list[str]:
     return docs * max(1, round(megabytes * 1e6 / size))
 
 
-def measure(engine: str, cores: str, megabytes: float, repeats: int) -> dict:
+def measure(engine: str, cores: str, megabytes: float) -> dict:
     from gpt2dist.data.encoding import GPT2Encoder, gpt2_tiktoken
     from gpt2dist.data.tokenizer import default_gpt2_dir, gpt2_from_files
 
@@ -54,47 +56,52 @@ def measure(engine: str, cores: str, megabytes: float, repeats: int) -> dict:
         def run() -> int:
             return sum(len(ids) for batch in batches for ids in enc.encode_ordinary_batch(batch, num_threads=threads))
     run()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):  # the process pool starts inside run(): its start-up is measured, as in prepare
-        started = time.perf_counter()
-        tokens = run()
-        best = min(best, time.perf_counter() - started)
-    return {"mb_per_s": size / 1e6 / best, "tokens": tokens, "mb": size / 1e6}
+    started = time.perf_counter()  # the process pool starts inside run(): its start-up is measured, as in prepare
+    tokens = run()
+    return {"mb_per_s": size / 1e6 / (time.perf_counter() - started), "tokens": tokens, "mb": size / 1e6}
 
 
 def child(engine: str, cores: str, args) -> dict:
     env = dict(os.environ)
     if engine == "tokenizers" and cores == "1":
         env["TOKENIZERS_PARALLELISM"] = "false"  # the Rust pool then runs on the calling thread only
-    out = subprocess.run([sys.executable, __file__, "--child", engine, cores, "--mb", str(args.mb),
-                          "--repeats", str(args.repeats)], env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, __file__, "--child", engine, cores, "--mb", str(args.mb)],
+                         env=env, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--child", nargs=2, metavar=("ENGINE", "CORES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(*args.child, args.mb, args.repeats)))
+        print(json.dumps(measure(*args.child, args.mb)))
         return
+    from common import LoadMonitor, machine_line, median, verdict_line
+
     from gpt2dist.data.tokenizer import GPT2_FILES, default_gpt2_dir
 
     if not all((default_gpt2_dir() / f).is_file() for f in GPT2_FILES):
         sys.exit(f"GPT-2 files missing in {default_gpt2_dir()}; run containers/fetch_gpt2_tokenizer.sh")
-    results = {(e, c): child(e, c, args) for c in ("1", "all") for e in ("gpt2dist", "tiktoken", "tokenizers")}
-    first = results[("gpt2dist", "1")]
-    assert all(r["tokens"] == first["tokens"] for r in results.values()), "engines disagree on the token count"
-    print(f"{first['mb']:.1f} MB of stdlib docstrings, {first['tokens']:,} GPT-2 tokens, best of {args.repeats}, "
+    engines = ("gpt2dist", "tiktoken", "tokenizers")
+    results = {(e, c): [] for c in ("1", "all") for e in engines}
+    with LoadMonitor() as monitor:
+        for _ in range(args.rounds):
+            for key in results:
+                results[key].append(child(*key, args))
+    first = results[("gpt2dist", "1")][0]
+    assert all(r["tokens"] == first["tokens"] for rs in results.values() for r in rs), "engines disagree on the tokens"
+    print(f"{first['mb']:.1f} MB of stdlib docstrings, {first['tokens']:,} GPT-2 tokens, {args.rounds} rounds, "
           f"{os.cpu_count()} cores")
+    rates = {key: [r["mb_per_s"] for r in rs] for key, rs in results.items()}
     for cores in ("1", "all"):
-        ours, theirs = results[("gpt2dist", cores)]["mb_per_s"], results[("tiktoken", cores)]["mb_per_s"]
-        hf = results[("tokenizers", cores)]["mb_per_s"]
-        print(f"{cores:>3} core(s): gpt2dist {ours:6.2f} MB/s   tiktoken {theirs:6.2f} MB/s   ratio {ours / theirs:.2f}x"
-              f"   (tokenizers {hf:5.2f} MB/s)")
-    print("target: ratio >= 1.0x with all cores")
+        ours, theirs, hf = (rates[(e, cores)] for e in engines)
+        print(f"{cores:>3} core(s): gpt2dist {median(ours):6.2f} MB/s   tiktoken {median(theirs):6.2f} MB/s   "
+              f"(tokenizers {median(hf):5.2f} MB/s), medians of rounds")
+        print("    " + verdict_line(f"gpt2dist/tiktoken, {cores} core(s)", ours, theirs, 1.0))
+    print(machine_line(monitor))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ def test_every_rule_runs_in_the_params_image():
     rules = 0
     for path in sorted((REPO / "workflow" / "rules").glob("*.smk")):
         for block in re.split(r"^rule ", path.read_text(), flags=re.M)[1:]:
+            if block.startswith("round_done:"):  # order only: no command to run anywhere
+                continue
             rules += 1
             assert re.search(r'^\s+container:\n\s+config\["container"\]', block, re.M), f"{path.name}: rule {block.split(':')[0]}"
     assert rules == 6 and image == "containers/gpt2dist.sif"  # prepare, selftest, train, collect, plot, report

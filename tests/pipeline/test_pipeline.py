@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from matplotlib.collections import PathCollection
 
 from reduced_study import REPO, copy_workflow, run
 
@@ -28,14 +30,15 @@ def workdir(tmp_path) -> Path:
 
 
 def test_snakemake_produces_everything_then_does_nothing(finished_study):
-    for name in ("throughput", "speedup", "efficiency", "loss_vs_step", "loss_vs_time", "memory", "epoch_time"):
+    for name in ("throughput", "speedup", "efficiency", "loss_deviation", "loss_vs_time", "memory", "epoch_time"):
         for ext in ("png", "svg"):
             assert (finished_study / "results" / "figures" / f"{name}.{ext}").stat().st_size > 1000
     summary = json.loads((finished_study / "results" / "summary.json").read_text())
     assert summary["preset"] == "cpu" and set(summary["configs"]) == {"single-fp32-n1", "ddp-fp32-n2"}
     assert summary["configs"]["single-fp32-n1"]["speedup"] == pytest.approx(1.0)
     assert "| ddp " in (finished_study / "results" / "summary.md").read_text()
-    assert (finished_study / "logs" / "train" / "ddp-fp32-n2-r1.log").exists()
+    log = (finished_study / "logs" / "train" / "ddp-fp32-n2-r1.log").read_text()
+    assert "\r" not in log and "step 8/8" in log  # readable lines in a log file, no progress bar
     again = run(["snakemake", "--cores", "2"], finished_study)
     assert "Nothing to be done" in again.stdout + again.stderr
 
@@ -50,7 +53,7 @@ def test_changing_a_training_key_reruns_train_collect_plot_not_prepare(finished_
         params["presets"]["cpu"]["train"]["lr"] = 3e-3
         (finished_study / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     # each configuration's selftest reads the train settings too; prepare does not
-    assert counts == {"selftest": 2, "train": 4, "collect": 1, "plot": 1, "report": 1, "all": 1}
+    assert counts == {"selftest": 2, "train": 4, "round_done": 1, "collect": 1, "plot": 1, "report": 1, "all": 1}
 
 
 def test_adding_a_configuration_checks_and_trains_only_the_new_one(finished_study):
@@ -63,13 +66,14 @@ def test_adding_a_configuration_checks_and_trains_only_the_new_one(finished_stud
     finally:
         runs.pop()
         (finished_study / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    assert counts == {"selftest": 1, "train": 2, "collect": 1, "plot": 1, "report": 1, "all": 1}
+    # the new configuration's repeats only: the others' later repeats wait on a round marker, not on each run
+    assert counts == {"selftest": 1, "train": 2, "round_done": 1, "collect": 1, "plot": 1, "report": 1, "all": 1}
 
 
 def test_report_html_has_every_figure(finished_study):
     run(["snakemake", "--report", "results/report.html"], finished_study)
     html = (finished_study / "results" / "report.html").read_text(errors="ignore")
-    assert len(html) > 100_000 and "loss_vs_step.png" in html and "throughput.png" in html
+    assert len(html) > 100_000 and "loss_deviation.png" in html and "throughput.png" in html and "findings.md" in html
 
 
 def test_figures_are_drawn_from_the_table(finished_study):
@@ -80,10 +84,16 @@ def test_figures_are_drawn_from_the_table(finished_study):
     configs = tables[1]["config_id"].nunique()
     bars = FIGURES["throughput"](*tables, "test")
     assert len([p for p in bars.axes[0].patches if p.get_height() > 0]) == configs
-    curves = FIGURES["loss_vs_step"](*tables, "test")
-    assert len(drawn(curves.axes[0].lines)) == configs
+    runs_drawn = sum(len(c.get_offsets()) for c in bars.axes[0].collections if isinstance(c, PathCollection))
+    assert runs_drawn == len(tables[0])  # every run is on the figure, disturbed or not
+    deviation = FIGURES["loss_deviation"](*tables, "test")
+    assert len(drawn(deviation.axes[0].lines)) == configs - 1  # every configuration but single itself
     scaling = FIGURES["speedup"](*tables, "test")
-    assert len(drawn(scaling.axes[0].lines)) == tables[1][["strategy", "precision"]].drop_duplicates().shape[0] + 1
+    curves = tables[1].dropna(subset=["speedup"])[["strategy", "precision"]].drop_duplicates().shape[0]
+    assert len(scaling.axes[0].containers) == curves  # one error-bar line per strategy and precision
+    assert any(line.get_label() == "ideal" for line in scaling.axes[0].lines)
+    memory = FIGURES["memory"](*tables, "test")
+    assert len([p for p in memory.axes[0].patches if p.get_height() > 0]) == 3 * configs  # params, grads, optimizer
 
 
 def drawn(lines) -> list:
@@ -99,7 +109,7 @@ def _snakemake_jobs(work: Path) -> dict[str, tuple[str, set[str]]]:
         name = block.split(":", 1)[0]
         outputs = re.search(r"^\s+output: (.*)$", block, re.M)
         command = re.search(r"^Shell command: (.*?)(?: > \S+ 2>&1)?$", block, re.M)
-        if name == "all":
+        if name in ("all", "round_done"):  # round_done: Snakemake's order-only marker; DVC orders by stage order
             continue
         wildcard = re.search(r"wildcards: \w+=(\S+)", block)
         key = f"{name}@{wildcard[1]}" if wildcard else name
@@ -124,6 +134,25 @@ def test_snakemake_and_dvc_declare_the_same_stages(workdir):
     for key, (command, outputs) in jobs.items():
         assert command == dvc[key][0], key
         assert outputs == dvc[key][1], key
+
+
+def test_repeats_interleave_in_both_tools(workdir):
+    """Every configuration's repeat 0 trains before any repeat 1, so a slow spell of the machine hits all
+    configurations alike: in Snakemake's DAG through the round marker, in DVC by the plan `dvc repro` follows."""
+    dag = run(["snakemake", "--dag"], workdir).stdout
+    nodes = dict(re.findall(r'^\s*(\d+)\[label = "([^"]+)"', dag, re.M))
+    edges = {(nodes[a], nodes[b]) for a, b in re.findall(r"^\s*(\d+) -> (\d+)", dag, re.M)}
+    for config in ("single-fp32-n1", "ddp-fp32-n2"):
+        assert (f"train\\nrun: {config}-r0", "round_done\\nround: 0") in edges
+        assert ("round_done\\nround: 0", f"train\\nrun: {config}-r1") in edges
+    run(["git", "init", "-q"], workdir)
+    run(["dvc", "init", "-q"], workdir)
+    (workdir / "src").symlink_to(REPO / "src")
+    run(["gpt2dist", "dvc-yaml"], workdir)
+    plan = run([sys.executable, "-c", "from dvc.repo import Repo; from dvc.repo.reproduce import plan_repro; "
+                "print(' '.join(s.addressing for s in plan_repro(Repo('.').index.graph)))"], workdir).stdout.split()
+    trains = [stage.rsplit("-r", 1)[1] for stage in plan if stage.startswith("train@")]
+    assert trains == sorted(trains) and len(trains) == 4, plan
 
 
 def test_repository_dvc_yaml_is_current(tmp_path):

@@ -1,4 +1,5 @@
-"""Summary statistics: which run a configuration's speedup is measured against."""
+"""Summary statistics: intervals that stay in their domain, speedups paired by repeat round, which
+run a speedup is measured against, and disturbed runs kept out of every number and claim."""
 
 from __future__ import annotations
 
@@ -7,10 +8,54 @@ import math
 import pandas as pd
 import pytest
 
+from gpt2dist.config import StudyConfig
 from gpt2dist.pipeline.study import parse_run_id, plan_study
 from gpt2dist.results.collect import SUMMARISED, baseline_of, summarise
+from gpt2dist.results.disturbance import conditions_of, disturbance, foreign_share_while_steady
+from gpt2dist.results.findings import CONTRADICTED, NOISE, SUPPORTED, UNTESTABLE, check_claims
+from gpt2dist.results.statistics import log_interval, paired_ratio, verdict
 
 from conftest import REPO
+
+
+def runs_table(rates: dict[str, list[float]], disturbed: dict[str, str] | None = None, **columns) -> pd.DataFrame:
+    """Per-run rows as collect.per_run makes them: every summarised metric = the run's rate."""
+    rows = []
+    for config, per_round in rates.items():
+        for repeat, rate in enumerate(per_round):
+            run = parse_run_id(f"{config}-r{repeat}")
+            rows.append({"config_id": config, "strategy": run.strategy, "precision": run.precision,
+                         "nproc": run.nproc, "repeat": repeat, "run_id": run.run_id,
+                         **dict.fromkeys(SUMMARISED, rate), "param_bytes": 1.0, "grad_bytes": 1.0,
+                         "optimizer_bytes": 2.0, "grad_accum_steps": 1, "backend": "gloo",
+                         "disturbed": (disturbed or {}).get(run.run_id, ""),
+                         **{k: v[config] if isinstance(v, dict) else v for k, v in columns.items()}})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def study():
+    return plan_study(REPO / "params.yaml", "cpu", 0)
+
+
+def test_throughput_intervals_never_leave_the_positive_numbers():
+    # the issue's case: one starved repeat among steady ones gave "5,095 (-4,921 to 18,524)"
+    centre, low, high = log_interval([14_700, 15_100, 1_200])
+    assert 0 < low < centre < high
+    assert log_interval([5.0, 5.0, 5.0]) == pytest.approx((5.0, 5.0, 5.0))
+    one = log_interval([7.0])
+    assert one[0] == pytest.approx(7.0) and math.isnan(one[1]) and math.isnan(one[2])
+
+
+def test_speedup_pairs_rounds_so_a_slow_round_cancels():
+    # round 1 was slow for both: unpaired, the spread hides a 2x speedup; paired, it is plain
+    fast = pd.Series([200.0, 100.0, 202.0], index=[0, 1, 2])
+    base = pd.Series([100.0, 50.0, 100.0], index=[0, 1, 2])
+    ratio, low, high, pairs = paired_ratio(fast, base)
+    assert pairs == 3 and ratio == pytest.approx(2.0, rel=0.01) and 1.9 < low < high < 2.1
+    assert verdict(low, high, pairs) == "faster"
+    assert verdict(0.8, 1.3, 3) == "not distinguishable" and verdict(0.5, 0.9, 3) == "slower"
+    assert verdict(*paired_ratio(fast.iloc[:1], base)[1:3], 1) == "too few repeats"
 
 
 def test_baseline_is_the_one_process_run_of_the_same_precision():
@@ -21,17 +66,90 @@ def test_baseline_is_the_one_process_run_of_the_same_precision():
     assert baseline_of("horovod", "fp16", configs) is None  # never fp32: that would count fp16's gain as scaling
 
 
-def test_summary_says_when_there_is_no_baseline():
+def test_summary_says_when_there_is_no_baseline(study):
     rates = {"single-fp32-n1": 100.0, "ddp-fp32-n2": 180.0, "ddp-apex-O1-n1": 300.0, "ddp-apex-O1-n2": 540.0,
              "horovod-fp16-n2": 400.0}
-    rows = []
-    for config, rate in rates.items():
-        run = parse_run_id(f"{config}-r0")
-        rows += [{"config_id": config, "strategy": run.strategy, "precision": run.precision, "nproc": run.nproc,
-                  **dict.fromkeys(SUMMARISED, rate)} for _ in range(2)]
-    study = plan_study(REPO / "params.yaml", "cpu", 0)
-    summary = summarise(pd.DataFrame(rows), study, None).set_index("config_id")
+    summary = summarise(runs_table({c: [r, r] for c, r in rates.items()}), study, None).set_index("config_id")
     assert summary.loc["ddp-fp32-n2", "speedup"] == pytest.approx(1.8)
     assert summary.loc["ddp-apex-O1-n2", "speedup"] == pytest.approx(1.8)
     assert summary.loc["ddp-apex-O1-n1", "scaling_efficiency"] == pytest.approx(1.0)  # not 3.0: fp16 is no scaling
-    assert pd.isna(summary.loc["horovod-fp16-n2", "baseline"]) and math.isnan(summary.loc["horovod-fp16-n2", "speedup"])
+    assert summary.loc["horovod-fp16-n2", "vs_baseline"] == "no baseline"
+    assert math.isnan(summary.loc["horovod-fp16-n2", "speedup"])
+
+
+def test_disturbed_runs_are_left_out_and_marked(study):
+    rates = {"single-fp32-n1": [100.0, 30.0, 101.0], "ddp-fp32-n2": [190.0, 188.0, 192.0]}
+    runs = runs_table(rates, disturbed={"single-fp32-n1-r1": "other processes used 50% of its CPUs"})
+    summary = summarise(runs, study, None).set_index("config_id")
+    single = summary.loc["single-fp32-n1"]
+    assert single["repeats"] == 2 and single["disturbed_runs"] == 1 and not single["from_disturbed"]
+    assert single["tokens_per_s_ci_low"] > 90  # the starved repeat does not drag the interval down
+    # paired over the two rounds both have undisturbed, not round 1's 188/30 = 6x
+    assert summary.loc["ddp-fp32-n2", "speedup"] == pytest.approx(1.9, rel=0.01)
+    assert summary.loc["ddp-fp32-n2", "speedup_pairs"] == 2
+
+
+def test_a_configuration_with_only_disturbed_runs_says_so(study):
+    runs = runs_table({"single-fp32-n1": [100.0, 90.0], "ddp-fp32-n2": [190.0, 180.0]},
+                      disturbed={"ddp-fp32-n2-r0": "x", "ddp-fp32-n2-r1": "y"})
+    summary = summarise(runs, study, None).set_index("config_id")
+    assert summary.loc["ddp-fp32-n2", "from_disturbed"] and summary.loc["ddp-fp32-n2", "repeats"] == 2
+    assert summary.loc["ddp-fp32-n2", "vs_baseline"] == "only disturbed runs"  # a number, but no verdict
+
+
+def test_disturbance_names_every_reason_and_ignores_what_was_not_recorded():
+    limits = StudyConfig(runs=[{"strategies": ["single"], "precisions": ["fp32"], "nproc": [1]}])
+    steady = pd.DataFrame({"step_time_s": [0.10, 0.10, 0.11, 0.30, 0.10], "cpu_time_s": [0.1] * 5,
+                           "clock_event_reasons": [0, 0, 0x40, 0, 0]})
+    record = {"conditions": {"foreign_cpu_share": [0.45, 0.45]}, "threads": {"torch": 2},
+              "placement": {"device": "cpu"}}
+    measures = conditions_of(record, steady)
+    assert measures["cpu_share"] == pytest.approx(0.5)
+    why = disturbance(measures, limits)
+    assert "other processes used 45%" in why and "rank 0 got 50%" in why and "GPU slowed itself" in why
+    # an old record without conditions, steady steps: nothing to flag, nothing invented
+    quiet = conditions_of({"placement": {"device": "cpu"}}, steady.assign(step_time_s=0.1).drop(columns=[
+        "cpu_time_s", "clock_event_reasons"]))
+    assert disturbance(quiet, limits) == ""
+
+
+def test_only_load_samples_during_the_measured_steps_count():
+    # start-up (first sample) was busy, the steps themselves (t = 101.0 to 103.0) were quiet
+    conditions = {"foreign_cpu_share": [0.9, 0.0, 0.02, 0.01], "sample_ends_unix_s": [100.0, 101.0, 102.0, 103.0],
+                  "interval_s": 1.0}
+    steady = pd.DataFrame({"end_unix_s": [101.5, 102.0, 102.5, 103.0], "step_time_s": [0.5] * 4})
+    assert foreign_share_while_steady(conditions, steady) == pytest.approx(0.015)  # the samples ending 102, 103
+    assert foreign_share_while_steady(conditions, steady.drop(columns="end_unix_s")) == pytest.approx(0.2325)
+
+
+def findings(runs: pd.DataFrame, study) -> dict[str, dict]:
+    return {f["claim"]: f for f in check_claims(runs, summarise(runs, study, None))}
+
+
+def test_claims_get_verdicts_from_the_intervals(study):
+    clear = runs_table({"single-fp32-n1": [100.0, 101.0, 99.0], "ddp-fp32-n2": [190.0, 192.0, 189.0],
+                        "fsdp-fp32-n2": [150.0, 151.0, 149.0], "horovod-fp32-n2": [170.0, 171.0, 169.0]},
+                       model_state_bytes={"single-fp32-n1": 4.0, "ddp-fp32-n2": 4.0, "fsdp-fp32-n2": 2.0,
+                                          "horovod-fp32-n2": 4.0})
+    verdicts = {k: f["verdict"] for k, f in findings(clear, study).items()}
+    assert verdicts["bai-ddp-fastest-fp32"] == SUPPORTED
+    assert verdicts["patwardhan-fsdp-memory"] == SUPPORTED
+    assert verdicts["patwardhan-ddp-between"] == CONTRADICTED  # fsdp < ddp and single < ddp: not between
+    faster_fsdp = clear.assign(tokens_per_s=clear["tokens_per_s"].where(clear["strategy"] != "fsdp", 250.0))
+    assert findings(faster_fsdp, study)["patwardhan-ddp-between"]["verdict"] == SUPPORTED
+    assert verdicts["bai-ddp-apex-fastest"] == UNTESTABLE and verdicts["bai-sublinear-nodes"] == UNTESTABLE
+    noisy = clear.assign(tokens_per_s=clear["tokens_per_s"] * clear["repeat"].map({0: 1.0, 1: 1.6, 2: 0.7})
+                         .where(clear["strategy"] == "ddp", 1.0))
+    assert findings(noisy, study)["bai-ddp-fastest-fp32"]["verdict"] == NOISE
+    slower = clear.assign(tokens_per_s=clear["tokens_per_s"].where(clear["strategy"] != "ddp", 120.0))
+    assert findings(slower, study)["bai-ddp-fastest-fp32"]["verdict"] == CONTRADICTED
+
+
+def test_disturbed_runs_cannot_make_a_claim_supported(study):
+    # Negative control: ddp "beats" horovod only because every horovod run was starved.
+    rates = {"ddp-fp32-n2": [190.0, 191.0, 189.0], "horovod-fp32-n2": [60.0, 62.0, 61.0],
+             "fsdp-fp32-n2": [150.0, 151.0, 149.0], "single-fp32-n1": [100.0, 101.0, 99.0]}
+    starved = {f"horovod-fp32-n2-r{r}": "other processes used 60% of its CPUs" for r in range(3)}
+    assert findings(runs_table(rates), study)["bai-ddp-fastest-fp32"]["verdict"] == SUPPORTED  # if not flagged
+    careful = findings(runs_table(rates, disturbed=starved), study)["bai-ddp-fastest-fp32"]
+    assert careful["verdict"] == UNTESTABLE and "horovod-fp32-n2" in careful["statistic"]

@@ -59,6 +59,12 @@ def test_two_ranks_follow_single_process(strategy, reference, shards, params_fil
     # the loss must actually move, or agreeing curves would prove nothing
     losses = [line["loss"] for line in read_metrics(tmp_path)]
     assert losses[-1] < 0.9 * losses[0]
+    record, single = run_record(tmp_path), run_record(reference)
+    assert record["placement"]["backend"] == {"horovod": "horovod gloo"}.get(strategy, "gloo")
+    # model state counted from the tensors: FSDP's rank 0 holds half of it, the replicating strategies all of it
+    held = record["model_state_bytes"]["total"] / single["model_state_bytes"]["total"]
+    assert held == pytest.approx(0.5 if strategy == "fsdp" else 1.0, rel=0.02)
+    assert record["conditions"]["foreign_cpu_share"] and record["command_line"].endswith("--nproc 2 --precision fp32")
 
 
 @pytest.mark.timeout(300)

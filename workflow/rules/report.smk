@@ -3,7 +3,8 @@ rule report:
         summary=rules.collect.output.summary_json,
         figures=rules.plot.output,
     output:
-        report(f"{gs.RESULTS_DIR}/summary.md", caption="../report/summary.rst", category="Summary"),
+        summary=report(f"{gs.RESULTS_DIR}/summary.md", caption="../report/summary.rst", category="Summary"),
+        findings=report(f"{gs.RESULTS_DIR}/findings.md", caption="../report/findings.rst", category="Summary"),
     params:
         command=gs.report_command(),
     log:

@@ -8,6 +8,10 @@ rule train:
         rules.prepare.output,
         # its configuration's selftest must pass first
         lambda wildcards: gs.selftest_file(RUNS[wildcards.run]),
+        # Repeats interleave: repeat k waits for round k-1 (rule round_done below), so a slow spell
+        # of the machine hits all configurations alike. Order only: ancient() keeps a re-trained
+        # earlier repeat from making every later one out of date.
+        lambda wildcards: [ancient(gs.round_marker(r)) for r in gs.previous_rounds(RUNS[wildcards.run])],
     output:
         record=f"{gs.RUNS_DIR}/{{run}}/run.json",
         metrics=f"{gs.RUNS_DIR}/{{run}}/metrics.jsonl",
@@ -34,3 +38,15 @@ rule train:
         config["container"]
     shell:
         "{params.command} > {log} 2>&1"
+
+
+# Order only, no command: marks that every configuration's repeat {round} has trained. Through one
+# marker per round, not a dependency on each run: adding a configuration to the study then leaves
+# the set of inputs of every later repeat unchanged, and Snakemake re-trains none of them.
+rule round_done:
+    input:
+        lambda wildcards: [OUTPUTS[f"train@{run.run_id}"][0] for run in STUDY.runs if run.repeat == int(wildcards.round)],
+    output:
+        touch(gs.round_marker("{round}")),
+    wildcard_constraints:
+        round=r"\d+",

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import torch
@@ -26,6 +28,7 @@ from gpt2dist.io import atomic_write_json
 from gpt2dist.launch import commands, lifetime, locks, slurm
 from gpt2dist.logs import setup_logging
 from gpt2dist.system.allocation import Allocation, job_allocation
+from gpt2dist.system.conditions import LoadMonitor
 from gpt2dist.training import loop, preflight
 from gpt2dist.training.metrics import now_iso
 from gpt2dist.training.strategies import REGISTRY
@@ -88,13 +91,19 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
     with locks.own_run_directory(out), locks.hold_the_machine():
         write_spec(spec, out / "spec.json")
         started = now_iso()
-        if command is None:
-            _train_here(spec, started)
-            return None
-        log.info("starting the ranks: %s", shown)
-        several_nodes = allocation is not None and len(allocation.nodes) > 1
-        ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
-        code, stopped_by = lifetime.run_launcher(command, commands.launch_env(ranks_here))
+        monitor = LoadMonitor(out / "spec.json")
+        try:
+            with monitor:
+                if command is None:
+                    _train_here(spec, started)
+                    return None
+                log.info("starting the ranks: %s", shown)
+                several_nodes = allocation is not None and len(allocation.nodes) > 1
+                ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
+                code, stopped_by = lifetime.run_launcher(command, commands.launch_env(ranks_here))
+        finally:  # whatever the outcome, the record says how busy the machine was meanwhile
+            _add_to_record(out, started, conditions=monitor.summary(), launched_at=started,
+                           command_line=shlex.join(sys.argv), launch_command=shown)
         if stopped_by is not None:
             _stop(out, stopped_by, started)
             return shown  # the signal came after the last step
@@ -102,6 +111,14 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
             _mark_failed(out, code, started)
             raise UsageError(f"training failed ({launcher} exited with {code}); the ranks' messages are above")
     return shown
+
+
+def _add_to_record(out: Path, started: str, **fields) -> None:
+    """Merge `fields` into this run's run.json (not a record left by an earlier run)."""
+    record_path = out / "run.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else None
+    if record is not None and record["started_at"] >= started:
+        atomic_write_json(record_path, record | fields)
 
 
 def _train_here(spec: RunSpec, started: str) -> None:
@@ -144,8 +161,4 @@ def _stop(out: Path, signum: int, started: str) -> None:
 
 
 def _mark_failed(out: Path, code: int, started: str) -> None:
-    record_path = out / "run.json"
-    record = json.loads(record_path.read_text()) if record_path.exists() else None
-    if record is not None and record["started_at"] >= started:  # not a record of an earlier run
-        record.update(status="failed", exit_code=code)
-        atomic_write_json(record_path, record)
+    _add_to_record(out, started, status="failed", exit_code=code)

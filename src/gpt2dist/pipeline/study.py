@@ -20,7 +20,7 @@ DATA_DIR = "data/tokens"
 RUNS_DIR = "results/runs"
 RESULTS_DIR = "results"
 SELFTEST_DIR = f"{RESULTS_DIR}/selftest"
-FIGURES = ("throughput", "speedup", "efficiency", "loss_vs_step", "loss_vs_time", "memory", "epoch_time")
+FIGURES = ("throughput", "speedup", "efficiency", "loss_deviation", "loss_vs_time", "memory", "epoch_time")
 ONE_PROCESS = ("single", "dp")
 RUN_ID = re.compile(rf"^(?P<strategy>[a-z]+)-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
                     r"-n(?P<nproc>\d+)-r(?P<repeat>\d+)$")
@@ -30,8 +30,10 @@ RUN_ID = re.compile(rf"^(?P<strategy>[a-z]+)-(?P<precision>{'|'.join(map(re.esca
 STAGE_CODE = {
     "prepare": ["src/gpt2dist/data"],
     "selftest": ["src/gpt2dist/training", "src/gpt2dist/launch"],
-    "train": ["src/gpt2dist/training", "src/gpt2dist/launch", "src/gpt2dist/data/shards.py"],
-    "collect": ["src/gpt2dist/results/collect.py"],
+    "train": ["src/gpt2dist/training", "src/gpt2dist/launch", "src/gpt2dist/data/shards.py",
+              "src/gpt2dist/system/conditions.py", "src/gpt2dist/system/gpu_telemetry.py"],
+    "collect": ["src/gpt2dist/results/collect.py", "src/gpt2dist/results/statistics.py",
+                "src/gpt2dist/results/disturbance.py", "src/gpt2dist/results/findings.py"],
     "plot": ["src/gpt2dist/results/plots.py"],
     "report": ["src/gpt2dist/results/report.py"],
 }
@@ -101,7 +103,20 @@ def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
         raise UsageError(f"presets.{name}.study.runs lists a configuration twice")
     if not runs:
         raise UsageError(f"no run of preset '{name}' fits this machine ({gpus} GPUs); dropped: {', '.join(dropped)}")
+    # Round-major: every configuration's repeat 0, then every repeat 1, ... A slow period of the
+    # machine then hits all configurations alike instead of all repeats of one.
+    runs.sort(key=lambda run: run.repeat)
     return Study(name, chosen, device, runs, dropped, gpus)
+
+
+def previous_rounds(run: Run) -> list[int]:
+    """The repeat round that must have finished before `run` starts (none for repeat 0)."""
+    return [run.repeat - 1] if run.repeat else []
+
+
+def round_marker(repeat: int | str) -> str:
+    """The Snakefile's order-only file for a finished repeat round (DVC keeps the order by stage order)."""
+    return f"{RESULTS_DIR}/rounds/r{repeat}.done"
 
 
 def configurations(study: Study) -> list[Run]:
@@ -181,5 +196,5 @@ def stage_outputs(study: Study) -> dict[str, list[str]]:
         **runs,
         "collect": [f"{RESULTS_DIR}/{name}" for name in ("metrics.csv", "runs.csv", "summary.csv", "summary.json")],
         "plot": [f"{RESULTS_DIR}/figures/{name}.{ext}" for name in FIGURES for ext in ("png", "svg")],
-        "report": [f"{RESULTS_DIR}/summary.md"],
+        "report": [f"{RESULTS_DIR}/summary.md", f"{RESULTS_DIR}/findings.md"],
     }

@@ -1,33 +1,44 @@
 """`gpt2dist collect`: every run of the study -> one tidy table and a per-configuration summary.
 
 metrics.csv has one row per run and step (train metrics, and the validation loss at the
-steps where it was measured); runs.csv one row per run. summary.csv/json have one row per configuration
-(strategy, precision, nproc): the median over repeats and a 95% confidence interval
-(t-interval of the mean over repeats) of each run's steady-state numbers, which leave
-out the first `study.warmup_steps` steps (compilation, allocator warm-up).
+steps where it was measured); runs.csv one row per run, with the conditions it was measured in
+and whether it was disturbed (results.disturbance); summary.csv/json one row per configuration
+(strategy, precision, nproc): the geometric mean over its undisturbed repeats of each run's
+steady-state numbers (which leave out the first `study.warmup_steps` steps), with a 95%
+interval on the log scale, and its speedup over the baseline paired by repeat round
+(results.statistics). A run that failed or is missing does not stop the others from being
+summarised: summary.json lists it, and the report says so first.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
-from scipy import stats
 
 from gpt2dist.config import PRECISIONS, STRATEGIES
 from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
 from gpt2dist.pipeline.study import Study
+from gpt2dist.results.disturbance import conditions_of, disturbance
+from gpt2dist.results.findings import check_claims
 from gpt2dist.results.inputs import read_json, read_jsonl
+from gpt2dist.results.statistics import log_interval, paired_ratio, verdict
 from gpt2dist.system.hardware import mfu, peak_flops
 from gpt2dist.training.model import flops_per_token
 
+log = logging.getLogger(__name__)
+
 CONFIG_KEYS = ["config_id", "strategy", "precision", "nproc"]
-SUMMARISED = ["tokens_per_s", "samples_per_s", "step_time_s", "time_per_epoch_s", "peak_mem_bytes", "final_val_loss",
+SUMMARISED = ["tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "step_time_s", "step_time_p90_s",
+              "time_per_epoch_s", "overhead_s", "peak_mem_bytes", "model_state_bytes", "final_val_loss",
               "final_val_ppl"]
+STATE_PARTS = ["param_bytes", "grad_bytes", "optimizer_bytes"]
 
 
 def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
@@ -41,10 +52,15 @@ def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
     return record, pd.DataFrame(read_jsonl(run_dir / "metrics.jsonl", "gpt2dist train"))
 
 
-def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, dict]]:
-    frames, records = [], {}
+def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, dict], dict[str, str]]:
+    """The completed runs' lines in one table, their records, and why each other run is left out."""
+    frames, records, missing = [], {}, {}
     for run in study.runs:
-        record, lines = read_run(runs_dir / run.run_id)
+        try:
+            record, lines = read_run(runs_dir / run.run_id)
+        except UsageError as exc:
+            missing[run.run_id] = str(exc)
+            continue
         records[run.run_id] = record
         train = lines[lines["kind"] == "train"].drop(columns=["kind", "val_loss", "val_ppl"], errors="ignore")
         train = train.assign(elapsed_s=train["step_time_s"].cumsum())
@@ -52,46 +68,71 @@ def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, di
         table = train.merge(evals, on="step", how="outer")
         frames.append(table.assign(run_id=run.run_id, config_id=run.config_id, strategy=run.strategy,
                                    precision=run.precision, nproc=run.nproc, repeat=run.repeat))
+    if not frames:
+        first = next(iter(missing.values()))
+        raise UsageError(f"no run of the study has completed ({len(missing)} missing; the first: {first})")
     table = pd.concat(frames, ignore_index=True).sort_values(["run_id", "step"], kind="stable")
     first = ["run_id", *CONFIG_KEYS[1:], "repeat", "step"]
-    return table[first + [c for c in table.columns if c not in first]], records
+    return table[first + [c for c in table.columns if c not in first]], records, missing
 
 
-def per_run(table: pd.DataFrame, warmup_steps: int, train_tokens: int) -> pd.DataFrame:
-    """One row per run: steady-state medians after warm-up, peak memory, final validation loss."""
+def _wall_seconds(record: dict) -> float:
+    """From the launcher's start (imports and rendezvous included) to the rank's last write."""
+    began = record.get("launched_at") or record.get("started_at")
+    try:
+        return (datetime.fromisoformat(record["finished_at"]) - datetime.fromisoformat(began)).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return math.nan
+
+
+def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_tokens: int) -> pd.DataFrame:
+    """One row per run: steady-state medians after warm-up, percentiles, memory, the final validation
+    loss, the conditions it ran in, and whether they disturbed it."""
+    warmup_steps = study.preset.study.warmup_steps
     rows = []
     for run_id, run in table.groupby("run_id", sort=True):
         steady = run[run["step"] >= warmup_steps].dropna(subset=["tokens_per_s"])
         if steady.empty:
             raise UsageError(f"run {run_id} has no step after study.warmup_steps={warmup_steps}; lower it")
+        record = records[run_id]
         evals = run.dropna(subset=["val_loss"])
         tokens_per_s = steady["tokens_per_s"].median()
+        state = record.get("model_state_bytes") or {}
+        measures = conditions_of(record, steady)
+        wall = _wall_seconds(record)
         rows.append({
-            **run.iloc[0][CONFIG_KEYS].to_dict(), "run_id": run_id,
+            **run.iloc[0][CONFIG_KEYS].to_dict(), "run_id": run_id, "repeat": int(run["repeat"].iloc[0]),
             "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_device": tokens_per_s / run["nproc"].iloc[0],
             "samples_per_s": steady["samples_per_s"].median(),
             "step_time_s": steady["step_time_s"].median(),
+            "step_time_p90_s": steady["step_time_s"].quantile(0.9),
             "time_per_epoch_s": train_tokens / tokens_per_s,
+            "wall_s": wall,
+            # start-up (imports, rendezvous, compile), evaluation and checkpoints: wall time outside the steps
+            "overhead_s": wall - run["step_time_s"].sum() if record.get("resumed_from_step", 0) == 0 else math.nan,
             "peak_mem_bytes": run["peak_mem_bytes"].max(),
+            "peak_reserved_bytes": run["peak_reserved_bytes"].max() if "peak_reserved_bytes" in run else math.nan,
+            "model_state_bytes": state.get("total", math.nan),
+            "param_bytes": state.get("params", math.nan),
+            "grad_bytes": state.get("grads", math.nan),
+            "optimizer_bytes": state.get("optimizer", math.nan),
             "final_val_loss": evals["val_loss"].iloc[-1] if len(evals) else math.nan,
             "final_val_ppl": evals["val_ppl"].iloc[-1] if len(evals) else math.nan,
+            "grad_accum_steps": record.get("grad_accum_steps"),
+            "backend": (record.get("placement") or {}).get("backend"),
+            **measures,
+            "disturbed": disturbance(measures, study.preset.study),
         })
-    return pd.DataFrame(rows)
+    runs = pd.DataFrame(rows)
+    runs["disturbed"] = runs["disturbed"].fillna("")
+    return runs
 
 
 def in_study_order(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows ordered single, dp, ddp, horovod, fsdp; then precision; then process count."""
     key = frame["strategy"].map(STRATEGIES.index) * 1000 + frame["precision"].map(PRECISIONS.index) * 100 + frame["nproc"]
     return frame.assign(_order=key).sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
-
-
-def t_interval(values: pd.Series) -> tuple[float, float]:
-    """95% t-interval of the mean; NaN with fewer than two values."""
-    values = values.dropna()
-    if len(values) < 2:
-        return math.nan, math.nan
-    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
-    return values.mean() - half, values.mean() + half
 
 
 def baseline_of(strategy: str, precision: str, configs: set[str]) -> str | None:
@@ -105,19 +146,41 @@ def baseline_of(strategy: str, precision: str, configs: set[str]) -> str | None:
 
 
 def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.DataFrame:
-    rows = []
+    """One row per configuration from its undisturbed runs. A configuration whose every run was
+    disturbed is summarised from them all and says so (`from_disturbed`), never silently."""
+    rows, used = [], {}
     for keys, group in runs.groupby(CONFIG_KEYS, sort=False):
-        row = dict(zip(CONFIG_KEYS, keys)) | {"repeats": len(group)}
+        quiet = group[group["disturbed"] == ""]
+        chosen = quiet if len(quiet) else group
+        used[keys[0]] = chosen.set_index("repeat")
+        row = dict(zip(CONFIG_KEYS, keys)) | {"repeats": len(chosen), "disturbed_runs": len(group) - len(quiet),
+                                              "from_disturbed": quiet.empty}
         for metric in SUMMARISED:
-            low, high = t_interval(group[metric])
-            row |= {metric: group[metric].median(), f"{metric}_ci_low": low, f"{metric}_ci_high": high}
+            centre, low, high = log_interval(chosen[metric])
+            row |= {metric: centre, f"{metric}_ci_low": low, f"{metric}_ci_high": high}
+        for part in STATE_PARTS:
+            row[part] = chosen[part].median()
+        row["grad_accum_steps"] = chosen["grad_accum_steps"].iloc[0]
+        row["backend"] = chosen["backend"].iloc[0]
         rows.append(row)
     summary = in_study_order(pd.DataFrame(rows))
-    by_config = summary.set_index("config_id")["tokens_per_s"]
-    configs = set(by_config.index)
+    configs = set(summary["config_id"])
     summary["baseline"] = [baseline_of(s, p, configs) for s, p in zip(summary["strategy"], summary["precision"])]
-    summary["speedup"] = summary["tokens_per_s"] / summary["baseline"].map(lambda b: by_config.get(b, math.nan))
-    summary["scaling_efficiency"] = summary["speedup"] / summary["nproc"]
+    ratios = []
+    only_disturbed = set(summary.loc[summary["from_disturbed"], "config_id"])
+    for config, baseline in zip(summary["config_id"], summary["baseline"]):
+        if not isinstance(baseline, str):
+            ratios.append((math.nan, math.nan, math.nan, 0, "no baseline"))
+        elif baseline == config:
+            ratios.append((1.0, 1.0, 1.0, len(used[config]), "baseline"))
+        else:
+            ratio = paired_ratio(used[config]["tokens_per_s"], used[baseline]["tokens_per_s"])
+            judged = verdict(ratio[1], ratio[2], ratio[3])
+            ratios.append((*ratio, "only disturbed runs" if {config, baseline} & only_disturbed else judged))
+    summary[["speedup", "speedup_ci_low", "speedup_ci_high", "speedup_pairs", "vs_baseline"]] = pd.DataFrame(
+        ratios, index=summary.index)
+    for column in ("", "_ci_low", "_ci_high"):
+        summary[f"scaling_efficiency{column}"] = summary[f"speedup{column}"] / summary["nproc"]
     per_token = flops_per_token(study.preset.model)
 
     def utilisation(row) -> float:
@@ -137,12 +200,32 @@ def hardware_label(records: dict[str, dict]) -> tuple[str, str | None]:
     return f"{devices['cpu']} ({devices['cpu_cores']} cores)", None
 
 
+def refuse_if_too_disturbed(runs: pd.DataFrame, limit: int | None, runs_dir: Path) -> None:
+    disturbed = runs[runs["disturbed"] != ""]
+    if limit is None or len(disturbed) <= limit:
+        return
+    outputs = " ".join(str(Path(runs_dir) / run_id / "run.json") for run_id in disturbed["run_id"])
+    raise UsageError(f"{len(disturbed)} runs were disturbed (study.max_disturbed={limit}): "
+                     f"{', '.join(disturbed['run_id'])}; on a quieter machine re-run them with "
+                     f"`snakemake --cores all --forcerun {outputs}`")
+
+
+def _json_rows(frame: pd.DataFrame, key: str) -> dict:
+    return {row.pop(key): {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+            for row in json.loads(frame.to_json(orient="records"))}
+
+
 def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path) -> dict:
-    table, records = tidy_table(study, Path(runs_dir))
+    table, records, missing = tidy_table(study, Path(runs_dir))
     train_tokens = read_meta(Path(data_dir))["splits"]["train"]["tokens"]
     hardware, gpu_name = hardware_label(records)
-    runs = per_run(table, study.preset.study.warmup_steps, train_tokens)
+    runs = per_run(table, records, study, train_tokens)
+    refuse_if_too_disturbed(runs, study.preset.study.max_disturbed, runs_dir)
     summary = summarise(runs, study, gpu_name)
+    for run_id, reason in missing.items():
+        log.warning("collect: %s left out: %s", run_id, reason)
+    for row in runs[runs["disturbed"] != ""].itertuples():
+        log.warning("collect: %s disturbed, left out of the statistics: %s", row.run_id, row.disturbed)
     out_dir = Path(out_dir)
     for frame, name in ((table, "metrics.csv"), (runs, "runs.csv"), (summary, "summary.csv")):
         with atomic_open(out_dir / name, "w") as handle:
@@ -155,12 +238,11 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path) -> dict
         "warmup_steps": study.preset.study.warmup_steps,
         "versions": first["versions"],
         "dropped_configurations": study.dropped,
-        "configs": {
-            row["config_id"]: {k: (None if isinstance(v, float) and math.isnan(v) else v)
-                               for k, v in row.items() if k != "config_id"}
-            for row in json.loads(summary.to_json(orient="records"))
-        },
+        "missing_runs": missing,
+        "disturbed_runs": dict(zip(runs.loc[runs["disturbed"] != "", "run_id"],
+                                   runs.loc[runs["disturbed"] != "", "disturbed"])),
+        "configs": _json_rows(summary, "config_id"),
+        "findings": check_claims(runs, summary),
     }
     atomic_write_json(out_dir / "summary.json", result)
     return result
-

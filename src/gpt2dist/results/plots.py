@@ -1,7 +1,10 @@
 """`gpt2dist plot`: the study's figures, each one function of the collected tables.
 
 Every figure shares one seaborn theme, says its units on the axes and its hardware and
-preset in the title, and is written as PNG and SVG.
+preset in the title, and is written as PNG and SVG. Bars and error bars show the same
+statistic as summary.csv (geometric mean over undisturbed repeats, 95% log-scale interval);
+each run is drawn over its bar, disturbed runs as red crosses, so nothing left out of a
+statistic is hidden.
 """
 
 from __future__ import annotations
@@ -13,83 +16,169 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
+from gpt2dist.config import PRECISIONS  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
-from gpt2dist.results.collect import in_study_order, t_interval  # noqa: E402
+from gpt2dist.results.collect import in_study_order  # noqa: E402
 from gpt2dist.results.inputs import read_csv, read_json  # noqa: E402
 
-
-def _label(frame: pd.DataFrame) -> pd.Series:
-    return frame["strategy"] + "\nn=" + frame["nproc"].astype(str)
+EXACT_FLOOR = 1e-9  # where the deviation figure draws an exact match (a log axis has no zero)
 
 
-def _bars(runs: pd.DataFrame, column: str, scale: float, ylabel: str, title: str) -> plt.Figure:
-    data = in_study_order(runs)
-    data = data.assign(config=_label(data), value=data[column] / scale)
-    fig, ax = plt.subplots(figsize=(max(6, 0.7 * data["config"].nunique() + 3), 4.5))
-    sns.barplot(data=data, x="config", y="value", hue="precision", estimator="median", order=data["config"].unique(),
-                errorbar=lambda v: t_interval(pd.Series(v)), capsize=0.15, ax=ax)
-    ax.set(xlabel="strategy, processes", ylabel=ylabel, title=title)
+def _colours() -> dict[str, tuple]:
+    return dict(zip(PRECISIONS, sns.color_palette("colorblind", len(PRECISIONS))))
+
+
+def _label(frame: pd.DataFrame) -> list[str]:
+    return [f"{s}\n{p}\nn={n}" for s, p, n in zip(frame["strategy"], frame["precision"], frame["nproc"])]
+
+
+def _error(frame: pd.DataFrame, column: str, scale: float) -> np.ndarray:
+    """Asymmetric error bar lengths from the summary's interval columns (0 where there is none)."""
+    centre = frame[column] / scale
+    low = (centre - frame[f"{column}_ci_low"] / scale).fillna(0).clip(lower=0)
+    high = (frame[f"{column}_ci_high"] / scale - centre).fillna(0).clip(lower=0)
+    return np.vstack([low, high])
+
+
+def _config_bars(runs: pd.DataFrame, summary: pd.DataFrame, column: str, scale: float, ylabel: str,
+                 title: str) -> plt.Figure:
+    data = in_study_order(summary)
+    colours = _colours()
+    x = np.arange(len(data))
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(data) + 5), 5.2))
+    bars = ax.bar(x, data[column] / scale, color=[colours[p] for p in data["precision"]],
+                  yerr=_error(data, column, scale), capsize=4, ecolor="black")
+    for bar, from_disturbed in zip(bars, data["from_disturbed"]):
+        if from_disturbed:
+            bar.set_hatch("//")
+    for i, config in enumerate(data["config_id"]):
+        mine = runs[runs["config_id"] == config]
+        quiet = mine["disturbed"].fillna("") == ""
+        ax.scatter(np.full(quiet.sum(), i), mine.loc[quiet, column] / scale, color="black", s=12, zorder=3)
+        ax.scatter(np.full((~quiet).sum(), i), mine.loc[~quiet, column] / scale, color="red", marker="x", s=40,
+                   zorder=3)
+    handles = [Patch(color=colours[p], label=p) for p in data["precision"].unique()]
+    handles += [Line2D([], [], color="black", marker="o", linestyle="", markersize=4, label="one run"),
+                Line2D([], [], color="red", marker="x", linestyle="", label="disturbed run (left out)")]
+    if data["from_disturbed"].any():
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="only disturbed runs"))
+    ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_xticks(x, _label(data), fontsize="small")
+    ax.set(xlabel="strategy, precision, processes", ylabel=ylabel, title=title)
     return fig
 
 
 def throughput(runs: pd.DataFrame, summary: pd.DataFrame, metrics: pd.DataFrame, title: str) -> plt.Figure:
-    return _bars(runs, "tokens_per_s", 1e3, "throughput (thousand tokens/s)", f"Throughput: {title}")
-
-
-def memory(runs, summary, metrics, title):
-    return _bars(runs, "peak_mem_bytes", 2**20, "peak memory (MiB)", f"Peak memory per process: {title}")
+    return _config_bars(runs, summary, "tokens_per_s", 1e3, "throughput (thousand tokens/s)",
+                        f"Throughput, geometric mean and 95% interval\n{title}")
 
 
 def epoch_time(runs, summary, metrics, title):
-    return _bars(runs, "time_per_epoch_s", 60, "time per epoch (min)", f"Time per epoch: {title}")
+    return _config_bars(runs, summary, "time_per_epoch_s", 60, "time per epoch (min)", f"Time per epoch\n{title}")
+
+
+def memory(runs, summary, metrics, title):
+    """Left: the model state each rank holds (what sharding divides); right: the process's peak."""
+    data = in_study_order(summary)
+    x = np.arange(len(data))
+    fig, (state, peak) = plt.subplots(1, 2, figsize=(max(10, 1.4 * len(data) + 4), 4.8))
+    bottom = np.zeros(len(data))
+    for part, colour in zip(("param_bytes", "grad_bytes", "optimizer_bytes"), sns.color_palette("colorblind", 3)):
+        values = data[part].fillna(0).to_numpy() / 2**20
+        state.bar(x, values, bottom=bottom, color=colour, label=part.removesuffix("_bytes"))
+        bottom += values
+    state.set_xticks(x, _label(data), fontsize="x-small")
+    state.set(ylabel="MiB per rank", title="Model state held per rank")
+    state.legend(fontsize="small")
+    colours = _colours()
+    peak.bar(x, data["peak_mem_bytes"] / 2**20, color=[colours[p] for p in data["precision"]],
+             yerr=_error(data, "peak_mem_bytes", 2**20), capsize=4)
+    peak.set_xticks(x, _label(data), fontsize="x-small")
+    peak.set(ylabel="MiB per process", title="Peak memory (CUDA allocated; resident set on CPU)")
+    fig.suptitle(f"Memory\n{title}")
+    return fig
 
 
 def _scaling(summary: pd.DataFrame, column: str, ideal: Callable, ylabel: str, title: str) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    sns.lineplot(data=summary, x="nproc", y=column, hue="strategy", style="precision", markers=True, ax=ax)
+    data = summary.dropna(subset=[column])
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    for (strategy, precision), group in data.groupby(["strategy", "precision"], sort=False):
+        group = group.sort_values("nproc")
+        ax.errorbar(group["nproc"], group[column], yerr=_error(group, column, 1.0), marker="o", capsize=4,
+                    label=f"{strategy} {precision}")
     counts = sorted(summary["nproc"].unique())
     ax.plot(counts, [ideal(n) for n in counts], color="grey", linestyle=":", label="ideal")
     ax.set(xlabel="processes (GPUs on CUDA machines)", ylabel=ylabel, title=title, xticks=counts)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
 def speedup(runs, summary, metrics, title):
-    return _scaling(summary, "speedup", float, "speedup over single (x)", f"Speedup: {title}")
+    return _scaling(summary, "speedup", float, "speedup over the baseline (x), paired by repeat",
+                    f"Speedup\n{title}")
 
 
 def efficiency(runs, summary, metrics, title):
-    return _scaling(summary, "scaling_efficiency", lambda n: 1.0, "scaling efficiency", f"Scaling efficiency: {title}")
+    return _scaling(summary, "scaling_efficiency", lambda n: 1.0, "scaling efficiency", f"Scaling efficiency\n{title}")
 
 
-def _curves(metrics: pd.DataFrame, x: str, xlabel: str, title: str, *, first_repeat: bool) -> plt.Figure:
-    data = metrics.dropna(subset=["loss"])
-    if first_repeat:  # wall-clock axes differ between repeats, so they cannot be averaged
-        data = data[data["repeat"] == data["repeat"].min()]
-    data = data.assign(configuration=data["strategy"] + " " + data["precision"] + " n=" + data["nproc"].astype(str))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    sns.lineplot(data=data, x=x, y="loss", hue="configuration", style="strategy",
-                 errorbar=None if first_repeat else ("ci", 95), ax=ax)
-    ax.set(xlabel=xlabel, ylabel="training loss (nats/token)", title=title)
-    ax.legend(fontsize="x-small", ncol=2)
+def deviation_from_single(metrics: pd.DataFrame) -> pd.DataFrame:
+    """|loss - single's loss| / single's loss per step and repeat, against `single` at the same precision
+    (fp32's where the study has no single run at that precision): the equivalence claim, made visible."""
+    train = metrics.dropna(subset=["loss"])
+    single = train[train["strategy"] == "single"].set_index(["precision", "repeat", "step"])["loss"]
+    rows = []
+    for config, group in train[train["strategy"] != "single"].groupby("config_id", sort=False):
+        precision = group["precision"].iloc[0]
+        reference = precision if precision in single.index.get_level_values(0) else "fp32"
+        keys = pd.MultiIndex.from_arrays([[reference] * len(group), group["repeat"], group["step"]])
+        base = single.reindex(keys).to_numpy()
+        rows.append(group.assign(reference=f"single {reference}",
+                                 deviation=np.abs(group["loss"].to_numpy() - base) / np.abs(base)))
+    return pd.concat(rows, ignore_index=True).dropna(subset=["deviation"]) if rows else pd.DataFrame()
+
+
+def loss_deviation(runs, summary, metrics, title):
+    data = deviation_from_single(metrics)
+    precisions = list(data["precision"].unique()) if len(data) else ["fp32"]
+    fig, axes = plt.subplots(1, len(precisions), figsize=(5.5 * len(precisions) + 1.5, 4.5), squeeze=False,
+                             sharey=True)
+    for ax, precision in zip(axes[0], precisions):
+        panel = data[data["precision"] == precision] if len(data) else data
+        if len(panel):
+            panel = panel.assign(deviation=panel["deviation"].clip(lower=EXACT_FLOOR),
+                                 configuration=panel["strategy"] + " n=" + panel["nproc"].astype(str))
+            sns.lineplot(data=panel, x="step", y="deviation", hue="configuration", estimator="median",
+                         errorbar=None, marker="o", markersize=3, ax=ax)
+            ax.legend(fontsize="x-small")
+        ax.set_yscale("log")
+        reference = panel["reference"].iloc[0] if len(panel) else "single"
+        ax.set(xlabel="optimizer step", ylabel=f"|loss - {reference}| / {reference}",
+               title=f"{precision} (exact matches at {EXACT_FLOOR:g})")
+    fig.suptitle(f"Deviation from the single-process loss, median over repeats\n{title}")
     return fig
 
 
-def loss_vs_step(runs, summary, metrics, title):
-    return _curves(metrics, "step", "optimizer step", f"Loss per step (the equivalence picture): {title}",
-                   first_repeat=False)
-
-
 def loss_vs_time(runs, summary, metrics, title):
-    return _curves(metrics, "elapsed_s", "wall-clock training time (s)", f"Loss over time, first repeat: {title}",
-                   first_repeat=True)
+    data = metrics.dropna(subset=["loss"])
+    data = data[data["repeat"] == data["repeat"].min()]  # wall-clock axes differ between repeats
+    data = data.assign(configuration=data["strategy"] + " " + data["precision"] + " n=" + data["nproc"].astype(str))
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    sns.lineplot(data=data, x="elapsed_s", y="loss", hue="configuration", style="strategy", errorbar=None, ax=ax)
+    ax.set(xlabel="wall-clock training time (s)", ylabel="training loss (nats/token)",
+           title=f"Loss over time, first repeat\n{title}")
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
 
 
 FIGURES: dict[str, Callable[..., plt.Figure]] = {
-    "throughput": throughput, "speedup": speedup, "efficiency": efficiency, "loss_vs_step": loss_vs_step,
+    "throughput": throughput, "speedup": speedup, "efficiency": efficiency, "loss_deviation": loss_deviation,
     "loss_vs_time": loss_vs_time, "memory": memory, "epoch_time": epoch_time,
 }
 
@@ -98,8 +187,10 @@ def plot(results: Path) -> list[Path]:
     results = Path(results)
     info = read_json(results / "summary.json", "gpt2dist collect")
     tables = [read_csv(results / name, "gpt2dist collect") for name in ("runs.csv", "summary.csv", "metrics.csv")]
-    title = f"{info['hardware']}, preset {info['preset']}"
-    sns.set_theme(style="whitegrid", context="notebook", palette="colorblind")
+    repeats = int(tables[1]["repeats"].max()) if len(tables[1]) else 0
+    title = f"{info['hardware']}\npreset {info['preset']}, up to {repeats} repeats per configuration"
+    sns.set_theme(style="whitegrid", context="notebook", palette="colorblind",
+                  rc={"axes.titlesize": "medium", "figure.titlesize": "medium"})
     written = []
     for name, figure in FIGURES.items():
         fig = figure(*tables, title)

@@ -15,48 +15,107 @@ from gpt2dist.results.collect import in_study_order
 from gpt2dist.results.inputs import read_json
 
 
-def _num(value, fmt: str) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _num(value, fmt: str, scale: float = 1.0) -> str:
+    return "n/a" if _missing(value) else format(value / scale, fmt)
 
 
 def _with_ci(row: dict, key: str, fmt: str, scale: float = 1.0) -> str:
     low, high = row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high")
-    middle = _num(row[key] / scale, fmt)
-    if low is None or high is None:
+    middle = _num(row[key], fmt, scale)
+    if _missing(low) or _missing(high):
         return middle
-    return f"{middle} ({_num(low / scale, fmt)} to {_num(high / scale, fmt)})"
+    return f"{middle} ({_num(low, fmt, scale)} to {_num(high, fmt, scale)})"
+
+
+def _speedup(row: dict) -> str:
+    if row.get("vs_baseline") in ("baseline", "no baseline"):
+        return row["vs_baseline"]
+    return f"{_with_ci(row, 'speedup', '.2f')}: {row.get('vs_baseline')}"
+
+
+def _mark(row: dict) -> str:
+    if row.get("from_disturbed"):
+        return "only disturbed runs"
+    return f"{row['disturbed_runs']} left out" if row.get("disturbed_runs") else ""
+
+
+def warnings_markdown(summary: dict) -> str:
+    """What is missing or was disturbed, first, so nobody reads the table without knowing."""
+    lines = []
+    if summary.get("missing_runs"):
+        lines.append(f"**Failed or missing runs: {len(summary['missing_runs'])}. Their configurations are "
+                     "summarised from the runs that completed, or not at all:**\n")
+        lines += [f"- `{run_id}`: {why}" for run_id, why in summary["missing_runs"].items()]
+        lines.append("")
+    if summary.get("disturbed_runs"):
+        lines.append(f"**Disturbed runs, left out of the statistics: {len(summary['disturbed_runs'])} (a "
+                     "configuration with no other run is marked 'only disturbed runs'):**\n")
+        lines += [f"- `{run_id}`: {why}" for run_id, why in summary["disturbed_runs"].items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def findings_markdown(summary: dict) -> str:
+    rows = [[f"{f['text']} ({f['source']})", f["verdict"], f["statistic"]] for f in summary.get("findings", [])]
+    return tabulate(rows, headers=["claim", "verdict", "statistic (95% intervals, undisturbed runs only)"],
+                    tablefmt="github")
 
 
 def summary_markdown(summary: dict) -> str:
     rows = [
-        [row["strategy"], row["precision"], row["nproc"], row["repeats"],
-         _with_ci(row, "tokens_per_s", ",.0f"), _num(row.get("speedup"), ".2f"),
-         _num(row.get("scaling_efficiency"), ".2f"), _num(row["peak_mem_bytes"] / 2**20, ",.0f"),
+        [row["strategy"], row["precision"], row["nproc"], row["repeats"], _mark(row),
+         _with_ci(row, "tokens_per_s", ",.0f"), _speedup(row),
+         _with_ci(row, "scaling_efficiency", ".2f"), _num(row["step_time_s"] * 1e3, ",.1f"),
+         _num(row["step_time_p90_s"] * 1e3, ",.1f"), _num(row.get("overhead_s"), ",.1f"),
+         _num(row.get("model_state_bytes"), ",.0f", 2**20), _num(row["peak_mem_bytes"], ",.0f", 2**20),
          _num(row.get("final_val_loss"), ".3f"), _num(row.get("mfu"), ".1%")]
         for row in in_study_order(pd.DataFrame(summary["configs"].values())).to_dict("records")
     ]
-    table = tabulate(rows, headers=["strategy", "precision", "processes", "repeats",
-                                    "tokens/s, median (95% CI)", "speedup", "efficiency", "peak MiB", "final val loss",
-                                    "MFU"], tablefmt="github")
+    table = tabulate(rows, headers=["strategy", "precision", "processes", "repeats", "disturbed",
+                                    "tokens/s (95% interval)", "speedup (95% interval): vs baseline",
+                                    "efficiency", "step ms p50", "step ms p90", "overhead s",
+                                    "model state MiB/rank", "peak MiB", "final val loss", "MFU"],
+                     tablefmt="github")
     versions = ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v)
     dropped = ", ".join(summary["dropped_configurations"]) or "none"
     figures = "\n".join(f"![{name}](figures/{name}.png)" for name in FIGURES)
     return f"""# gpt2dist results: preset `{summary['preset']}`
 
 Hardware: {summary['hardware']}. Software: {versions}.
-Throughput is each run's median after {summary['warmup_steps']} warm-up steps; the table gives the median
-over repeats and a 95% t-interval of their mean. Speedup is over the one-process run of the same
-precision (`single`'s, else the strategy's own; "n/a" where the study has none); efficiency is
-speedup / processes. Configurations dropped for lack of GPUs: {dropped}.
+
+{warnings_markdown(summary)}
+Each run's throughput is its median after {summary['warmup_steps']} warm-up steps. The table gives the geometric
+mean over a configuration's undisturbed repeats with a 95% t-interval on the log scale (it cannot leave the
+positive numbers; with two or three repeats it is wide, as it should be). Speedup is over the one-process run
+of the same precision (`single`'s, else the strategy's own), paired by repeat round, and says whether its
+interval excludes 1 ("faster", "slower") or not ("not distinguishable"); efficiency is speedup / processes.
+Overhead is wall time outside the training steps (start-up, evaluation, checkpoints). Model state is the
+parameters, gradients and optimizer state rank 0 holds. Configurations dropped for lack of GPUs: {dropped}.
 
 {table}
+
+## The papers' claims on this study's data
+
+{findings_markdown(summary)}
 
 {figures}
 """
 
 
 def report(results: Path) -> Path:
+    """summary.md, and findings.md: the claims alone, for readers who want only the verdicts."""
     results = Path(results)
+    summary = read_json(results / "summary.json", "gpt2dist collect")
+    atomic_write_text(results / "findings.md", f"""# The seed studies' claims, checked: preset `{summary['preset']}`
+
+Hardware: {summary['hardware']}. Verdicts use undisturbed runs only; see summary.md for the numbers.
+
+{findings_markdown(summary)}
+""")
     path = results / "summary.md"
-    atomic_write_text(path, summary_markdown(read_json(results / "summary.json", "gpt2dist collect")))
+    atomic_write_text(path, summary_markdown(summary))
     return path

@@ -69,6 +69,14 @@ def devices() -> dict:
     return info
 
 
+def threads() -> dict:
+    """How many threads this process computes with and which CPUs it may use: a run given two
+    threads on one CPU measures the scheduler, not the strategy."""
+    return {"torch": torch.get_num_threads(), "interop": torch.get_num_interop_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+
+
 def mpi_implementation() -> str | None:
     """First line of `mpirun --version` (Open MPI, MPICH, ...), None without MPI."""
     out = command_output(["mpirun", "--version"])

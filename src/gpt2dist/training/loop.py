@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -17,10 +18,11 @@ from gpt2dist.data.shards import open_shards
 from gpt2dist.errors import Interrupted
 from gpt2dist.io import atomic_write_json
 from gpt2dist.system import environment
+from gpt2dist.system.gpu_telemetry import GpuTelemetry
 from gpt2dist.training.batches import BatchSampler
 from gpt2dist.training.checkpoint import load_checkpoint, save_checkpoint
 from gpt2dist.training.matmul_precision import pin_fp32_arithmetic
-from gpt2dist.training.metrics import MetricsLog, now_iso, peak_memory_bytes
+from gpt2dist.training.metrics import MetricsLog, model_state_bytes, now_iso, peak_memory_bytes, peak_reserved
 from gpt2dist.training.model import build_model, compile_blocks, lm_loss
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
@@ -85,6 +87,8 @@ class Trainer:
         self.loss = strategy.loss_module(self.model, self.precision)
         self.rows = strategy.rows_per_micro_batch()
         self.tokens_per_step = t.global_batch_size * spec.model.n_positions
+        self.telemetry = GpuTelemetry(self.place.device) if self.rank0 else None
+        self.state_bytes: dict | None = None  # measured once, at the first step this process runs
 
     # -- one optimizer step -------------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -95,7 +99,7 @@ class Trainer:
         lr = lr_at(step, spec.train)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         data_time = 0.0
         loss_sum = torch.zeros((), device=device)
         batches = self.train_batches.micro_batches(step, self.place.rank, spec.world_size, self.rows)
@@ -114,9 +118,11 @@ class Trainer:
         grad_norm = strategy.clip_grad_norm(precision.master_params(self.model, self.optimizer), clip)
         with strategy.step_context(self.optimizer):
             precision.step(self.optimizer)
+        if self.state_bytes is None and self.rank0:  # gradients and optimizer state both exist only here
+            self.state_bytes = model_state_bytes(self.model, self.optimizer)
         self.optimizer.zero_grad()  # set_to_none is the default; Horovod rejects the kwarg
         loss_value = strategy.all_reduce_mean(loss_sum).item()  # .item() also waits for the device
-        elapsed = time.perf_counter() - started
+        elapsed, cpu_time = time.perf_counter() - started, time.process_time() - cpu_started
         return {
             "kind": "train",
             "step": step,
@@ -125,9 +131,13 @@ class Trainer:
             "grad_norm": float(grad_norm),
             "step_time_s": elapsed,
             "data_time_s": data_time,
+            "cpu_time_s": cpu_time,  # this process, all its threads: far below step_time_s x threads = starved
+            "end_unix_s": time.time(),  # places the step among the launcher's load samples
             "tokens_per_s": self.tokens_per_step / elapsed,
             "samples_per_s": spec.train.global_batch_size / elapsed,
             "peak_mem_bytes": peak_memory_bytes(device),
+            **peak_reserved(device),
+            **(self.telemetry.sample() if self.telemetry else {}),
         }
 
     @torch.no_grad()
@@ -176,7 +186,12 @@ class Trainer:
         if record is not None:
             atomic_write_json(self.out / "run.json", record)
         self.metrics = metrics = MetricsLog(self.out / "metrics.jsonl", enabled=self.rank0, history=history)
-        progress = tqdm(total=t.max_steps, initial=start, disable=not self.rank0, desc=self.spec.strategy, unit="step")
+        # A bar at a terminal; in a log file (every pipeline job) one readable line per 5% of the run,
+        # not a carriage-return bar that `less` shows as one endless line.
+        interactive = sys.stderr.isatty()
+        progress = tqdm(total=t.max_steps, initial=start, disable=not (self.rank0 and interactive),
+                        desc=self.spec.strategy, unit="step")
+        log_every = max(1, t.max_steps // 20)
         step = start
         try:
             for step in range(start, t.max_steps):
@@ -185,12 +200,15 @@ class Trainer:
                 progress.set_postfix(loss=f"{line['loss']:.4f}", tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
                 progress.update()
                 done = step + 1
+                if self.rank0 and not interactive and (done % log_every == 0 or done == t.max_steps):
+                    log.info("step %d/%d  loss %.4f  %s tokens/s", done, t.max_steps, line["loss"],
+                             f"{line['tokens_per_s']:,.0f}")
                 if done % t.eval_interval == 0 or done == t.max_steps:
                     metrics.write(self.evaluate(done))
                 if done % t.checkpoint_interval == 0 or done == t.max_steps:
                     self.checkpoint(done)
                     if record is not None:  # where a re-run resumes, even after SIGKILL
-                        record["checkpoint_step"] = done
+                        record.update(checkpoint_step=done, model_state_bytes=self.state_bytes)
                         atomic_write_json(self.out / "run.json", record)
         except Interrupted as stop:
             if record is not None:
@@ -211,7 +229,8 @@ class Trainer:
 
     def _run_record(self, resumed_from: int) -> dict:
         spec = self.spec
-        placement = {"world_size": self.place.world_size, "device": str(self.place.device)}
+        placement = {"world_size": self.place.world_size, "device": str(self.place.device),
+                     "backend": self.strategy.backend}
         if spec.strategy == "dp":
             placement["degenerate"] = self.place.device.type == "cpu"
         return {
@@ -234,6 +253,8 @@ class Trainer:
             "resumed_from_step": resumed_from,
             "checkpoint_step": resumed_from,
             "started_at": now_iso(),
+            "threads": environment.threads(),
+            "gpu_telemetry": self.telemetry.unavailable or "nvml",
             **environment.capture(),
         }
 

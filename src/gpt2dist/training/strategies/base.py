@@ -51,6 +51,7 @@ class Strategy:
         self.spec = spec
         self.placement: Placement | None = None
         self.wrapping: dict = {}  # what prepare() applied, beyond the strategy's name, for run.json
+        self.backend = "none"  # how gradients travel between processes, once setup() has run
 
     def setup(self) -> Placement:
         device = claim_gpu(0) if self.spec.device == "cuda" else torch.device("cpu")

@@ -23,6 +23,7 @@ class DataParallel(Strategy):
         loss = TokenLoss(model, precision.autocast)
         if self.spec.device == "cuda":
             devices = list(range(self.spec.nproc))
+            self.backend = "DataParallel scatter/gather in one process"
             describe(self, f"DataParallel over cuda:{devices}, loss computed per replica, scalars gathered on cuda:0")
             return nn.DataParallel(loss, device_ids=devices)
         describe(self, "DataParallel without CUDA: degenerate one-device case on CPU")

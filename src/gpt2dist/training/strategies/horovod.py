@@ -40,6 +40,9 @@ class Horovod(Strategy):
     def setup(self) -> Placement:
         self.hvd = hvd = import_horovod()
         hvd.init()
+        controller = "gloo" if hvd.gloo_enabled() else "mpi"
+        cuda_ops = self.spec.device == "cuda" and hvd.nccl_built()
+        self.backend = f"horovod {controller}" + (" + nccl" if cuda_ops else "")
         device = claim_gpu(hvd.local_rank()) if self.spec.device == "cuda" else torch.device("cpu")
         self.placement = Placement(hvd.rank(), hvd.size(), hvd.local_rank(), device)
         return self.placement

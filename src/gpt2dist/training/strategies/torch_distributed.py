@@ -35,6 +35,7 @@ class TorchDistributed(Strategy):
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         device = claim_gpu(local_rank) if cuda else torch.device("cpu")
         dist.init_process_group(backend="nccl" if cuda else "gloo")
+        self.backend = dist.get_backend()
         self.placement = Placement(dist.get_rank(), dist.get_world_size(), local_rank, device)
         return self.placement
 

@@ -1,0 +1,220 @@
+"""The two seed studies' claims, checked against this study's data.
+
+Each claim is data: where it comes from, what it says, and a check that reads the per-run
+and per-configuration tables and returns a verdict with the statistic behind it:
+supported, contradicted, not distinguishable from noise, or not testable here (and why).
+Checks read only undisturbed runs (collect's summary already leaves disturbed ones out; a
+configuration summarised from disturbed runs alone makes its claims untestable), so a busy
+machine can never turn a claim "supported".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+
+from gpt2dist.results.statistics import paired_ratio, verdict
+
+SUPPORTED, CONTRADICTED = "supported", "contradicted"
+NOISE, UNTESTABLE = "not distinguishable from noise", "not testable here"
+APEX = ("apex-O1", "apex-O2")
+SAME_LOSS_TOLERANCE = 0.01  # relative difference of final validation loss that still counts as "the same loss"
+
+
+@dataclass(frozen=True)
+class Finding:
+    verdict: str
+    statistic: str
+
+
+class Tables:
+    """The collected tables, with the lookups the checks share."""
+
+    def __init__(self, runs: pd.DataFrame, summary: pd.DataFrame):
+        self.runs = runs[runs["disturbed"].fillna("") == ""]
+        self.summary = summary.set_index("config_id")
+
+    def usable(self, config: str) -> bool:
+        return config in self.summary.index and not bool(self.summary.loc[config, "from_disturbed"])
+
+    def per_round(self, config: str, metric: str = "tokens_per_s") -> pd.Series:
+        return self.runs[self.runs["config_id"] == config].set_index("repeat")[metric]
+
+    def ratio(self, a: str, b: str) -> tuple[float, float, float, str]:
+        """a's throughput over b's, paired by repeat round, and whether a is faster/slower/neither."""
+        value, low, high, pairs = paired_ratio(self.per_round(a), self.per_round(b))
+        return value, low, high, verdict(low, high, pairs)
+
+    def one_node_max(self) -> int:
+        return int(self.summary["nproc"].max())
+
+
+def _untestable(why: str) -> Finding:
+    return Finding(UNTESTABLE, why)
+
+
+def _fastest(t: Tables, favourite: str, rivals: list[str]) -> Finding:
+    """favourite faster than every rival (paired): supported; some rival faster: contradicted."""
+    rivals = [r for r in rivals if r != favourite]
+    blind = [c for c in (favourite, *rivals) if c in t.summary.index and not t.usable(c)]
+    if blind:  # a rival measured only while disturbed could not be compared: no verdict without it
+        return _untestable(f"only disturbed runs of {', '.join(blind)}")
+    if favourite not in t.summary.index or not rivals:
+        return _untestable(f"needs {favourite} and a rival at the same process count")
+    parts, verdicts = [], []
+    for rival in rivals:
+        value, low, high, which = t.ratio(favourite, rival)
+        parts.append(f"{favourite}/{rival} = {value:.2f} ({low:.2f} to {high:.2f})")
+        verdicts.append(which)
+    statistic = "; ".join(parts)
+    if "slower" in verdicts:
+        return Finding(CONTRADICTED, statistic)
+    if all(v == "faster" for v in verdicts):
+        return Finding(SUPPORTED, statistic)
+    return Finding(NOISE, statistic)
+
+
+def _configs(t: Tables, precisions, nproc: int, exclude=("single",)) -> list[str]:
+    s = t.summary
+    chosen = s[s["precision"].isin(precisions) & (s["nproc"] == nproc) & ~s["strategy"].isin(exclude)]
+    return list(chosen.index)
+
+
+def ddp_apex_fastest(t: Tables) -> Finding:
+    n = t.one_node_max()
+    apex = [c for c in _configs(t, APEX, n) if c.startswith("ddp-")]
+    if not apex:
+        return _untestable("the study has no DDP + Apex run (Apex needs CUDA GPUs)")
+    return _fastest(t, apex[0], [c for c in _configs(t, t.summary["precision"].unique(), n) if c != apex[0]])
+
+
+def ddp_fastest_without_apex(t: Tables) -> Finding:
+    n = t.one_node_max()
+    if n < 2:
+        return _untestable("the study has no multi-process runs")
+    return _fastest(t, f"ddp-fp32-n{n}", _configs(t, ["fp32"], n))
+
+
+def apex_multiplies_horovod(t: Tables) -> Finding:
+    n = t.one_node_max()
+    pairs = {s: (f"{s}-apex-O1-n{n}", f"{s}-fp32-n{n}") for s in ("horovod", "ddp")}
+    if not all(t.usable(a) and t.usable(b) for a, b in pairs.values()):
+        return _untestable(f"needs horovod and ddp at n={n} in both apex-O1 and fp32 (Apex needs CUDA GPUs)")
+    gains = {s: t.ratio(a, b) for s, (a, b) in pairs.items()}
+    statistic = "; ".join(f"{s} apex/fp32 = {g[0]:.2f} ({g[1]:.2f} to {g[2]:.2f})" for s, g in gains.items())
+    horovod, ddp = gains["horovod"], gains["ddp"]
+    if any(math.isnan(x) for x in (horovod[1], ddp[2])):
+        return Finding(NOISE, statistic + " (too few repeats)")
+    if horovod[1] > ddp[2]:
+        return Finding(SUPPORTED, statistic)
+    if horovod[2] < ddp[1]:
+        return Finding(CONTRADICTED, statistic)
+    return Finding(NOISE, statistic)
+
+
+def dp_slower_than_ddp(t: Tables) -> Finding:
+    n = t.one_node_max()
+    dp, ddp = f"dp-fp32-n{n}", f"ddp-fp32-n{n}"
+    if n < 2 or not (t.usable(dp) and t.usable(ddp)):
+        return _untestable(f"needs dp and ddp at n={n}, fp32")
+    if t.runs.loc[t.runs["config_id"] == dp, "backend"].fillna("none").eq("none").all():
+        return _untestable("DataParallel without CUDA runs on one device, so it cannot be slower for DDP's reasons")
+    value, low, high, which = t.ratio(dp, ddp)
+    statistic = f"{dp}/{ddp} = {value:.2f} ({low:.2f} to {high:.2f})"
+    return Finding({"slower": SUPPORTED, "faster": CONTRADICTED}.get(which, NOISE), statistic)
+
+
+def multi_node(t: Tables) -> Finding:
+    return _untestable("every run of this study is on one node")
+
+
+def fsdp_least_memory(t: Tables) -> Finding:
+    s = t.summary
+    n = t.one_node_max()
+    fsdp = [c for c in _configs(t, s["precision"].unique(), n) if c.startswith("fsdp-") and t.usable(c)]
+    if not fsdp or s["model_state_bytes"].isna().any():
+        return _untestable(f"needs FSDP at n={n} and every run's model-state bytes")
+    others = s[(s["nproc"] == n) & (s["strategy"] != "fsdp")]
+    if others.empty:
+        return _untestable(f"needs another strategy at n={n}")
+    least_fsdp = s.loc[fsdp, "model_state_bytes"].max()
+    least_other = others["model_state_bytes"].min()
+    statistic = (f"model state per rank: FSDP {least_fsdp / 2**20:,.1f} MiB, the least of the others "
+                 f"{least_other / 2**20:,.1f} MiB ({others['model_state_bytes'].idxmin()}); "
+                 "counted from the tensors, without noise")
+    return Finding(SUPPORTED if least_fsdp < least_other else CONTRADICTED, statistic)
+
+
+def same_loss(t: Tables) -> Finding:
+    s = t.summary
+    worst, where = -1.0, None
+    for config, row in s.iterrows():
+        reference = f"single-{row['precision']}-n1"
+        if config == reference or reference not in s.index:
+            continue
+        mine, theirs = t.per_round(config, "final_val_loss"), t.per_round(reference, "final_val_loss")
+        rounds = mine.dropna().index.intersection(theirs.dropna().index)
+        for r in rounds:  # the same round trains from the same seed and data order
+            difference = abs(mine[r] - theirs[r]) / theirs[r]
+            if difference > worst:
+                worst, where = difference, f"{config} r{r}"
+    if where is None:
+        return _untestable("needs single and another strategy at the same precision with validation losses")
+    statistic = f"largest relative difference from single's final validation loss: {worst:.2e} ({where})"
+    return Finding(SUPPORTED if worst <= SAME_LOSS_TOLERANCE else CONTRADICTED, statistic)
+
+
+def ddp_between_single_and_fsdp(t: Tables) -> Finding:
+    n = t.one_node_max()
+    ddp, fsdp, single = f"ddp-fp32-n{n}", f"fsdp-fp32-n{n}", "single-fp32-n1"
+    if n < 2 or not all(t.usable(c) for c in (ddp, fsdp, single)):
+        return _untestable(f"needs single, ddp and fsdp in fp32 (ddp and fsdp at n={n})")
+    over_single, over_fsdp = t.ratio(ddp, single), t.ratio(ddp, fsdp)
+    statistic = (f"ddp/single = {over_single[0]:.2f} ({over_single[1]:.2f} to {over_single[2]:.2f}); "
+                 f"ddp/fsdp = {over_fsdp[0]:.2f} ({over_fsdp[1]:.2f} to {over_fsdp[2]:.2f})")
+    if {over_single[3], over_fsdp[3]} == {"faster", "slower"}:
+        return Finding(SUPPORTED, statistic)
+    if over_single[3] == over_fsdp[3] and over_single[3] in ("faster", "slower"):
+        return Finding(CONTRADICTED, statistic)
+    return Finding(NOISE, statistic)
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: str
+    source: str
+    text: str
+    check: Callable[[Tables], Finding]
+
+
+CLAIMS = [
+    Claim("bai-ddp-apex-fastest", "Bai 2022", "DDP with Apex mixed precision is the fastest strategy on one node.",
+          ddp_apex_fastest),
+    Claim("bai-horovod-apex-robust", "Bai 2022", "Horovod with Apex is the most robust across nodes.", multi_node),
+    Claim("bai-ddp-fastest-fp32", "Bai 2022", "Without Apex, DDP is the fastest strategy on one node.",
+          ddp_fastest_without_apex),
+    Claim("bai-apex-horovod-gain", "Bai 2022 (code README)",
+          "Apex multiplies Horovod's throughput (about 3x) but helps DDP only a little.", apex_multiplies_horovod),
+    Claim("bai-dp-slower", "Bai 2022", "DataParallel (single parameter server) is slower than DDP.",
+          dp_slower_than_ddp),
+    Claim("bai-sublinear-nodes", "Bai 2022", "Across nodes the speedup is sublinear because of communication.",
+          multi_node),
+    Claim("patwardhan-fsdp-memory", "Patwardhan et al. 2024", "FSDP uses the least memory per device.",
+          fsdp_least_memory),
+    Claim("patwardhan-same-loss", "Patwardhan et al. 2024", "Every strategy converges to the same loss.", same_loss),
+    Claim("patwardhan-ddp-between", "Patwardhan et al. 2024",
+          "DDP's throughput lies between single-GPU training's and FSDP's.", ddp_between_single_and_fsdp),
+]
+
+
+def check_claims(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
+    tables = Tables(runs, summary)
+    results = []
+    for claim in CLAIMS:
+        finding = claim.check(tables)
+        results.append({"claim": claim.key, "source": claim.source, "text": claim.text,
+                        "verdict": finding.verdict, "statistic": finding.statistic})
+    return results

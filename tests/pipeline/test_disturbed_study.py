@@ -1,0 +1,87 @@
+"""A run trained while other processes hog the CPUs: collect flags it, keeps it out of every
+statistic and claim, still shows it, and refuses the study when study.max_disturbed says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from gpt2dist.pipeline.study import collect_command, plan_study, report_command, train_command
+
+from reduced_study import run as run_in
+
+pytestmark = pytest.mark.slow
+
+HOGGED = "single-fp32-n1-r1"
+
+
+def hog(seconds: float) -> subprocess.Popen:
+    """A bounded busy loop (it ends by itself if the test dies first)."""
+    code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def intervals(markdown: str) -> list[tuple[float, float, float]]:
+    """Every 'centre (low to high)' in the summary table."""
+    number = r"(-?[\d,]+(?:\.\d+)?)"
+    found = re.findall(rf"{number} \({number} to {number}\)", markdown)
+    return [tuple(float(x.replace(",", "")) for x in match) for match in found]
+
+
+@pytest.fixture(scope="module")
+def disturbed_study(finished_study, tmp_path_factory):
+    """The finished reduced study with one run trained again beside a hog on every CPU."""
+    work = tmp_path_factory.mktemp("disturbed") / "study"
+    shutil.copytree(finished_study, work, symlinks=True)
+    study = plan_study(work / "params.yaml", "cpu", 0)
+    hogged = next(r for r in study.runs if r.run_id == HOGGED)
+    shutil.rmtree(work / "results" / "runs" / HOGGED)
+    hogs = [hog(240) for _ in range(len(os.sched_getaffinity(0)))]
+    try:
+        run_in(shlex.split(train_command(study, hogged)), work)
+    finally:
+        for process in hogs:
+            process.kill()
+            process.wait()
+    for command in (collect_command(study), report_command()):
+        run_in(shlex.split(command), work)
+    return work
+
+
+@pytest.mark.timeout(600)
+def test_the_hogged_run_is_flagged_and_left_out(disturbed_study):
+    results = disturbed_study / "results"
+    runs = pd.read_csv(results / "runs.csv").set_index("run_id")
+    assert "other processes used" in runs.loc[HOGGED, "disturbed"]
+    assert runs.loc[HOGGED, "foreign_cpu_share"] > 0.3
+    summary = json.loads((results / "summary.json").read_text())
+    assert HOGGED in summary["disturbed_runs"]
+    single = summary["configs"]["single-fp32-n1"]
+    assert single["disturbed_runs"] >= 1 and single["repeats"] + single["disturbed_runs"] == 2
+    markdown = (results / "summary.md").read_text()
+    assert f"`{HOGGED}`" in markdown.split("| strategy")[0]  # named above the table
+    for centre, low, high in intervals(markdown):
+        assert 0 <= low <= centre <= high, (centre, low, high)
+    # no claim cites the hogged round: the equal-loss check pairs rounds of undisturbed runs only
+    assert not any("single-fp32-n1 r1" in finding["statistic"] for finding in summary["findings"])
+
+
+@pytest.mark.timeout(300)
+def test_max_disturbed_refuses_and_names_the_rerun_command(disturbed_study):
+    params = yaml.safe_load((disturbed_study / "params.yaml").read_text())
+    params["presets"]["cpu"]["study"]["max_disturbed"] = 0
+    (disturbed_study / "strict.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    study = plan_study(disturbed_study / "strict.yaml", "cpu", 0)
+    done = run_in(shlex.split(collect_command(study, "strict.yaml")), disturbed_study, check=False)
+    assert done.returncode == 2
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and HOGGED in error[0] and f"--forcerun results/runs/{HOGGED}/run.json" in error[0]
