@@ -21,6 +21,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from gpt2dist.config import PRECISIONS  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
@@ -87,19 +88,19 @@ def memory(runs, summary, metrics, title):
     """Left: the model state each rank holds (what sharding divides); right: the process's peak."""
     data = in_study_order(summary)
     x = np.arange(len(data))
-    fig, (state, peak) = plt.subplots(1, 2, figsize=(max(10, 1.4 * len(data) + 4), 4.8))
+    fig, (state, peak) = plt.subplots(2, 1, figsize=(max(8, 0.9 * len(data) + 4), 9))
     bottom = np.zeros(len(data))
     for part, colour in zip(("param_bytes", "grad_bytes", "optimizer_bytes"), sns.color_palette("colorblind", 3)):
         values = data[part].fillna(0).to_numpy() / 2**20
         state.bar(x, values, bottom=bottom, color=colour, label=part.removesuffix("_bytes"))
         bottom += values
-    state.set_xticks(x, _label(data), fontsize="x-small")
+    state.set_xticks(x, _label(data), fontsize="small")
     state.set(ylabel="MiB per rank", title="Model state held per rank")
-    state.legend(fontsize="small")
+    state.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     colours = _colours()
     peak.bar(x, data["peak_mem_bytes"] / 2**20, color=[colours[p] for p in data["precision"]],
              yerr=_error(data, "peak_mem_bytes", 2**20), capsize=4)
-    peak.set_xticks(x, _label(data), fontsize="x-small")
+    peak.set_xticks(x, _label(data), fontsize="small")
     peak.set(ylabel="MiB per process", title="Peak memory (CUDA allocated; resident set on CPU)")
     fig.suptitle(f"Memory\n{title}")
     return fig
@@ -147,7 +148,7 @@ def deviation_from_single(metrics: pd.DataFrame) -> pd.DataFrame:
 def loss_deviation(runs, summary, metrics, title):
     data = deviation_from_single(metrics)
     precisions = list(data["precision"].unique()) if len(data) else ["fp32"]
-    fig, axes = plt.subplots(1, len(precisions), figsize=(5.5 * len(precisions) + 1.5, 4.5), squeeze=False,
+    fig, axes = plt.subplots(1, len(precisions), figsize=(5.5 * len(precisions) + 1.5, 5.5), squeeze=False,
                              sharey=True)
     for ax, precision in zip(axes[0], precisions):
         panel = data[data["precision"] == precision] if len(data) else data
@@ -156,7 +157,9 @@ def loss_deviation(runs, summary, metrics, title):
                                  configuration=panel["strategy"] + " n=" + panel["nproc"].astype(str))
             sns.lineplot(data=panel, x="step", y="deviation", hue="configuration", estimator="median",
                          errorbar=None, marker="o", markersize=3, ax=ax)
-            ax.legend(fontsize="x-small")
+            # below the axes: curves at the floor would hide under a legend drawn inside
+            ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_yscale("log")
         reference = panel["reference"].iloc[0] if len(panel) else "single"
         ax.set(xlabel="optimizer step", ylabel=f"|loss - {reference}| / {reference}",
