@@ -66,7 +66,9 @@ def test_the_hogged_run_is_flagged_and_left_out(disturbed_study):
     summary = json.loads((results / "summary.json").read_text())
     assert HOGGED in summary["disturbed_runs"]
     single = summary["configs"]["single-fp32-n1"]
-    assert single["disturbed_runs"] >= 1 and single["repeats"] + single["disturbed_runs"] == 2
+    # tiny runs on a busy CI machine may be flagged too: then single is summarised from them all, and says so
+    assert single["disturbed_runs"] >= 1
+    assert single["repeats"] + single["disturbed_runs"] == 2 or (single["from_disturbed"] and single["repeats"] == 2)
     markdown = (results / "summary.md").read_text()
     assert f"`{HOGGED}`" in markdown.split("| strategy")[0]  # named above the table
     for centre, low, high in intervals(markdown):
@@ -84,4 +86,5 @@ def test_max_disturbed_refuses_and_names_the_rerun_command(disturbed_study):
     done = run_in(shlex.split(collect_command(study, "strict.yaml")), disturbed_study, check=False)
     assert done.returncode == 2
     error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(error) == 1 and HOGGED in error[0] and f"--forcerun results/runs/{HOGGED}/run.json" in error[0]
+    assert len(error) == 1 and HOGGED in error[0]
+    assert "snakemake --cores all --forcerun " in error[0] and f" results/runs/{HOGGED}/run.json" in error[0]

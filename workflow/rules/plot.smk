@@ -13,6 +13,9 @@ rule plot:
         svg=[f"{gs.RESULTS_DIR}/figures/{name}.svg" for name in gs.FIGURES],
     params:
         command=gs.plot_command(),
+        # for the report's captions (Jinja2 in workflow/report/*.rst): fixed by the plan, so they
+        # never make plot out of date on their own
+        study=gs.caption_facts(STUDY),
     log:
         "logs/plot.log",
     container:

@@ -186,6 +186,14 @@ def report_command() -> str:
     return _cmd("gpt2dist", "report", "--results", RESULTS_DIR)
 
 
+def caption_facts(study: Study) -> str:
+    """One line the report's figure captions end with: which study the figure shows."""
+    configs = len(configurations(study))
+    where = f"{study.gpus} GPUs per node" if study.device == "cuda" else "CPU"
+    return (f"Study: preset {study.preset_name}, {configs} configurations x {study.preset.study.repeats} repeats, "
+            f"planned for {where}; the hardware it ran on is in each figure's title and in summary.md.")
+
+
 def stage_outputs(study: Study) -> dict[str, list[str]]:
     """The files each stage writes: what Snakemake's rules and DVC's stages must both declare."""
     runs = {f"train@{run.run_id}": [f"{RUNS_DIR}/{run.run_id}/run.json", f"{RUNS_DIR}/{run.run_id}/metrics.jsonl"]
