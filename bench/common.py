@@ -55,15 +55,22 @@ def decided(ours: list[float], theirs: list[float], target: float) -> bool:
     return low >= target or high < target
 
 
+def against_target(low: float, high: float, target: float) -> str:
+    """An interval's verdict on a 'higher is better' target."""
+    if low >= target:
+        return f"meets the target >= {target:g}"
+    if high < target:
+        return f"misses the target >= {target:g}"
+    return f"cannot decide against the target >= {target:g}"
+
+
 def verdict_line(name: str, ours: list[float], theirs: list[float], target: float) -> str:
     ratio, low, high, pairs = ratio_interval(ours, theirs)
     measured = f"{name} = {ratio:.3f} (95% interval {low:.3f} to {high:.3f}, {pairs} interleaved rounds)"
-    if low >= target:
-        return f"{measured}: meets the target >= {target}"
-    if high < target:
-        return f"{measured}: misses the target >= {target}"
-    return (f"{measured}: cannot decide against the target >= {target}; the machine was too noisy for this many "
-            "rounds (raise --max-rounds, or run on a quiet machine)")
+    line = f"{measured}: {against_target(low, high, target)}"
+    if low < target <= high:
+        line += "; the machine was too noisy for this many rounds (raise --max-rounds, or run on a quiet machine)"
+    return line
 
 
 def machine_line(monitor: LoadMonitor) -> str:

@@ -17,7 +17,7 @@ import argparse
 import sys
 
 import torch
-from common import median, single_trainer
+from common import against_target, median, single_trainer
 
 from gpt2dist.config import PRECISIONS
 from gpt2dist.results.statistics import log_interval
@@ -50,10 +50,8 @@ def main() -> None:
           f"micro-batch {trainer.spec.train.micro_batch_size}, accumulation {trainer.spec.grad_accum_steps}")
     print(f"tokens/s {rate:,.0f} (95% interval {low:,.0f} to {high:,.0f} over {len(rates)} steps; "
           f"{per_token / 1e6:.0f} MFLOP/token, {COMPUTE_DTYPE[args.precision]} peak {peak / 1e12:.1f} TFLOP/s)")
-    target = 0.5
-    decision = ("meets" if utilisation[1] >= target else "misses" if utilisation[2] < target
-                else "cannot decide against")
-    print(f"MFU {utilisation[0]:.1%} ({utilisation[1]:.1%} to {utilisation[2]:.1%}): {decision} the target >= 50%")
+    print(f"MFU {utilisation[0]:.1%} ({utilisation[1]:.1%} to {utilisation[2]:.1%}): "
+          f"{against_target(utilisation[1], utilisation[2], 0.5)}")
     clocks = [line["sm_clock_mhz"] for line in lines if "sm_clock_mhz" in line]
     slowed = sum(bool(line.get("clock_event_reasons", 0) & DISTURBING_REASONS) for line in lines)
     if clocks:

@@ -154,7 +154,7 @@ class StudyConfig(_Strict):
     train_runtime_min: int = Field(60, gt=0, description="Time limit of one train job on a cluster (SLURM "
                                    "--time), minutes; a job that hits it is retried and resumes from its checkpoint.")
     max_foreign_cpu_share: float = Field(0.1, ge=0, le=1, description="A run is disturbed when other processes "
-                                         "used more than this share of its CPUs while it trained (mean over the run).")
+                                         "used more than this share of its CPUs during its steady-state steps (mean of the load samples).")
     max_step_time_spread: float = Field(0.25, gt=0, description="A run is disturbed when its steady-state step times "
                                         "spread more than this (median absolute deviation / median).")
     min_cpu_share: float = Field(0.75, ge=0, le=1, description="On CPU, a run is disturbed when rank 0 got less than "

@@ -124,9 +124,7 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
             **measures,
             "disturbed": disturbance(measures, study.preset.study),
         })
-    runs = pd.DataFrame(rows)
-    runs["disturbed"] = runs["disturbed"].fillna("")
-    return runs
+    return pd.DataFrame(rows)
 
 
 def in_study_order(frame: pd.DataFrame) -> pd.DataFrame:
@@ -200,8 +198,7 @@ def hardware_label(records: dict[str, dict]) -> tuple[str, str | None]:
     return f"{devices['cpu']} ({devices['cpu_cores']} cores)", None
 
 
-def refuse_if_too_disturbed(runs: pd.DataFrame, limit: int | None, runs_dir: Path) -> None:
-    disturbed = runs[runs["disturbed"] != ""]
+def refuse_if_too_disturbed(disturbed: pd.DataFrame, limit: int | None, runs_dir: Path) -> None:
     if limit is None or len(disturbed) <= limit:
         return
     outputs = " ".join(str(Path(runs_dir) / run_id / "run.json") for run_id in disturbed["run_id"])
@@ -220,11 +217,12 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path) -> dict
     train_tokens = read_meta(Path(data_dir))["splits"]["train"]["tokens"]
     hardware, gpu_name = hardware_label(records)
     runs = per_run(table, records, study, train_tokens)
-    refuse_if_too_disturbed(runs, study.preset.study.max_disturbed, runs_dir)
+    disturbed = runs[runs["disturbed"] != ""]
+    refuse_if_too_disturbed(disturbed, study.preset.study.max_disturbed, runs_dir)
     summary = summarise(runs, study, gpu_name)
     for run_id, reason in missing.items():
         log.warning("collect: %s left out: %s", run_id, reason)
-    for row in runs[runs["disturbed"] != ""].itertuples():
+    for row in disturbed.itertuples():
         log.warning("collect: %s disturbed, left out of the statistics: %s", row.run_id, row.disturbed)
     out_dir = Path(out_dir)
     for frame, name in ((table, "metrics.csv"), (runs, "runs.csv"), (summary, "summary.csv")):
@@ -239,8 +237,7 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path) -> dict
         "versions": first["versions"],
         "dropped_configurations": study.dropped,
         "missing_runs": missing,
-        "disturbed_runs": dict(zip(runs.loc[runs["disturbed"] != "", "run_id"],
-                                   runs.loc[runs["disturbed"] != "", "disturbed"])),
+        "disturbed_runs": dict(zip(disturbed["run_id"], disturbed["disturbed"])),
         "configs": _json_rows(summary, "config_id"),
         "findings": check_claims(runs, summary),
     }

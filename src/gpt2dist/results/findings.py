@@ -140,12 +140,12 @@ def fsdp_least_memory(t: Tables) -> Finding:
     others = s[(s["nproc"] == n) & (s["strategy"] != "fsdp")]
     if others.empty:
         return _untestable(f"needs another strategy at n={n}")
-    least_fsdp = s.loc[fsdp, "model_state_bytes"].max()
-    least_other = others["model_state_bytes"].min()
-    statistic = (f"model state per rank: FSDP {least_fsdp / 2**20:,.1f} MiB, the least of the others "
-                 f"{least_other / 2**20:,.1f} MiB ({others['model_state_bytes'].idxmin()}); "
+    fsdp_most = s.loc[fsdp, "model_state_bytes"].max()
+    others_least = others["model_state_bytes"].min()
+    statistic = (f"model state per rank: FSDP {fsdp_most / 2**20:,.1f} MiB, the least of the others "
+                 f"{others_least / 2**20:,.1f} MiB ({others['model_state_bytes'].idxmin()}); "
                  "counted from the tensors, without noise")
-    return Finding(SUPPORTED if least_fsdp < least_other else CONTRADICTED, statistic)
+    return Finding(SUPPORTED if fsdp_most < others_least else CONTRADICTED, statistic)
 
 
 def same_loss(t: Tables) -> Finding:
