@@ -8,7 +8,9 @@
 #
 # Usage: containers/install_horovod.sh [--cpu|--gpu]   (default: --gpu when nvcc and a
 #        CUDA build of torch are present, else --cpu)
-# Env:   PYTHON (default: python), GPT2DIST_WHEEL_CACHE (default: ~/.cache/gpt2dist/wheels)
+# Env:   PYTHON (default: python), GPT2DIST_WHEEL_CACHE (default: ~/.cache/gpt2dist/wheels),
+#        HOROVOD_BUILD_CUDA_CC_LIST (e.g. 90: only the compute capabilities you run on; default: all
+#        that nvcc knows). Offline: PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR with the sdist and a cmake<4 wheel.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -30,7 +32,9 @@ fi
 case $flavour in
   --cpu) variant=cpu ;;
   --gpu) [[ -n $torch_cuda ]] || die "--gpu needs a CUDA build of torch (found $torch_version)"
-         variant=cuda${torch_cuda}-nccl-shared ;;
+         # MPI when its compiler is there (the image has OpenMPI); otherwise the Gloo controller alone
+         if command -v mpicxx >/dev/null; then controller=mpi; else controller=gloo; fi
+         variant=cuda${torch_cuda}-nccl-shared-$controller ;;
   *) die "unknown option '$flavour' (use --cpu or --gpu)" ;;
 esac
 
@@ -58,16 +62,41 @@ if [[ -z $wheel ]]; then
   "$work/tools/bin/python" -m pip install --quiet "cmake>=3.13,<4"
   mkdir "$work/bin" && ln -s "$work/tools/bin/cmake" "$work/bin/cmake"  # cmake only, not that python
   export PATH="$work/bin:$PATH"
-  "$PYTHON" -m pip install --quiet packaging psutil pyyaml cloudpickle
+  # setup.py's setup_requires (cffi for the torch extension): present, or setuptools tries to fetch them
+  "$PYTHON" -m pip install --quiet packaging psutil pyyaml cloudpickle "cffi>=1.4.0"
   export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
   if [[ $variant == cpu ]]; then
     export HOROVOD_WITHOUT_MPI=1
   else
     # Link the libnccl.so that torch loads, not a second, static copy of NCCL.
-    export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_WITH_MPI=1 HOROVOD_NCCL_LINK=SHARED
+    export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED
+    if [[ $controller == mpi ]]; then
+      export HOROVOD_WITH_MPI=1
+    else
+      echo "install_horovod: no MPI compiler (mpicxx) on PATH; building the Gloo controller only"
+      export HOROVOD_WITHOUT_MPI=1
+    fi
+    # A pip-installed torch loads NCCL from its nvidia-nccl wheel, which ships libnccl.so.2 but no
+    # libnccl.so for the linker to find: give it one beside that wheel's headers.
+    wheel_nccl=$("$PYTHON" - <<'PY'
+import glob, os
+import nvidia
+found = [h for p in nvidia.__path__ for h in glob.glob(os.path.join(p, "**", "include", "nccl.h"), recursive=True)]
+print(os.path.dirname(os.path.dirname(found[0])) if found else "")
+PY
+    ) || wheel_nccl=""
+    if [[ -n $wheel_nccl && -z ${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_LIB:-} && -e $wheel_nccl/lib/libnccl.so.2 ]]; then
+      mkdir -p "$work/nccl-lib" && ln -s "$wheel_nccl/lib/libnccl.so.2" "$work/nccl-lib/libnccl.so"
+      export HOROVOD_NCCL_INCLUDE=$wheel_nccl/include HOROVOD_NCCL_LIB=$work/nccl-lib
+      echo "install_horovod: linking the NCCL of torch's nvidia-nccl wheel ($wheel_nccl)"
+    fi
   fi
   "$PYTHON" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src" \
-    > "$work/build.log" 2>&1 || { grep -A12 -m3 -E 'CMake Error|error:' "$work/build.log" >&2 || tail -n 40 "$work/build.log" >&2; die "Horovod build failed (log above)"; }
+    > "$work/build.log" 2>&1 || {
+      mkdir -p "$CACHE_ROOT" && cp "$work/build.log" "$CACHE_ROOT/horovod-build.log"
+      grep -B2 -A12 -m3 -E 'CMake Error|error: |Error [0-9]|Traceback' "$work/build.log" | grep -v 'subprocess-exited-with-error' >&2
+      tail -n 25 "$work/build.log" >&2
+      die "Horovod build failed (above; whole log: $CACHE_ROOT/horovod-build.log)"; }
   mkdir -p "$cache_dir"
   built=$(ls "$work"/dist/horovod-*.whl)
   # Copy under a temporary name, then rename: a killed build never leaves a half wheel in the cache.

@@ -16,11 +16,12 @@ import yaml
 from conftest import REPO
 
 BIN = Path(sys.executable).parent
-COPIED = ["Snakefile", "params.yaml", "workflow", ".dvcignore"]  # .dvcignore: directory deps skip __pycache__
+# .dvcignore: directory deps skip __pycache__; .gitignore: what a clone of the repository versions
+COPIED = ["Snakefile", "params.yaml", "workflow", ".dvcignore", ".gitignore"]
 # The corpus: the paragraphs of the repository's own documents. Not the embedded corpus, whose text
 # (the standard library's docstrings) depends on the Python version: a study in the image
 # (Python 3.13) must read the same text as the host's to give the same numbers.
-CORPUS = ["README.md", "containers/README.md", "docs/cpu-study-summary.md"]
+CORPUS = ["README.md", "containers/README.md", "docs/reference/cpu-study/summary.md"]
 
 
 def reduce_params(path: Path, **study) -> None:

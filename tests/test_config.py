@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpt2dist.config import check_combination, load_preset, read_params, resolve_preset_name
+from gpt2dist.config import check_combination, check_plan_fits, load_preset, read_params, resolve_preset_name
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
 
@@ -131,3 +131,15 @@ def test_fingerprint_changes_with_computation_not_paths(params_file, shards):
     base = spec_for(params_file, shards)
     assert base.fingerprint() == spec_for(params_file, shards, out=Path("/elsewhere")).fingerprint()
     assert base.fingerprint() != spec_for(params_file, shards, overrides=["train.lr=1e-3"]).fingerprint()
+
+
+def test_a_cpu_plan_on_a_gpu_machine_names_the_regenerate_command(params_file, tmp_path):
+    """The committed dvc.yaml plans the cpu study (--gpus 0); on a GPU node it must stop, not train it on CUDA."""
+    with pytest.raises(UsageError, match=r"planned for CPU .* this machine has 8 CUDA GPUs; .*gpt2dist dvc-yaml"):
+        check_plan_fits(params_file, 0, 8)
+    check_plan_fits(params_file, 0, 0)  # a CPU machine
+    check_plan_fits(params_file, 8, 8)  # a regenerated plan
+    check_plan_fits(params_file, 8, 0)  # planned on a login node for the cluster's GPUs
+    pinned = tmp_path / "params.yaml"
+    pinned.write_text(yaml.safe_dump({**yaml.safe_load(params_file.read_text()), "gpus_per_node": 0}))
+    check_plan_fits(pinned, 0, 8)  # a CPU study on a GPU machine, said in params.yaml

@@ -177,6 +177,39 @@ def report(results: Annotated[Path, typer.Option(help="Directory written by `gpt
     typer.echo(f"ok: {run_report(results)}")
 
 
+@app.command()
+@one_line_errors
+def bundle(
+    out: Annotated[Path, typer.Option(help="Archive to write (.tar.gz).")],
+    runs: Annotated[Path, typer.Option(help="Directory holding one directory per run id.")] = Path("results/runs"),
+    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpus: Gpus = None,
+) -> None:
+    """Pack the study's run records, shard description and parameters into one verifiable archive."""
+    from gpt2dist.results.bundle import write_bundle
+
+    description = write_bundle(_study(params, preset, gpus), runs, data, params, out)
+    missing = f", {len(description['missing_runs'])} missing (listed in its bundle.json)" if description[
+        "missing_runs"] else ""
+    typer.echo(f"ok: {out}: {len(description['runs'])} runs of preset {description['preset']}{missing}")
+
+
+@app.command()
+@one_line_errors
+def figures(
+    source: Annotated[Path, typer.Option("--from", help="Bundle written by `gpt2dist bundle`.")],
+    out: Annotated[Path, typer.Option(help="Directory for the tables, figures, summary.md and findings.md.")] = Path(
+        "results/from-bundle"),
+) -> None:
+    """Verify a bundle and rebuild every table, figure and finding from it, without training."""
+    from gpt2dist.results.bundle import rebuild
+
+    summary = rebuild(source, out)
+    typer.echo(f"ok: {len(summary['configs'])} configurations of preset {summary['preset']} rebuilt in {out}")
+
+
 @app.command("dvc-yaml")
 @one_line_errors
 def dvc_yaml(
@@ -246,9 +279,13 @@ def selftest(
     from rich.console import Console
     from rich.table import Table
 
+    from gpt2dist.config import check_plan_fits
     from gpt2dist.launch.selftest import run_selftest
+    from gpt2dist.system.hardware import visible_gpus
 
     console = Console(highlight=False)
+    if gpus is not None:  # the pipeline's jobs pass the plan's count: a stale dvc.yaml shows here first
+        check_plan_fits(params, gpus, visible_gpus())
     study = _study(params, preset, gpus)
 
     def progress(check, done: int, total: int) -> None:

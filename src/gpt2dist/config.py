@@ -285,6 +285,18 @@ def planned_gpus(path: Path, visible: int) -> int:
     return gpus
 
 
+def check_plan_fits(path: Path, planned: int, visible: int) -> None:
+    """Refuse a CPU plan (--gpus 0, as the committed dvc.yaml has) on a machine with GPUs: it would
+    train the CPU study on CUDA, or fail at its first 2-process run. A CPU study on a GPU machine
+    stays possible by saying so in params.yaml."""
+    if planned == 0 and visible > 0 and read_params(path).get("gpus_per_node") is None:
+        raise UsageError(
+            f"this study was planned for CPU (--gpus 0, as in the committed dvc.yaml) but this machine has {visible} "
+            f"CUDA GPUs; regenerate the plan with `gpt2dist dvc-yaml` (or set gpus_per_node: 0 in {path} to run "
+            f"the CPU study here)"
+        )
+
+
 def load_preset(path: Path, name: str, overrides: list[str] | tuple[str, ...] = ()) -> Preset:
     return _preset_from(read_params(path), path, name, overrides)
 

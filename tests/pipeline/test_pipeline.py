@@ -167,7 +167,7 @@ def test_repository_schema_is_current(tmp_path):
     assert (tmp_path / "schema.json").read_text() == (REPO / "workflow/schemas/params.schema.json").read_text()
 
 
-def test_dvc_repro_status_exp_run_and_metrics_diff(workdir):
+def test_dvc_repro_push_pull_exp_run_and_metrics_diff(workdir, tmp_path_factory):
     params_path = workdir / "params.yaml"
     params = yaml.safe_load(params_path.read_text())
     params["presets"]["cpu"]["study"]["repeats"] = 1  # DVC's bookkeeping is under test, not the study
@@ -178,13 +178,31 @@ def test_dvc_repro_status_exp_run_and_metrics_diff(workdir):
     run(["dvc", "init", "-q"], workdir)
     (workdir / "src").symlink_to(REPO / "src")  # stage deps name the package's code
     run(["gpt2dist", "dvc-yaml"], workdir)
-    (workdir / ".gitignore").write_text("logs/\n.snakemake/\n")
-    run(["git", "add", "-A"], workdir)
+    run(["git", "add", "-A"], workdir)  # under the repository's .gitignore, as in a clone of it
     run(["git", "commit", "-qm", "study"], workdir)
     run(["dvc", "repro"], workdir)
     assert "up to date" in run(["dvc", "status"], workdir).stdout.lower() or not run(["dvc", "status"], workdir).stdout.strip()
+    # every output is in DVC's cache or in git, none in neither: git holds only the two small views
+    remote = tmp_path_factory.mktemp("remote")
+    run(["dvc", "remote", "add", "-d", "store", str(remote)], workdir)
+    run(["dvc", "push", "-q"], workdir)
     run(["git", "add", "-A"], workdir)
     run(["git", "commit", "-qm", "results"], workdir)
+    in_git = set(run(["git", "ls-files", "results"], workdir).stdout.split())
+    assert {"results/headline/ddp-fp32-n2.json", "results/loss_curves.csv"} <= in_git
+    assert not [path for path in in_git if not path.startswith(("results/headline/", "results/loss_curves.csv"))
+                and not path.endswith(".gitignore")]
+
+    # a colleague's clone: pull, and neither tool trains anything (Snakemake after `--touch`, since
+    # pulled files get new mtimes in no particular order)
+    clone = tmp_path_factory.mktemp("clone") / "study"
+    run(["git", "clone", "-q", str(workdir), str(clone)], workdir)
+    assert (clone / "results" / "headline" / "single-fp32-n1.json").is_file() and not (clone / "results" / "runs").exists()
+    run(["dvc", "pull", "-q"], clone)
+    assert not re.search(r"^Running stage", run(["dvc", "repro"], clone).stdout, re.M)
+    run(["snakemake", "--touch", "--cores", "1"], clone)
+    assert "Nothing to be done" in run(["snakemake", "-n", "figures"], clone).stdout + run(
+        ["snakemake", "-n"], clone).stdout
 
     # a training key changes every configuration's selftest and run (collect follows them); not prepare
     params["presets"]["cpu"]["train"]["lr"] = 1e-3
@@ -202,7 +220,10 @@ def test_dvc_repro_status_exp_run_and_metrics_diff(workdir):
     after = json.loads((workdir / "results" / "summary.json").read_text())
     assert after["configs"]["ddp-fp32-n2"]["tokens_per_s"] != before["configs"]["ddp-fp32-n2"]["tokens_per_s"]
     diff = run(["dvc", "metrics", "diff", "--all"], workdir).stdout
-    assert "configs.ddp-fp32-n2.tokens_per_s" in diff and "warmup_steps" in diff
+    assert re.search(r"headline/ddp-fp32-n2.json\s+tokens_per_s", diff)
+    assert "presets.cpu.study.warmup_steps" in run(["dvc", "params", "diff"], workdir).stdout
+    shown = run(["dvc", "metrics", "show"], workdir).stdout.splitlines()  # one row per configuration
+    assert len([line for line in shown if "headline/" in line]) == 2 and max(map(len, shown)) < 120, shown
     run(["dvc", "plots", "show", "--json"], workdir)
 
 

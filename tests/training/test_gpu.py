@@ -111,7 +111,9 @@ def test_apex_trains_skips_compile_and_resumes(strategy, precision, shards, para
     gpt2dist(*args, "--max-steps", "9")
     record = run_record(tmp_path)
     assert record["status"] == "completed" and record["resumed_from_step"] == 6
-    assert record["compiled"] is False and record["compile_skipped"].startswith("Apex amp casts")
+    # DataParallel's own conflict is named first; every other strategy is refused compile by Apex
+    assert record["compiled"] is False
+    assert record["compile_skipped"].startswith("DataParallel" if strategy == "dp" else "Apex amp casts")
     losses = [line["loss"] for line in read_metrics(tmp_path)]
     assert [line["step"] for line in read_metrics(tmp_path)] == list(range(9)) and losses[-1] < losses[0]
 
@@ -126,7 +128,7 @@ def test_apex_o2_checkpoint_restores_master_weights_and_optimizer_state(shards, 
     first.run()
     saved_amp = first.precision.amp.state_dict()
     resumed = Trainer(spec, Single(spec))
-    assert resumed.resume() == 4
+    assert resumed.resume()[0] == 4
     amp = resumed.precision.amp
     pairs = list(zip(amp.master_params(first.optimizer), amp.master_params(resumed.optimizer), strict=True))
     assert all(a.dtype == torch.float32 and torch.equal(a, b) for a, b in pairs)

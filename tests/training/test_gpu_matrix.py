@@ -22,6 +22,10 @@ pytestmark = [pytest.mark.gpu, gpu]
 
 GPUS = torch.cuda.device_count()
 ONE_ROW = ("--set", "train.micro_batch_size=1")  # the global batch of 8 divides over 1, 2, 4 or 8 GPUs
+# Extending a run with --max-steps is a resume, but the cosine decay is laid out over max_steps, so a
+# 6-step run decays faster than the first 6 steps of a 12-step one. A flat tail (min_lr = lr) makes
+# the schedule a function of the step alone, and the resumed run comparable with the whole one.
+FLAT_SCHEDULE = ("--set", f"train.min_lr={TINY_PRESET['train']['lr']}")
 
 
 def refusal(strategy: str, precision: str, nproc: int) -> str | None:
@@ -78,9 +82,10 @@ def test_every_strategy_resumes_on_gpu(strategy, gpu_reference, shards, params_f
     if reason:
         pytest.skip(reason)
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    gpt2dist(*train_args(shards, params_file, whole, strategy, *ONE_ROW, nproc=nproc))
-    gpt2dist(*train_args(shards, params_file, resumed, strategy, *ONE_ROW, "--max-steps", "6", nproc=nproc))
-    gpt2dist(*train_args(shards, params_file, resumed, strategy, *ONE_ROW, nproc=nproc))
+    gpt2dist(*train_args(shards, params_file, whole, strategy, *ONE_ROW, *FLAT_SCHEDULE, nproc=nproc))
+    gpt2dist(*train_args(shards, params_file, resumed, strategy, *ONE_ROW, *FLAT_SCHEDULE, "--max-steps", "6",
+                         nproc=nproc))
+    gpt2dist(*train_args(shards, params_file, resumed, strategy, *ONE_ROW, *FLAT_SCHEDULE, nproc=nproc))
     assert run_record(resumed)["resumed_from_step"] == 6
     a, b = read_metrics(resumed), read_metrics(whole)
     assert [line["step"] for line in a] == [line["step"] for line in b]

@@ -8,6 +8,8 @@ rule collect:
         runs=f"{gs.RESULTS_DIR}/runs.csv",
         summary=f"{gs.RESULTS_DIR}/summary.csv",
         summary_json=f"{gs.RESULTS_DIR}/summary.json",
+        headline=[gs.headline_file(run) for run in CONFIGS.values()],
+        loss_curves=f"{gs.RESULTS_DIR}/loss_curves.csv",
     params:
         command=gs.collect_command(STUDY, PARAMS),
         settings=gs.preset_json(STUDY, "study", "model"),

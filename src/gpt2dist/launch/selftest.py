@@ -29,7 +29,8 @@ from gpt2dist.launch.locks import hold_the_machine
 from gpt2dist.pipeline.study import Run, Study, configurations, resume_cases
 
 STEPS = 4
-RESUME_AT = 2
+RESUME_AT = 2  # warm-up (1 step) + 1: the cosine decay, laid out over max_steps, has not moved yet, so
+# the --max-steps RESUME_AT run takes the same first steps as the STEPS one it is compared with
 # A resumed run must end where an uninterrupted one ends; reduced precisions and GPU reductions
 # are not bitwise repeatable, so they get a looser bound.
 RESUME_RTOL = {"fp32": 1e-5}

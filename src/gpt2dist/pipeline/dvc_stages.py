@@ -4,6 +4,9 @@ DVC's templating cannot resolve `preset: auto` or expand a run matrix from neste
 so dvc.yaml is generated (`gpt2dist dvc-yaml`) from params.yaml with gpt2dist.pipeline.study, the
 module the Snakefile uses too; a test keeps the two in step. Each stage lists its own code
 and exactly the params keys it reads.
+
+Every output is either in DVC's cache (pushed to a remote with `dvc push`) or, for the two
+small views of results.compact, committed to git; none is versioned by neither.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import yaml
 from gpt2dist.io import atomic_write_text
 from gpt2dist.pipeline.study import (
     DATA_DIR,
+    RESULTS_DIR,
     RUNS_DIR,
     SELFTEST_DIR,
     STAGE_CODE,
     Study,
     collect_command,
     configurations,
+    headline_file,
     plot_command,
     prepare_command,
     report_command,
@@ -39,6 +44,7 @@ HEADER = """\
 def dvc_stages(study: Study) -> dict:
     keys = f"presets.{study.preset_name}"
     outs = stage_outputs(study)
+    git_versioned = {f"{RESULTS_DIR}/loss_curves.csv", *(headline_file(run) for run in configurations(study))}
     run_files = [path for stage, paths in outs.items() if stage.startswith("train@") for path in paths]
     return {"stages": {
         # One per configuration, and each run depends on its configuration's: it re-runs only when
@@ -46,7 +52,7 @@ def dvc_stages(study: Study) -> dict:
         "selftest": {
             "foreach": {run.config_id: {"cmd": selftest_command(study, run)} for run in configurations(study)},
             "do": {"cmd": "${item.cmd}", "deps": STAGE_CODE["selftest"], "params": [f"{keys}.model", f"{keys}.train"],
-                   "outs": [{f"{SELFTEST_DIR}/${{key}}.json": {"cache": False}}]},
+                   "outs": [f"{SELFTEST_DIR}/${{key}}.json"]},
         },
         "prepare": {"cmd": prepare_command(study), "deps": STAGE_CODE["prepare"], "params": [f"{keys}.data"],
                     "outs": outs["prepare"]},
@@ -61,26 +67,32 @@ def dvc_stages(study: Study) -> dict:
                 # no checkpoint.pt: DVC deletes outs before running a stage, and an interrupted run
                 # resumes from it (the metrics so far travel inside it)
                 "outs": [f"{RUNS_DIR}/${{key}}/run.json", f"{RUNS_DIR}/${{key}}/metrics.jsonl",
-                         {f"{RUNS_DIR}/${{key}}/spec.json": {"cache": False}}],
+                         f"{RUNS_DIR}/${{key}}/spec.json"],
             },
         },
         "collect": {
             "cmd": collect_command(study),
             "deps": [*run_files, f"{DATA_DIR}/meta.json", *STAGE_CODE["collect"]],
             "params": [f"{keys}.study", f"{keys}.model"],
-            "outs": [path for path in outs["collect"] if path.endswith(("runs.csv", "summary.csv"))],
-            "metrics": [{"results/summary.json": {"cache": False}}],
-            "plots": [{"results/metrics.csv": {"cache": False, "x": "step", "y": "loss", "template": "linear"}}],
+            "outs": [*(path for path in outs["collect"] if path not in git_versioned),
+                     {f"{RESULTS_DIR}/loss_curves.csv": {"cache": False}}],
+            # small enough for git, which versions them (not DVC's cache): `dvc metrics diff` and
+            # `dvc plots diff` between commits work on a clone that has pulled nothing
+            "metrics": [{headline_file(run): {"cache": False}} for run in configurations(study)],
         },
         "plot": {
             "cmd": plot_command(),
             "deps": [*outs["collect"], *STAGE_CODE["plot"]],
-            "plots": [{path: {"cache": False}} for path in outs["plot"] if path.endswith(".png")],
+            "plots": [path for path in outs["plot"] if path.endswith(".png")],
             "outs": [path for path in outs["plot"] if path.endswith(".svg")],
         },
         "report": {"cmd": report_command(), "deps": ["results/summary.json", *STAGE_CODE["report"]],
                    "outs": outs["report"]},
-    }}
+    }, "plots": [
+        # one line per configuration (a stage-level plot of a file draws one field only)
+        {"loss by configuration": {"template": "linear", "x": "step", "x_label": "step", "y_label": "train loss",
+                                   "y": {f"{RESULTS_DIR}/loss_curves.csv": [run.config_id for run in configurations(study)]}}},
+    ]}
 
 
 def write_dvc_yaml(study: Study, path: Path) -> None:

@@ -32,7 +32,7 @@ STAGE_CODE = {
     "selftest": ["src/gpt2dist/training", "src/gpt2dist/launch"],
     "train": ["src/gpt2dist/training", "src/gpt2dist/launch", "src/gpt2dist/data/shards.py",
               "src/gpt2dist/system/conditions.py", "src/gpt2dist/system/gpu_telemetry.py"],
-    "collect": ["src/gpt2dist/results/collect.py", "src/gpt2dist/results/statistics.py",
+    "collect": ["src/gpt2dist/results/collect.py", "src/gpt2dist/results/statistics.py", "src/gpt2dist/results/compact.py",
                 "src/gpt2dist/results/disturbance.py", "src/gpt2dist/results/findings.py"],
     "plot": ["src/gpt2dist/results/plots.py"],
     "report": ["src/gpt2dist/results/report.py"],
@@ -194,6 +194,11 @@ def caption_facts(study: Study) -> str:
             f"planned for {where}; the hardware it ran on is in each figure's title and in summary.md.")
 
 
+def headline_file(run: Run) -> str:
+    """A configuration's three headline numbers (results.compact): one `dvc metrics show` row."""
+    return f"{RESULTS_DIR}/headline/{run.config_id}.json"
+
+
 def stage_outputs(study: Study) -> dict[str, list[str]]:
     """The files each stage writes: what Snakemake's rules and DVC's stages must both declare."""
     runs = {f"train@{run.run_id}": [f"{RUNS_DIR}/{run.run_id}/run.json", f"{RUNS_DIR}/{run.run_id}/metrics.jsonl"]
@@ -202,7 +207,9 @@ def stage_outputs(study: Study) -> dict[str, list[str]]:
         "prepare": [f"{DATA_DIR}/{name}" for name in ("train.bin", "val.bin", "tokenizer.json", "meta.json")],
         **{f"selftest@{run.config_id}": [selftest_file(run)] for run in configurations(study)},
         **runs,
-        "collect": [f"{RESULTS_DIR}/{name}" for name in ("metrics.csv", "runs.csv", "summary.csv", "summary.json")],
+        "collect": [*(f"{RESULTS_DIR}/{name}" for name in ("metrics.csv", "runs.csv", "summary.csv", "summary.json",
+                                                           "loss_curves.csv")),
+                    *(headline_file(run) for run in configurations(study))],
         "plot": [f"{RESULTS_DIR}/figures/{name}.{ext}" for name in FIGURES for ext in ("png", "svg")],
         "report": [f"{RESULTS_DIR}/summary.md", f"{RESULTS_DIR}/findings.md"],
     }

@@ -7,7 +7,8 @@ and whether it was disturbed (results.disturbance); summary.csv/json one row per
 steady-state numbers (which leave out the first `study.warmup_steps` steps), with a 95%
 interval on the log scale, and its speedup over the baseline paired by repeat round
 (results.statistics). A run that failed or is missing does not stop the others from being
-summarised: summary.json lists it, and the report says so first.
+summarised: summary.json lists it, and the report says so first. headline.json and
+loss_curves.csv are the compact views DVC shows (results.compact).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from gpt2dist.config import PRECISIONS, STRATEGIES
 from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
-from gpt2dist.pipeline.study import Study
+from gpt2dist.pipeline.study import Study, configurations
+from gpt2dist.results.compact import write_compact_views
 from gpt2dist.results.disturbance import conditions_of, disturbance
 from gpt2dist.results.findings import check_claims
 from gpt2dist.results.inputs import read_json, read_jsonl
@@ -228,6 +230,7 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path) -> dict
     for frame, name in ((table, "metrics.csv"), (runs, "runs.csv"), (summary, "summary.csv")):
         with atomic_open(out_dir / name, "w") as handle:
             frame.to_csv(handle, index=False)
+    write_compact_views(out_dir, [run.config_id for run in configurations(study)], summary, table)
     first = next(iter(records.values()))
     result = {
         "preset": study.preset_name,

@@ -40,7 +40,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def optimizer_factory(cfg: TrainConfig, device: torch.device):
+def optimizer_factory(cfg: TrainConfig, fused: bool):
     """AdamW; weight decay on matrices and embeddings only (biases and LayerNorm gains exempt)."""
 
     def make(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -49,7 +49,7 @@ def optimizer_factory(cfg: TrainConfig, device: torch.device):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
     return make
 
@@ -83,7 +83,8 @@ class Trainer:
             compile_blocks(model)
         elif t.compile:
             log.warning("train.compile ignored: %s", conflict)
-        self.model, self.optimizer = strategy.prepare(model, optimizer_factory(t, self.place.device), self.precision)
+        self.model, self.optimizer = strategy.prepare(model, optimizer_factory(t, self.precision.fused_optimizer),
+                                                             self.precision)
         self.loss = strategy.loss_module(self.model, self.precision)
         self.rows = strategy.rows_per_micro_batch()
         self.tokens_per_step = t.global_batch_size * spec.model.n_positions

@@ -40,7 +40,7 @@ class Precision:
     optimizer_state_by_name = True  # whether DCP can map the optimizer's parameters to the model's names
 
     def __init__(self, name: str, device: torch.device, *, sharded: bool):
-        self.name, self.device = name, device
+        self.name, self.device, self.sharded = name, device, sharded
         self.dtype = _AUTOCAST_DTYPE.get(name)
         self.scaler: torch.amp.GradScaler | None = None
         if name == "fp16":
@@ -51,6 +51,19 @@ class Precision:
                 self.scaler = ShardedGradScaler(device.type)
             else:
                 self.scaler = torch.amp.GradScaler(device.type)
+
+    @property
+    def fused_optimizer(self) -> bool:
+        """Whether the optimizer uses torch's fused kernel: on CUDA, where this precision's scaler allows it."""
+        return self.device.type == "cuda" and self.scaler_allows_fused_optimizer
+
+    @property
+    def scaler_allows_fused_optimizer(self) -> bool:
+        """False under ShardedGradScaler: its found_inf has shape (1,), which fused Adam subtracts in
+        place from its shape-() step counters and fails ("output with shape [] doesn't match the
+        broadcast shape [1]", seen with torch 2.11 on CUDA and 2.13 on CPU). The foreach path only
+        reads found_inf to decide whether to step."""
+        return not (self.name == "fp16" and self.sharded)
 
     def _check_fp16_support(self) -> None:
         try:

@@ -1,0 +1,147 @@
+"""Stored results: a study packed into one verified archive rebuilds the pipeline's tables exactly,
+anywhere, without training; an altered bundle is refused with one line."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import shutil
+import tarfile
+
+import pytest
+
+from conftest import REPO, gpt2dist
+
+REFERENCE = REPO / "docs" / "reference" / "cpu-study"
+REFERENCE_BUNDLE = REPO / "docs" / "reference" / "cpu-study.tar.gz"
+TABLES = ("metrics.csv", "runs.csv", "summary.csv")
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def members(bundle) -> dict[str, bytes]:
+    with tarfile.open(bundle, "r:gz") as archive:
+        return {m.name: archive.extractfile(m).read() for m in archive.getmembers()}
+
+
+def repack(out, files: dict[str, bytes]) -> None:
+    """An archive with these members, written the way an editing hand would (manifest untouched)."""
+    with gzip.open(out, "wb") as packed, tarfile.open(fileobj=packed, mode="w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+
+def refused(result, *phrases: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert all(phrase in lines[0] for phrase in phrases), lines[0]
+
+
+@pytest.fixture(scope="module")
+def study_bundle(finished_study, tmp_path_factory):
+    """The reduced study that Snakemake ran, bundled (from its own directory, as a user would)."""
+    out = tmp_path_factory.mktemp("bundle") / "study.tar.gz"
+    gpt2dist("bundle", "--out", out, cwd=finished_study)
+    return out
+
+
+def test_a_bundle_rebuilds_the_pipelines_tables_exactly(finished_study, study_bundle, tmp_path):
+    rebuilt = tmp_path / "rebuilt"
+    gpt2dist("figures", "--from", study_bundle, "--out", rebuilt)
+    for name in TABLES:
+        assert (rebuilt / name).read_bytes() == (finished_study / "results" / name).read_bytes(), name
+    assert {p.name for p in (rebuilt / "figures").iterdir()} == {
+        p.name for p in (finished_study / "results" / "figures").iterdir()}
+    assert (rebuilt / "summary.md").is_file() and (rebuilt / "findings.md").is_file()
+    description = json.loads((rebuilt / "bundle.json").read_text())
+    assert description["preset"] == "cpu" and len(description["runs"]) == 4 and not description["missing_runs"]
+
+
+def test_the_same_runs_bundle_to_the_same_bytes(finished_study, study_bundle, tmp_path):
+    again = tmp_path / "again.tar.gz"
+    gpt2dist("bundle", "--out", again, cwd=finished_study)
+    assert again.read_bytes() == study_bundle.read_bytes()
+    files = members(again)
+    assert list(files)[0] == "MANIFEST.sha256"  # first, so a reader can check as it streams
+    assert sorted(files) == ["MANIFEST.sha256", "bundle.json", "data/meta.json", "params.yaml",
+                             *sorted(f"runs/{run}/{name}" for run in ("ddp-fp32-n2-r0", "ddp-fp32-n2-r1",
+                                                                      "single-fp32-n1-r0", "single-fp32-n1-r1")
+                                     for name in ("metrics.jsonl", "run.json"))]
+
+
+def test_a_run_that_did_not_complete_is_listed_not_packed(study_bundle, tmp_path):
+    unpacked = tmp_path / "study"
+    for name, data in members(study_bundle).items():
+        (unpacked / name).parent.mkdir(parents=True, exist_ok=True)
+        (unpacked / name).write_bytes(data)
+    (unpacked / "runs" / "ddp-fp32-n2-r1" / "run.json").unlink()
+    out = tmp_path / "partial.tar.gz"
+    done = gpt2dist("bundle", "--out", out, "--runs", unpacked / "runs", "--data", unpacked / "data",
+                    "--params", unpacked / "params.yaml")
+    assert "3 runs of preset cpu, 1 missing" in done.stdout
+    description = json.loads(members(out)["bundle.json"])
+    assert list(description["missing_runs"]) == ["ddp-fp32-n2-r1"]
+    gpt2dist("figures", "--from", out, "--out", tmp_path / "rebuilt")
+    assert "ddp-fp32-n2-r1" in json.loads((tmp_path / "rebuilt" / "summary.json").read_text())["missing_runs"]
+
+
+def test_nothing_to_bundle_is_one_error(tmp_path):
+    refused(gpt2dist("bundle", "--out", tmp_path / "x.tar.gz", "--runs", tmp_path, "--data", tmp_path, check=False),
+            "meta.json is missing")
+    assert not (tmp_path / "x.tar.gz").exists()
+
+
+def test_the_shipped_reference_bundle_reproduces_docs_reference(tmp_path):
+    """Every figure and table under docs/reference/cpu-study/ comes from the bundle beside it, by one command."""
+    gpt2dist("figures", "--from", REFERENCE_BUNDLE, "--out", tmp_path / "rebuilt")
+    for name in ("summary.csv", "summary.md", "findings.md"):
+        assert (tmp_path / "rebuilt" / name).read_bytes() == (REFERENCE / name).read_bytes(), name
+    assert {p.name for p in (REFERENCE / "figures").iterdir()} <= {p.name for p in (tmp_path / "rebuilt" / "figures").iterdir()}
+
+
+def test_one_altered_byte_is_refused_and_nothing_is_written(tmp_path):
+    damaged = tmp_path / "damaged.tar.gz"
+    data = bytearray(REFERENCE_BUNDLE.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    refused(gpt2dist("figures", "--from", damaged, "--out", tmp_path / "out", check=False), str(damaged),
+            "damaged or was edited")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("edit", ["changed", "added", "removed", "escaping"])
+def test_an_edited_member_is_named(edit, tmp_path):
+    files = members(REFERENCE_BUNDLE)
+    run = next(name for name in files if name.endswith("metrics.jsonl"))
+    if edit == "changed":
+        files[run] = files[run].replace(b'"loss": ', b'"loss": 0', 1)
+        expected = f"{run} does not match its sha256"
+    elif edit == "added":
+        files[run.replace("metrics.jsonl", "run.json").replace("-r0/", "-r9/")] = b"{}"
+        expected = "is not in the manifest"
+    elif edit == "removed":
+        del files[run]
+        expected = f"{run} is in the manifest but not in the archive"
+    else:
+        files["../outside.txt"] = b"x"
+        expected = "'../outside.txt', which no gpt2dist bundle has"
+    edited = tmp_path / "edited.tar.gz"
+    repack(edited, files)
+    refused(gpt2dist("figures", "--from", edited, "--out", tmp_path / "out", check=False), expected)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "outside.txt").exists()
+
+
+def test_figures_replace_only_their_own_output(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    refused(gpt2dist("figures", "--from", REFERENCE_BUNDLE, "--out", out, check=False), "did not write")
+    assert (out / "notes.txt").read_text() == "mine"
+    shutil.rmtree(out)
+    gpt2dist("figures", "--from", REFERENCE_BUNDLE, "--out", out)
+    gpt2dist("figures", "--from", REFERENCE_BUNDLE, "--out", out)  # a rebuild replaces the previous one
+    assert (out / "summary.csv").read_bytes() == (REFERENCE / "summary.csv").read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no work directory left behind
