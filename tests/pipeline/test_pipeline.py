@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -201,8 +202,16 @@ def test_dvc_repro_push_pull_exp_run_and_metrics_diff(workdir, tmp_path_factory)
     run(["dvc", "pull", "-q"], clone)
     assert not re.search(r"^Running stage", run(["dvc", "repro"], clone).stdout, re.M)
     run(["snakemake", "--touch", "--cores", "1"], clone)
-    assert "Nothing to be done" in run(["snakemake", "-n", "figures"], clone).stdout + run(
-        ["snakemake", "-n"], clone).stdout
+    for target in ("figures", "all"):
+        assert "Nothing to be done" in run(["snakemake", "-n", target], clone).stdout, target
+    # a plotting change (in the clone's own copy of the code): plot and report re-run, nothing before them
+    (clone / "src").unlink()
+    shutil.copytree(REPO / "src", clone / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    with open(clone / "src" / "gpt2dist" / "results" / "plots.py", "a") as handle:
+        handle.write("# a plotting change\n")
+    assert re.findall(r"^Running stage '([^'@]+)", run(["dvc", "repro"], clone).stdout, re.M) == ["plot", "report"]
+    forced = job_counts(run(["snakemake", "-n", "figures", "--forcerun", "plot"], clone).stdout)
+    assert forced == {"plot": 1, "report": 1, "figures": 1}, forced
 
     # a training key changes every configuration's selftest and run (collect follows them); not prepare
     params["presets"]["cpu"]["train"]["lr"] = 1e-3

@@ -134,14 +134,14 @@ def test_an_edited_member_is_named(edit, tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "outside.txt").exists()
 
 
-def test_figures_replace_only_their_own_output(tmp_path):
+def test_figures_replace_only_their_own_output(study_bundle, finished_study, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    refused(gpt2dist("figures", "--from", REFERENCE_BUNDLE, "--out", out, check=False), "did not write")
+    refused(gpt2dist("figures", "--from", study_bundle, "--out", out, check=False), "did not write")
     assert (out / "notes.txt").read_text() == "mine"
     shutil.rmtree(out)
-    gpt2dist("figures", "--from", REFERENCE_BUNDLE, "--out", out)
-    gpt2dist("figures", "--from", REFERENCE_BUNDLE, "--out", out)  # a rebuild replaces the previous one
-    assert (out / "summary.csv").read_bytes() == (REFERENCE / "summary.csv").read_bytes()
+    gpt2dist("figures", "--from", study_bundle, "--out", out)
+    gpt2dist("figures", "--from", study_bundle, "--out", out)  # a rebuild replaces the previous one
+    assert (out / "summary.csv").read_bytes() == (finished_study / "results" / "summary.csv").read_bytes()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no work directory left behind

@@ -86,7 +86,8 @@ def dvc_stages(study: Study) -> dict:
             "plots": [path for path in outs["plot"] if path.endswith(".png")],
             "outs": [path for path in outs["plot"] if path.endswith(".svg")],
         },
-        "report": {"cmd": report_command(), "deps": ["results/summary.json", *STAGE_CODE["report"]],
+        # the figures too, as Snakemake's report rule: `dvc repro report` is then the whole of `snakemake figures`
+        "report": {"cmd": report_command(), "deps": ["results/summary.json", *outs["plot"], *STAGE_CODE["report"]],
                    "outs": outs["report"]},
     }, "plots": [
         # one line per configuration (a stage-level plot of a file draws one field only)
