@@ -81,6 +81,15 @@ def shards(tmp_path_factory) -> Path:
     return make_shards(tmp_path_factory.mktemp("shards"))
 
 
+@pytest.fixture(scope="session")
+def reference(shards, params_file, tmp_path_factory) -> Path:
+    """The single-process fp32 run every strategy's equivalence test compares with."""
+    out = tmp_path_factory.mktemp("single")
+    gpt2dist(*train_args(shards, params_file, out, "single"))
+    assert len(read_metrics(out)) >= 10
+    return out
+
+
 def gpt2dist(*args: str, check: bool = True, env: dict | None = None, **popen) -> subprocess.CompletedProcess:
     """Run the real `gpt2dist` command line."""
     env = {**(env or os.environ), "PYTHONUNBUFFERED": "1"}

@@ -23,7 +23,9 @@ from gpt2dist.io import atomic_write_text
 # torch.distributed's rendezvous port: launchers pass it, and ranks that SLURM starts derive theirs from it.
 DEFAULT_PORT = 29500
 
-Strategy = Literal["single", "dp", "ddp", "horovod", "fsdp"]
+Strategy = Literal["single", "dp", "ddp", "horovod", "fsdp", "tp", "pp", "fsdp-tp", "apex-ddp"]
+# Strategies that split the model itself over their processes; each such group trains one replica.
+MODEL_PARALLEL = ("tp", "pp", "fsdp-tp")
 # fp32 is IEEE fp32 everywhere; tf32 is fp32 with TF32 tensor-core matmuls (NVIDIA containers' default).
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "apex-O1", "apex-O2"]
 DeviceType = Literal["cpu", "cuda"]
@@ -74,6 +76,11 @@ class TrainConfig(_Strict):
         description="fsdp with bf16 or fp16 only: FSDP2's MixedPrecisionPolicy, parameters all-gathered and "
                     "computed in that dtype, gradients reduced in fp32. Off (default): fp32 communication, as DDP.",
     )
+    tensor_parallel_size: int = Field(2, gt=1, description="fsdp-tp only: processes that split each layer "
+                                      "(tensor parallel); FSDP shards over nproc / tensor_parallel_size replicas.")
+    pipeline_schedule: Literal["gpipe", "1f1b"] = Field(
+        "1f1b", description="pp only: GPipe (all forwards, then all backwards) or 1F1B (interleaved, fewer "
+        "activations held). The global batch is one pipeline step of global_batch_size / micro_batch_size micro-batches.")
     seed: int = Field(1337, ge=0, description="Seeds init, data order and dropout.")
 
     @model_validator(mode="after")
@@ -138,6 +145,8 @@ class RunGroup(_Strict):
     strategies: list[Strategy] = Field(min_length=1)
     precisions: list[Precision] = Field(min_length=1)
     nproc: list[int] = Field(min_length=1, description="Processes (GPUs on CUDA machines) per run.")
+    label: str | None = Field(None, description="What a paper calls these runs (e.g. 'Horovod + Apex'), shown "
+                              "beside the configuration in tables and figures.")
 
     @model_validator(mode="after")
     def _positive(self) -> RunGroup:
@@ -203,12 +212,31 @@ class RunSpec(_Strict):
 
     @property
     def world_size(self) -> int:
-        """Processes that hold a replica (dp is one process driving nproc devices)."""
+        """Processes the run starts (dp is one process driving nproc devices)."""
         return 1 if self.strategy in ("single", "dp") else self.nproc
 
     @property
+    def tensor_parallel_size(self) -> int:
+        """Processes that split each layer: all of them under tp, train.tensor_parallel_size under fsdp-tp."""
+        return {"tp": self.nproc, "fsdp-tp": self.train.tensor_parallel_size}.get(self.strategy, 1)
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel groups, each reading its own share of the global batch."""
+        if self.strategy in ("single", "dp", "tp", "pp"):
+            return 1
+        return self.nproc // self.tensor_parallel_size
+
+    @property
+    def rows_per_pass(self) -> int:
+        """Sequences one replica feeds to one forward pass: dp scatters nproc micro-batches at once,
+        and pp's one pipeline step takes the whole global batch as its micro-batches."""
+        t = self.train
+        return {"dp": t.micro_batch_size * self.nproc, "pp": t.global_batch_size}.get(self.strategy, t.micro_batch_size)
+
+    @property
     def grad_accum_steps(self) -> int:
-        return self.train.global_batch_size // (self.nproc * self.train.micro_batch_size)
+        return self.train.global_batch_size // (self.replicas * self.rows_per_pass)
 
     def fingerprint(self) -> str:
         """Identity of the computation; a checkpoint from another fingerprint is not resumed."""
@@ -333,9 +361,18 @@ def check_combination(spec: RunSpec, visible_gpus: int) -> None:
                 f"strategy 'dp' drives one device per --nproc; {spec.nproc} requested but "
                 f"{visible_gpus} CUDA GPUs are visible (use --nproc {limit})"
             )
+    _check_model_parallel(spec)
+    if spec.strategy == "apex-ddp":
+        if spec.device != "cuda":
+            raise UsageError("strategy 'apex-ddp' (apex.parallel.DistributedDataParallel) needs CUDA GPUs; on CPU "
+                             "use ddp")
+        if spec.precision in ("fp16", "bf16"):
+            raise UsageError(f"strategy 'apex-ddp' pairs with Apex amp (apex-O1, apex-O2) or fp32, not torch.amp's "
+                             f"{spec.precision}; use ddp for {spec.precision}")
     if spec.precision.startswith("apex"):
-        if spec.strategy == "fsdp":
-            raise UsageError("precision 'apex-*' cannot wrap FSDP-sharded parameters; use fsdp with bf16 or fp16")
+        if spec.strategy in ("fsdp", *MODEL_PARALLEL):
+            raise UsageError(f"precision 'apex-*' cannot wrap {spec.strategy}'s sharded or split parameters; use "
+                             f"{spec.strategy} with bf16 or fp16")
         if spec.strategy == "dp" and spec.precision == "apex-O2":
             # O2 patches forward on the model object; DataParallel's replicas copy that bound
             # method and so all run the cuda:0 model.
@@ -348,14 +385,32 @@ def check_combination(spec: RunSpec, visible_gpus: int) -> None:
             f"train.fsdp_mixed_precision applies to --strategy fsdp with --precision bf16 or fp16, not "
             f"{spec.strategy} with {spec.precision}; set train.fsdp_mixed_precision=false"
         )
-    per_step = spec.nproc * t.micro_batch_size
+    per_step = spec.replicas * t.micro_batch_size * (spec.nproc if spec.strategy == "dp" else 1)
     if t.global_batch_size % per_step:
+        share = "nproc" if spec.replicas > 1 or spec.strategy == "dp" else "1 (one replica)"
+        if spec.strategy == "fsdp-tp":
+            share = "nproc / train.tensor_parallel_size"
         raise UsageError(
-            f"train.global_batch_size ({t.global_batch_size}) must be divisible by nproc x "
-            f"train.micro_batch_size ({spec.nproc} x {t.micro_batch_size} = {per_step})"
+            f"train.global_batch_size ({t.global_batch_size}) must be divisible by {share} x "
+            f"train.micro_batch_size ({per_step // t.micro_batch_size} x {t.micro_batch_size} = {per_step})"
         )
     if spec.device == "cuda" and spec.strategy != "dp" and spec.nproc > visible_gpus:
         raise UsageError(f"--nproc {spec.nproc} exceeds the {visible_gpus} visible CUDA GPUs")
+
+
+def _check_model_parallel(spec: RunSpec) -> None:
+    """How far the model itself can be split: heads and MLP columns over tensor-parallel ranks,
+    blocks over pipeline stages."""
+    m, tp = spec.model, spec.tensor_parallel_size
+    if spec.strategy == "fsdp-tp" and spec.nproc % tp:
+        raise UsageError(f"strategy 'fsdp-tp' needs nproc ({spec.nproc}) divisible by train.tensor_parallel_size "
+                         f"({tp}), e.g. --nproc {2 * tp}")
+    if tp > 1 and m.n_head % tp:
+        raise UsageError(f"{spec.strategy} splits attention heads over {tp} ranks, but model.n_head ({m.n_head}) is "
+                         f"not divisible by {tp}; use a process count that divides {m.n_head}")
+    if spec.strategy == "pp" and spec.nproc > m.n_layer:
+        raise UsageError(f"strategy 'pp' puts at least one block on each of its {spec.nproc} stages, but the model "
+                         f"has {m.n_layer} (model.n_layer); use --nproc {m.n_layer} or fewer")
 
 
 def write_spec(spec: RunSpec, path: Path) -> None:

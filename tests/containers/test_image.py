@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -154,21 +155,27 @@ def test_selftest_and_reduced_study_inside_give_the_hosts_numbers(cpu_image, fin
     assert (work / "results" / "summary.md").exists()
 
 
+# The tests whose subject changes between torch releases: DTensor (FSDP2, tensor parallelism),
+# torch.distributed.pipelining, distributed checkpoints and Horovod's torch ops.
+ON_THE_IMAGES_TORCH = [
+    *(f"tests/training/test_equivalence.py::test_two_ranks_follow_single_process[{s}]"
+      for s in ("fsdp", "horovod", "tp", "pp")),
+    "tests/training/test_train_cli.py::test_sigkill_then_rerun_resumes_to_the_same_state[fsdp-2-fp32]",
+]
+
+
 def test_the_torch_distributed_tests_pass_on_the_images_torch(cpu_image):
-    """The tests whose subject changes between torch releases (DTensor/FSDP2, distributed
-    checkpoints, Horovod's torch ops), on the base's torch 2.8 and the image's Horovod build:
-    fsdp and horovod follow the single-process run, and fsdp's sharded checkpoint resumes after
-    SIGKILL to the same state. (ddp's equality with the host, and its resume, are checked by the
-    study above; Horovod's checkpoint is rank 0's torch.save, as on the host.)"""
-    result = in_image(cpu_image, """
+    """On the base's torch 2.8 and the image's Horovod build: fsdp, horovod, tp and pp follow the
+    single-process run, and fsdp's sharded checkpoint resumes after SIGKILL to the same state. (ddp's
+    equality with the host, and its resume, are checked by the study above; Horovod's checkpoint is
+    rank 0's torch.save, as on the host; tp's goes through the same DTensor state-dict calls as fsdp's.)"""
+    result = in_image(cpu_image, f"""
         # only the test runner: every library the tests import is the image's own
         PIP_CONSTRAINT="" python -m pip install --quiet --no-deps --target /tmp/test-tools \
           pytest pytest-timeout pluggy iniconfig
         cd /src && PYTHONPATH=/tmp/test-tools python -m pytest -q -p no:cacheprovider --durations=0 \
-          -k "fsdp or (follow and horovod)" \
-          tests/training/test_equivalence.py::test_two_ranks_follow_single_process \
-          tests/training/test_train_cli.py::test_sigkill_then_rerun_resumes_to_the_same_state
+          {" ".join(map(shlex.quote, ON_THE_IMAGES_TORCH))}
     """, mounts={REPO: "/src:ro"}, check=False)
     print(result.stdout[-3000:])
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert re.search(r"^3 passed", result.stdout, re.M), result.stdout[-2000:]
+    assert re.search(rf"^{len(ON_THE_IMAGES_TORCH)} passed", result.stdout, re.M), result.stdout[-2000:]

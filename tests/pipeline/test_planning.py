@@ -50,6 +50,21 @@ def test_snakemake_plans_the_paper_study_for_the_gpus_the_user_names(tmp_path):
     assert "dropped: dp-fp32-n4, dp-fp32-n8" in fewer.stderr
 
 
+def test_the_papers_presets_plan_on_a_login_node_without_gpus(tmp_path):
+    """Bai 2022's six rows on its 4 GPUs per node, Patwardhan et al.'s five on 2: every run a job with the
+    GPUs and tasks its strategy needs, planned on this machine without a GPU."""
+    work = copy_workflow(tmp_path)
+    bai = resources(run(["snakemake", "-n", "--config", "gpus_per_node=4", "preset=bai2022"], work).stdout)
+    assert len(bai) == 6 * 3
+    assert bai["apex-ddp-apex-O2-n4-r0"]["tasks"] == "4" and bai["apex-ddp-apex-O2-n4-r0"]["gpu"] == "4"
+    assert bai["horovod-apex-O1-n4-r2"]["tasks"] == "4" and bai["dp-fp32-n4-r0"]["tasks"] == "1"
+    patwardhan = resources(run(["snakemake", "-n", "--config", "gpus_per_node=2", "preset=patwardhan2024"],
+                               work).stdout)
+    assert {run_id.rsplit("-", 2)[0] for run_id in patwardhan} == {"single-fp32", "ddp-fp32", "fsdp-fp32",
+                                                                   "tp-fp32", "pp-fp32"}
+    assert patwardhan["pp-fp32-n2-r1"]["tasks"] == "2" and patwardhan["tp-fp32-n2-r0"]["gpu"] == "2"
+
+
 def test_the_resume_case_stays_when_a_larger_process_count_joins_the_study(params_file, tmp_path):
     """Its selftest command carries --resume: were the choice to move, finished runs would re-train."""
     params = yaml.safe_load(params_file.read_text())

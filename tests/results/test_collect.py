@@ -27,7 +27,7 @@ def runs_table(rates: dict[str, list[float]], disturbed: dict[str, str] | None =
             rows.append({"config_id": config, "strategy": run.strategy, "precision": run.precision,
                          "nproc": run.nproc, "repeat": repeat, "run_id": run.run_id,
                          **dict.fromkeys(SUMMARISED, rate), "param_bytes": 1.0, "grad_bytes": 1.0,
-                         "optimizer_bytes": 2.0, "grad_accum_steps": 1, "backend": "gloo",
+                         "optimizer_bytes": 2.0, "comm_bytes_per_step": 0.0, "grad_accum_steps": 1, "backend": "gloo",
                          "disturbed": (disturbed or {}).get(run.run_id, ""),
                          **{k: v[config] if isinstance(v, dict) else v for k, v in columns.items()}})
     return pd.DataFrame(rows)
@@ -153,3 +153,37 @@ def test_disturbed_runs_cannot_make_a_claim_supported(study):
     assert findings(runs_table(rates), study)["bai-ddp-fastest-fp32"]["verdict"] == SUPPORTED  # if not flagged
     careful = findings(runs_table(rates, disturbed=starved), study)["bai-ddp-fastest-fp32"]
     assert careful["verdict"] == UNTESTABLE and "horovod-fp32-n2" in careful["statistic"]
+
+
+def test_tensor_parallel_claim_needs_less_memory_and_lower_throughput(study):
+    rates = {"single-fp32-n1": [100.0, 101.0, 99.0], "ddp-fp32-n2": [190.0, 192.0, 189.0],
+             "tp-fp32-n2": [120.0, 121.0, 119.0]}
+    state = {"single-fp32-n1": 4.0, "ddp-fp32-n2": 4.0, "tp-fp32-n2": 2.5}
+    trade = findings(runs_table(rates, model_state_bytes=state), study)
+    assert trade["patwardhan-tp-memory"]["verdict"] == SUPPORTED, trade["patwardhan-tp-memory"]
+    assert "tp-fp32-n2/ddp-fp32-n2 = 0.62" in trade["patwardhan-tp-memory"]["statistic"]
+    # model parallelism is no rival in Bai 2022's data-parallel claims
+    assert "tp-" not in trade["bai-ddp-fastest-fp32"]["statistic"]
+    no_saving = findings(runs_table(rates, model_state_bytes={**state, "tp-fp32-n2": 4.0}), study)
+    assert no_saving["patwardhan-tp-memory"]["verdict"] == CONTRADICTED
+    assert findings(runs_table({"single-fp32-n1": [1.0, 1.0]}), study)["patwardhan-tp-memory"]["verdict"] == UNTESTABLE
+
+
+def test_bai_ddp_with_apex_is_apex_ddp_where_the_study_has_it(study):
+    rates = {"ddp-fp32-n4": [100.0, 101.0, 99.0], "ddp-apex-O1-n4": [150.0, 151.0, 149.0],
+             "apex-ddp-apex-O2-n4": [300.0, 301.0, 299.0], "horovod-fp32-n4": [90.0, 91.0, 89.0],
+             "horovod-apex-O1-n4": [270.0, 271.0, 269.0]}
+    found = findings(runs_table(rates, model_state_bytes=1.0), study)
+    assert found["bai-ddp-apex-fastest"]["statistic"].startswith("apex-ddp-apex-O2-n4/")
+    assert found["bai-ddp-apex-fastest"]["verdict"] == SUPPORTED
+    assert "ddp apex/fp32 = 3.00" in found["bai-apex-horovod-gain"]["statistic"]
+
+
+def test_a_paper_presets_names_label_the_table():
+    bai = plan_study(REPO / "params.yaml", "bai2022", 4)
+    assert bai.labels == {"single-fp32-n1": "Single GPU", "dp-fp32-n4": "Single Parameter Server",
+                          "ddp-fp32-n4": "Distributed Parameter Server", "horovod-fp32-n4": "Horovod",
+                          "apex-ddp-apex-O2-n4": "Distributed Parameter Server + Apex",
+                          "horovod-apex-O1-n4": "Horovod + Apex"}
+    summary = summarise(runs_table({c: [100.0, 100.0] for c in bai.labels}, model_state_bytes=1.0), bai, None)
+    assert dict(zip(summary["config_id"], summary["label"])) == bai.labels

@@ -39,20 +39,21 @@ def divergence(reference, run) -> dict[str, float]:
     }
 
 
+def split_share(run_dir) -> float:
+    """The share of a model's parameters that tensor parallelism splits over its ranks."""
+    params = final_params(run_dir)
+    split = [n for n in params if n.endswith(("attn.c_attn.weight", "attn.c_attn.bias", "c_fc.weight", "c_fc.bias",
+                                              "c_proj.weight"))]
+    unique = {n: t for n, t in params.items() if n != "lm_head.weight"}  # tied to the token embedding
+    return sum(params[n].numel() for n in split) / sum(t.numel() for t in unique.values())
+
+
 def assert_follows_reference(reference, run) -> None:
     d = divergence(reference, run)
     assert d["loss"] <= RTOL and d["grad_norm"] <= RTOL and d["params"] <= ATOL_PARAMS, d
 
 
-@pytest.fixture(scope="module")
-def reference(shards, params_file, tmp_path_factory):
-    out = tmp_path_factory.mktemp("single")
-    gpt2dist(*train_args(shards, params_file, out, "single"))
-    assert len(read_metrics(out)) >= 10
-    return out
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "horovod"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "horovod", "tp"])
 def test_two_ranks_follow_single_process(strategy, reference, shards, params_file, tmp_path):
     gpt2dist(*train_args(shards, params_file, tmp_path, strategy, nproc=2))
     assert_follows_reference(reference, tmp_path)
@@ -61,9 +62,10 @@ def test_two_ranks_follow_single_process(strategy, reference, shards, params_fil
     assert losses[-1] < 0.9 * losses[0]
     record, single = run_record(tmp_path), run_record(reference)
     assert record["placement"]["backend"] == {"horovod": "horovod gloo"}.get(strategy, "gloo")
-    # model state counted from the tensors: FSDP's rank 0 holds half of it, the replicating strategies all of it
+    # model state counted from the tensors: FSDP's rank 0 holds half of it, the replicating strategies all of
+    # it, tp half of what it splits (every block matrix and the column-parallel biases)
     held = record["model_state_bytes"]["total"] / single["model_state_bytes"]["total"]
-    assert held == pytest.approx(0.5 if strategy == "fsdp" else 1.0, rel=0.02)
+    assert held == pytest.approx({"fsdp": 0.5, "tp": 1 - split_share(reference) / 2}.get(strategy, 1.0), rel=0.02)
     assert record["conditions"]["foreign_cpu_share"] and record["command_line"].endswith("--nproc 2 --precision fp32")
 
 
@@ -121,11 +123,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def train_with_fault(rank_main, strategy: str, fault: str, shards, params_file, out) -> None:
+    """Train `strategy` in fp32 on 2 spawned ranks, each running rank_main(rank, spec_json, fault, port)."""
+    spec = build_spec(data=shards, out=out, strategy=strategy, precision="fp32", nproc=2, params=params_file,
+                      preset=None, overrides=[])
+    mp.spawn(rank_main, args=(spec.model_dump_json(), fault, _free_port()), nprocs=2, join=True)
+
+
 @pytest.mark.parametrize("fault", ["summed-gradients", "same-data"])
 def test_comparison_catches_injected_fault(fault, reference, shards, params_file, tmp_path):
-    spec = build_spec(data=shards, out=tmp_path, strategy="ddp", precision="fp32", nproc=2, params=params_file,
-                      preset=None, overrides=[])
-    mp.spawn(_faulty_rank, args=(spec.model_dump_json(), fault, _free_port()), nprocs=2, join=True)
+    train_with_fault(_faulty_rank, "ddp", fault, shards, params_file, tmp_path)
     with pytest.raises(AssertionError):
         assert_follows_reference(reference, tmp_path)
     first_ref, first_run = read_metrics(reference)[0], read_metrics(tmp_path)[0]

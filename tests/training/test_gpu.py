@@ -101,7 +101,8 @@ needs_apex = pytest.mark.skipif(importlib.util.find_spec("apex") is None, reason
 @needs_apex
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy, precision", [("single", "apex-O2"), ("dp", "apex-O1"), ("ddp", "apex-O1"),
-                                                 ("ddp", "apex-O2"), ("horovod", "apex-O1"), ("horovod", "apex-O2")])
+                                                 ("ddp", "apex-O2"), ("horovod", "apex-O1"), ("horovod", "apex-O2"),
+                                                 ("apex-ddp", "apex-O1"), ("apex-ddp", "apex-O2")])
 def test_apex_trains_skips_compile_and_resumes(strategy, precision, shards, params_file, tmp_path):
     """Horovod: amp must patch the DistributedOptimizer (else scale_loss finds no _amp_stash). Extending
     a finished run is a resume, through Apex's checkpoint path (optimizer + amp state, O2 master weights)."""
@@ -111,9 +112,10 @@ def test_apex_trains_skips_compile_and_resumes(strategy, precision, shards, para
     gpt2dist(*args, "--max-steps", "9")
     record = run_record(tmp_path)
     assert record["status"] == "completed" and record["resumed_from_step"] == 6
-    # DataParallel's own conflict is named first; every other strategy is refused compile by Apex
+    # a strategy's own conflict (DataParallel's, Apex DDP's) is named first; the others are refused by Apex amp
     assert record["compiled"] is False
-    assert record["compile_skipped"].startswith("DataParallel" if strategy == "dp" else "Apex amp casts")
+    expected = {"dp": "DataParallel", "apex-ddp": "Apex's wrapper"}.get(strategy, "Apex amp casts")
+    assert record["compile_skipped"].startswith(expected)
     losses = [line["loss"] for line in read_metrics(tmp_path)]
     assert [line["step"] for line in read_metrics(tmp_path)] == list(range(9)) and losses[-1] < losses[0]
 

@@ -1,6 +1,6 @@
 """What `pytest -m gpu` proves on a GPU node, with real NCCL: every strategy x precision at one GPU
-and at all visible GPUs, the fp32 equivalence of ddp/fsdp/horovod with single at 2 GPUs (TF32
-off, the CPU tolerance), a kill-and-resume for every strategy, and the MFU benchmark.
+and at all visible GPUs, the fp32 equivalence of ddp/fsdp/horovod/tp/pp/apex-ddp with single at 2
+GPUs (TF32 off, the CPU tolerance), fsdp-tp's at 4, a kill-and-resume for every strategy, and the MFU benchmark.
 Skipped without CUDA; combinations the study itself refuses are skipped with its reason."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def refusal(strategy: str, precision: str, nproc: int) -> str | None:
         check_combination(spec, GPUS)
     except UsageError as exc:
         return str(exc)
-    if precision.startswith("apex") and importlib.util.find_spec("apex") is None:
+    if (precision.startswith("apex") or strategy == "apex-ddp") and importlib.util.find_spec("apex") is None:
         return "needs NVIDIA Apex (the container image builds it)"
     return None
 
@@ -67,17 +67,27 @@ def gpu_reference(shards, params_file, tmp_path_factory):
 
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "horovod"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "horovod", "tp", "pp", "apex-ddp"])
 def test_two_gpus_follow_single_in_fp32(strategy, gpu_reference, shards, params_file, tmp_path):
     """fp32 means IEEE fp32 (TF32 off), so NCCL ranks must match one GPU as gloo ranks match one CPU."""
+    reason = refusal(strategy, "fp32", 2)
+    if reason:
+        pytest.skip(reason)
     gpt2dist(*train_args(shards, params_file, tmp_path, strategy, *ONE_ROW, nproc=2))
+    assert_follows_reference(gpu_reference, tmp_path)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(GPUS < 4, reason="needs 4 CUDA GPUs")
+def test_fsdp_tp_on_four_gpus_follows_single_in_fp32(gpu_reference, shards, params_file, tmp_path):
+    gpt2dist(*train_args(shards, params_file, tmp_path, "fsdp-tp", *ONE_ROW, nproc=4))
     assert_follows_reference(gpu_reference, tmp_path)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_strategy_resumes_on_gpu(strategy, gpu_reference, shards, params_file, tmp_path):
-    nproc = 1 if strategy == "single" else min(GPUS, 2)
+    nproc = {"single": 1, "fsdp-tp": 4}.get(strategy, min(GPUS, 2))
     reason = refusal(strategy, "fp32", nproc)
     if reason:
         pytest.skip(reason)

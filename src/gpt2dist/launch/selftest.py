@@ -48,8 +48,9 @@ class Check:
 def overrides(study: Study, steps: int) -> list[str]:
     """A tiny version of the study's model and a global batch that every process count divides."""
     batch = math.lcm(*(run.nproc for run in study.runs))
+    stages = max([2, *(run.nproc for run in study.runs if run.strategy == "pp")])  # a block per pipeline stage
     return [
-        "model.n_layer=2",
+        f"model.n_layer={stages}",
         f"train.global_batch_size={batch}",
         "train.micro_batch_size=1",
         f"train.max_steps={steps}",

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt2dist.config import PRECISIONS, Preset, RunSpec, check_combination, choose_preset
+from gpt2dist.config import PRECISIONS, STRATEGIES, Preset, RunSpec, check_combination, choose_preset
 from gpt2dist.errors import UsageError
 
 DATA_DIR = "data/tokens"
@@ -22,7 +22,7 @@ RESULTS_DIR = "results"
 SELFTEST_DIR = f"{RESULTS_DIR}/selftest"
 FIGURES = ("throughput", "speedup", "efficiency", "loss_deviation", "loss_vs_time", "memory", "epoch_time")
 ONE_PROCESS = ("single", "dp")
-RUN_ID = re.compile(rf"^(?P<strategy>[a-z]+)-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
+RUN_ID = re.compile(rf"^(?P<strategy>{'|'.join(map(re.escape, STRATEGIES))})-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
                     r"-n(?P<nproc>\d+)-r(?P<repeat>\d+)$")
 # The code each stage runs, by subpackage: a new module in training/ is a dependency of every
 # train stage without anyone editing this. Results stages list their own module, so a change
@@ -75,6 +75,7 @@ class Study:
     runs: list[Run]
     dropped: list[str] = field(default_factory=list)
     gpus: int = 0  # per node, as planned (not necessarily visible where the plan is made)
+    labels: dict[str, str] = field(default_factory=dict)  # config id -> what the paper calls it
 
     def seed(self, run: Run) -> int:
         """Repeats differ in seed, so the loss carries its own spread; strategies of one repeat share it."""
@@ -85,9 +86,11 @@ def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
     """Every run of the preset's study that this machine can hold; impossible runs are errors."""
     name, chosen = choose_preset(params, preset, gpus > 0)
     device = "cuda" if gpus else "cpu"
-    runs, dropped = [], []
+    runs, dropped, labels = [], [], {}
     for group in chosen.study.runs:
         for strategy, precision, nproc in itertools.product(group.strategies, group.precisions, group.nproc):
+            if group.label:
+                labels[f"{strategy}-{precision}-n{nproc}"] = group.label
             if gpus and nproc > gpus:
                 dropped.append(f"{strategy}-{precision}-n{nproc}")
                 continue
@@ -106,7 +109,7 @@ def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
     # Round-major: every configuration's repeat 0, then every repeat 1, ... A slow period of the
     # machine then hits all configurations alike instead of all repeats of one.
     runs.sort(key=lambda run: run.repeat)
-    return Study(name, chosen, device, runs, dropped, gpus)
+    return Study(name, chosen, device, runs, dropped, gpus, labels)
 
 
 def previous_rounds(run: Run) -> list[int]:

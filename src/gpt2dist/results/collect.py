@@ -40,7 +40,8 @@ CONFIG_KEYS = ["config_id", "strategy", "precision", "nproc"]
 SUMMARISED = ["tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "step_time_s", "step_time_p90_s",
               "time_per_epoch_s", "overhead_s", "peak_mem_bytes", "model_state_bytes", "final_val_loss",
               "final_val_ppl"]
-STATE_PARTS = ["param_bytes", "grad_bytes", "optimizer_bytes"]
+# Fixed by the configuration (model-state bytes by part, modelled traffic): every repeat has the same value
+PER_CONFIGURATION = ["param_bytes", "grad_bytes", "optimizer_bytes", "comm_bytes_per_step"]
 
 
 def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
@@ -119,6 +120,7 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
             "param_bytes": state.get("params", math.nan),
             "grad_bytes": state.get("grads", math.nan),
             "optimizer_bytes": state.get("optimizer", math.nan),
+            "comm_bytes_per_step": (record.get("communication") or {}).get("bytes_per_step", math.nan),
             "final_val_loss": evals["val_loss"].iloc[-1] if len(evals) else math.nan,
             "final_val_ppl": evals["val_ppl"].iloc[-1] if len(evals) else math.nan,
             "grad_accum_steps": record.get("grad_accum_steps"),
@@ -158,12 +160,13 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
         for metric in SUMMARISED:
             centre, low, high = log_interval(chosen[metric])
             row |= {metric: centre, f"{metric}_ci_low": low, f"{metric}_ci_high": high}
-        for part in STATE_PARTS:
+        for part in PER_CONFIGURATION:
             row[part] = chosen[part].median()
         row["grad_accum_steps"] = chosen["grad_accum_steps"].iloc[0]
         row["backend"] = chosen["backend"].iloc[0]
         rows.append(row)
     summary = in_study_order(pd.DataFrame(rows))
+    summary["label"] = summary["config_id"].map(study.labels).fillna("")
     configs = set(summary["config_id"])
     summary["baseline"] = [baseline_of(s, p, configs) for s, p in zip(summary["strategy"], summary["precision"])]
     ratios = []

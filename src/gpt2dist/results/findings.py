@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from gpt2dist.config import MODEL_PARALLEL
 from gpt2dist.results.statistics import paired_ratio, verdict
 
 SUPPORTED, CONTRADICTED = "supported", "contradicted"
@@ -77,18 +78,25 @@ def _fastest(t: Tables, favourite: str, rivals: list[str]) -> Finding:
     return Finding(NOISE, statistic)
 
 
-def _configs(t: Tables, precisions, nproc: int, exclude=("single",)) -> list[str]:
+def _configs(t: Tables, precisions, nproc: int, exclude=("single", *MODEL_PARALLEL)) -> list[str]:
+    """Configurations at `nproc` in these precisions; Bai 2022's rivals are data-parallel only."""
     s = t.summary
     chosen = s[s["precision"].isin(precisions) & (s["nproc"] == nproc) & ~s["strategy"].isin(exclude)]
     return list(chosen.index)
 
 
+def _ddp_with_apex(t: Tables, n: int) -> list[str]:
+    """DDP + Apex runs at n: Bai's own (Apex's DDP wrapper with O2) first, then torch DDP with amp."""
+    return [c for prefix in ("apex-ddp-", "ddp-") for c in _configs(t, APEX, n) if c.startswith(prefix)]
+
+
 def ddp_apex_fastest(t: Tables) -> Finding:
     n = t.one_node_max()
-    apex = [c for c in _configs(t, APEX, n) if c.startswith("ddp-")]
+    apex = _ddp_with_apex(t, n)
     if not apex:
         return _untestable("the study has no DDP + Apex run (Apex needs CUDA GPUs)")
-    return _fastest(t, apex[0], [c for c in _configs(t, t.summary["precision"].unique(), n) if c != apex[0]])
+    others = [c for c in _configs(t, t.summary["precision"].unique(), n) if c not in apex]
+    return _fastest(t, apex[0], others)
 
 
 def ddp_fastest_without_apex(t: Tables) -> Finding:
@@ -100,9 +108,10 @@ def ddp_fastest_without_apex(t: Tables) -> Finding:
 
 def apex_multiplies_horovod(t: Tables) -> Finding:
     n = t.one_node_max()
-    pairs = {s: (f"{s}-apex-O1-n{n}", f"{s}-fp32-n{n}") for s in ("horovod", "ddp")}
+    ddp_apex = next((c for c in _ddp_with_apex(t, n) if t.usable(c)), f"ddp-apex-O1-n{n}")
+    pairs = {"horovod": (f"horovod-apex-O1-n{n}", f"horovod-fp32-n{n}"), "ddp": (ddp_apex, f"ddp-fp32-n{n}")}
     if not all(t.usable(a) and t.usable(b) for a, b in pairs.values()):
-        return _untestable(f"needs horovod and ddp at n={n} in both apex-O1 and fp32 (Apex needs CUDA GPUs)")
+        return _untestable(f"needs horovod and ddp at n={n} with Apex and in fp32 (Apex needs CUDA GPUs)")
     gains = {s: t.ratio(a, b) for s, (a, b) in pairs.items()}
     statistic = "; ".join(f"{s} apex/fp32 = {g[0]:.2f} ({g[1]:.2f} to {g[2]:.2f})" for s, g in gains.items())
     horovod, ddp = gains["horovod"], gains["ddp"]
@@ -137,7 +146,7 @@ def fsdp_least_memory(t: Tables) -> Finding:
     fsdp = [c for c in _configs(t, s["precision"].unique(), n) if c.startswith("fsdp-") and t.usable(c)]
     if not fsdp or s["model_state_bytes"].isna().any():
         return _untestable(f"needs FSDP at n={n} and every run's model-state bytes")
-    others = s[(s["nproc"] == n) & (s["strategy"] != "fsdp")]
+    others = s[(s["nproc"] == n) & ~s["strategy"].isin(["fsdp", "fsdp-tp"])]  # FSDP, alone or with TP
     if others.empty:
         return _untestable(f"needs another strategy at n={n}")
     fsdp_most = s.loc[fsdp, "model_state_bytes"].max()
@@ -182,6 +191,26 @@ def ddp_between_single_and_fsdp(t: Tables) -> Finding:
     return Finding(NOISE, statistic)
 
 
+def tp_trades_throughput_for_memory(t: Tables) -> Finding:
+    """tp against ddp at the same precision and the most processes both have."""
+    s = t.summary
+    pairs = [(f"tp-{p}-n{n}", f"ddp-{p}-n{n}") for n in sorted(s["nproc"].unique(), reverse=True)
+             for p in s["precision"].unique()]
+    usable = [(tp, ddp) for tp, ddp in pairs if t.usable(tp) and t.usable(ddp)]
+    if not usable:
+        return _untestable("needs tp and ddp at the same precision and process count, undisturbed")
+    tp, ddp = usable[0]
+    memory = s.loc[tp, "model_state_bytes"] / s.loc[ddp, "model_state_bytes"]
+    value, low, high, which = t.ratio(tp, ddp)
+    statistic = (f"model state per rank {tp}/{ddp} = {memory:.2f} (from the tensors); "
+                 f"throughput {tp}/{ddp} = {value:.2f} ({low:.2f} to {high:.2f})")
+    if memory < 1 and which == "slower":
+        return Finding(SUPPORTED, statistic)
+    if memory >= 1 or which == "faster":
+        return Finding(CONTRADICTED, statistic)
+    return Finding(NOISE, statistic)
+
+
 @dataclass(frozen=True)
 class Claim:
     key: str
@@ -207,6 +236,9 @@ CLAIMS = [
     Claim("patwardhan-same-loss", "Patwardhan et al. 2024", "Every strategy converges to the same loss.", same_loss),
     Claim("patwardhan-ddp-between", "Patwardhan et al. 2024",
           "DDP's throughput lies between single-GPU training's and FSDP's.", ddp_between_single_and_fsdp),
+    Claim("patwardhan-tp-memory", "Patwardhan et al. 2024",
+          "Tensor parallelism lowers per-device memory at a throughput cost (against DDP).",
+          tp_trades_throughput_for_memory),
 ]
 
 

@@ -36,7 +36,10 @@ def _colours() -> dict[str, tuple]:
 
 
 def _label(frame: pd.DataFrame) -> list[str]:
-    return [f"{s}\n{p}\nn={n}" for s, p, n in zip(frame["strategy"], frame["precision"], frame["nproc"])]
+    """Strategy, precision and processes, under what the paper calls the configuration where it names one."""
+    labels = frame["label"] if "label" in frame else [""] * len(frame)
+    return [(f"{label}\n" if label else "") + f"{s}\n{p}\nn={n}"
+            for label, s, p, n in zip(labels, frame["strategy"], frame["precision"], frame["nproc"])]
 
 
 def _error(frame: pd.DataFrame, column: str, scale: float) -> np.ndarray:

@@ -66,19 +66,23 @@ def findings_markdown(summary: dict) -> str:
 
 
 def summary_markdown(summary: dict) -> str:
+    configs = in_study_order(pd.DataFrame(summary["configs"].values())).to_dict("records")
+    named = any(row.get("label") for row in configs)  # a paper preset: its names for the rows come first
     rows = [
-        [row["strategy"], row["precision"], row["nproc"], row["repeats"], _mark(row),
+        [*([row.get("label") or ""] if named else []), row["strategy"], row["precision"], row["nproc"], row["repeats"],
+         _mark(row),
          _with_ci(row, "tokens_per_s", ",.0f"), _speedup(row),
          _with_ci(row, "scaling_efficiency", ".2f"), _num(row["step_time_s"] * 1e3, ",.1f"),
          _num(row["step_time_p90_s"] * 1e3, ",.1f"), _num(row.get("overhead_s"), ",.1f"),
-         _num(row.get("model_state_bytes"), ",.0f", 2**20), _num(row["peak_mem_bytes"], ",.0f", 2**20),
+         _num(row.get("model_state_bytes"), ",.0f", 2**20), _num(row.get("comm_bytes_per_step"), ",.1f", 2**20),
+         _num(row["peak_mem_bytes"], ",.0f", 2**20),
          _num(row.get("final_val_loss"), ".3f"), _num(row.get("mfu"), ".1%")]
-        for row in in_study_order(pd.DataFrame(summary["configs"].values())).to_dict("records")
+        for row in configs
     ]
-    table = tabulate(rows, headers=["strategy", "precision", "processes", "repeats", "disturbed",
+    table = tabulate(rows, headers=[*(["paper's name"] if named else []), "strategy", "precision", "processes", "repeats", "disturbed",
                                     "tokens/s (95% interval)", "speedup (95% interval): vs baseline",
                                     "efficiency", "step ms p50", "step ms p90", "overhead s",
-                                    "model state MiB/rank", "peak MiB", "final val loss", "MFU"],
+                                    "model state MiB/rank", "sent MiB/step", "peak MiB", "final val loss", "MFU"],
                      tablefmt="github")
     versions = ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v)
     dropped = ", ".join(summary["dropped_configurations"]) or "none"
@@ -94,7 +98,8 @@ positive numbers; with two or three repeats it is wide, as it should be). Speedu
 of the same precision (`single`'s, else the strategy's own), paired by repeat round, and says whether its
 interval excludes 1 ("faster", "slower") or not ("not distinguishable"); efficiency is speedup / processes.
 Overhead is wall time outside the training steps (start-up, evaluation, checkpoints). Model state is the
-parameters, gradients and optimizer state rank 0 holds. Configurations dropped for lack of GPUs: {dropped}.
+parameters, gradients and optimizer state rank 0 holds. Sent is what the busiest rank sends per step by
+the strategy's traffic model (ring collectives, activations at pipeline boundaries), not a measurement. Configurations dropped for lack of GPUs: {dropped}.
 
 {table}
 

@@ -4,6 +4,8 @@ difference between strategies in the results comes from those two choices alone.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import math
 import sys
@@ -21,9 +23,10 @@ from gpt2dist.system import environment
 from gpt2dist.system.gpu_telemetry import GpuTelemetry
 from gpt2dist.training.batches import BatchSampler
 from gpt2dist.training.checkpoint import load_checkpoint, save_checkpoint
+from gpt2dist.training.communication import traffic
 from gpt2dist.training.matmul_precision import pin_fp32_arithmetic
 from gpt2dist.training.metrics import MetricsLog, model_state_bytes, now_iso, peak_memory_bytes, peak_reserved
-from gpt2dist.training.model import build_model, compile_blocks, lm_loss
+from gpt2dist.training.model import build_model, compile_blocks
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
 from gpt2dist.training.strategies import REGISTRY, Strategy
@@ -40,8 +43,9 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def optimizer_factory(cfg: TrainConfig, fused: bool):
-    """AdamW; weight decay on matrices and embeddings only (biases and LayerNorm gains exempt)."""
+def optimizer_factory(cfg: TrainConfig, fused: bool, foreach: bool | None = None):
+    """AdamW; weight decay on matrices and embeddings only (biases and LayerNorm gains exempt).
+    foreach=False steps tensor by tensor (None: torch's default for the device)."""
 
     def make(model: torch.nn.Module) -> torch.optim.Optimizer:
         params = [p for p in model.parameters() if p.requires_grad]
@@ -49,14 +53,14 @@ def optimizer_factory(cfg: TrainConfig, fused: bool):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused, foreach=foreach)
 
     return make
 
 
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """Dropout seed for one rank at one step; makes resumption exact without saved RNG state."""
-    return (seed * 1_000_003 + step) * 4099 + rank
+def step_seed(seed: int, step: int, replica: int) -> int:
+    """Dropout seed for one replica at one step; makes resumption exact without saved RNG state."""
+    return (seed * 1_000_003 + step) * 4099 + replica
 
 
 class Trainer:
@@ -74,7 +78,7 @@ class Trainer:
                                           pin_memory=pin)
         self.val_batches = BatchSampler(shards.val, "val", spec.model.n_positions, t.global_batch_size, t.seed,
                                         pin_memory=pin)
-        self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=spec.strategy == "fsdp")
+        self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=strategy.sharded_grads)
         model = build_model(spec.model, seed=t.seed, eos_id=shards.meta["eos_id"])
         conflict = strategy.compile_conflict or self.precision.compile_conflict
         self.compiled = t.compile and conflict is None
@@ -83,10 +87,12 @@ class Trainer:
             compile_blocks(model)
         elif t.compile:
             log.warning("train.compile ignored: %s", conflict)
-        self.model, self.optimizer = strategy.prepare(model, optimizer_factory(t, self.precision.fused_optimizer),
-                                                             self.precision)
+        uniform = strategy.uniform_parameters
+        make_optimizer = optimizer_factory(t, fused=self.precision.fused_optimizer and uniform,
+                                           foreach=None if uniform else False)
+        self.model, self.optimizer = strategy.prepare(model, make_optimizer, self.precision)
         self.loss = strategy.loss_module(self.model, self.precision)
-        self.rows = strategy.rows_per_micro_batch()
+        self.rows = spec.rows_per_pass
         self.tokens_per_step = t.global_batch_size * spec.model.n_positions
         self.telemetry = GpuTelemetry(self.place.device) if self.rank0 else None
         self.state_bytes: dict | None = None  # measured once, at the first step this process runs
@@ -96,14 +102,15 @@ class Trainer:
         spec, strategy, precision = self.spec, self.strategy, self.precision
         device = self.place.device
         accum = spec.grad_accum_steps
-        torch.manual_seed(step_seed(spec.train.seed, step, self.place.rank))
+        torch.manual_seed(step_seed(spec.train.seed, step, self.place.data_rank))  # one replica's ranks draw alike
         lr = lr_at(step, spec.train)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         started, cpu_started = time.perf_counter(), time.process_time()
         data_time = 0.0
         loss_sum = torch.zeros((), device=device)
-        batches = self.train_batches.micro_batches(step, self.place.rank, spec.world_size, self.rows)
+        place = self.place
+        batches = self.train_batches.micro_batches(step, place.data_rank, place.data_world, self.rows)
         for micro in range(accum):
             fetch = time.perf_counter()
             inputs, targets = next(batches)
@@ -111,10 +118,10 @@ class Trainer:
             inputs = inputs.to(device, non_blocking=True)
             targets = targets.to(device, non_blocking=True)
             last = micro == accum - 1
+            backward = functools.partial(precision.backward, optimizer=self.optimizer, last=last,
+                                         sync_grads=lambda: strategy.sync_grads(self.optimizer))
             with strategy.accumulate(self.model, last):
-                loss = lm_loss(self.loss, inputs, targets) / accum  # the loss module enters autocast
-                precision.backward(loss, self.optimizer, last=last, sync_grads=lambda: strategy.sync_grads(self.optimizer))
-            loss_sum += loss.detach().float()
+                loss_sum += strategy.forward_backward(self.loss, inputs, targets, accum, backward).float()
         clip = spec.train.grad_clip or math.inf
         grad_norm = strategy.clip_grad_norm(precision.master_params(self.model, self.optimizer), clip)
         with strategy.step_context(self.optimizer):
@@ -147,8 +154,9 @@ class Trainer:
         total = torch.zeros((), device=self.place.device)
         count = 0
         for index in range(self.spec.train.eval_batches):
-            for inputs, targets in self.val_batches.micro_batches(index, self.place.rank, self.spec.world_size, self.rows):
-                total += lm_loss(self.loss, inputs.to(self.place.device), targets.to(self.place.device))
+            place = self.place
+            for inputs, targets in self.val_batches.micro_batches(index, place.data_rank, place.data_world, self.rows):
+                total += self.strategy.evaluate_loss(self.loss, inputs.to(place.device), targets.to(place.device))
                 count += 1
         self.model.train()
         val_loss = self.strategy.all_reduce_mean(total / count).item()
@@ -248,6 +256,7 @@ class Trainer:
             "tokens_per_step": self.tokens_per_step,
             "placement": placement,
             "wrapping": self.strategy.wrapping,
+            "communication": dataclasses.asdict(traffic(spec)),  # modelled bytes per step, not measured
             "matmul": self.matmul,
             "config": spec.model_dump(),
             "fingerprint": spec.fingerprint(),

@@ -37,7 +37,25 @@ def build_model(cfg: ModelConfig, *, seed: int, eos_id: int) -> GPT2LMHeadModel:
         attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
-    return GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config)
+    linearize(model)
+    return model
+
+
+def linearize(model: nn.Module) -> None:
+    """Replace transformers' Conv1D (weight stored in x out) with nn.Linear holding the same values
+    transposed. Tensor parallelism's DTensor styles accept nn.Linear only; every strategy converts,
+    so all of them start from the same weights in the same layout."""
+    from transformers.pytorch_utils import Conv1D
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Conv1D):
+                linear = nn.utils.skip_init(nn.Linear, child.nx, child.nf)  # no init: the values come next
+                with torch.no_grad():
+                    linear.weight.copy_(child.weight.t())
+                    linear.bias.copy_(child.bias)
+                setattr(parent, name, linear)
 
 
 def transformer_blocks(model: GPT2LMHeadModel) -> list[nn.Module]:

@@ -9,12 +9,15 @@ from gpt2dist.config import RunSpec
 from gpt2dist.data.shards import verify_shards
 from gpt2dist.errors import UsageError
 from gpt2dist.training.precision import require_apex
+from gpt2dist.training.strategies.apex_ddp import require_apex_parallel
 from gpt2dist.training.strategies.horovod import import_horovod
 
 
 def check_dependencies(spec: RunSpec) -> None:
     if spec.strategy == "horovod":
         import_horovod()
+    if spec.strategy == "apex-ddp":
+        require_apex_parallel()
     if spec.precision.startswith("apex-"):
         require_apex()
 

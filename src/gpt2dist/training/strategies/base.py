@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from gpt2dist.config import RunSpec
 from gpt2dist.system.hardware import device_index
-from gpt2dist.training.model import TokenLoss
+from gpt2dist.training.model import TokenLoss, lm_loss
 from gpt2dist.training.precision import Precision
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,10 @@ class Placement:
     world_size: int
     local_rank: int
     device: torch.device
+    # This process's replica and the number of replicas: which share of the global batch it reads.
+    # Ranks that split one replica (tensor or pipeline parallel) read the same rows.
+    data_rank: int = 0
+    data_world: int = 1
 
 
 class Strategy:
@@ -46,6 +50,12 @@ class Strategy:
     # (zero_grad(set_to_none=True), step()); a strategy whose optimizer rejects that keeps
     # torch's positional optimizer.state_dict() instead, which every rank then holds whole.
     optimizer_state_by_name: bool = True
+    # Whether a rank's gradients are only part of the model's (shards, stages, layer slices): a loss
+    # scaler must then agree with the other ranks on skipping a step (ShardedGradScaler).
+    sharded_grads: bool = False
+    # Whether all parameters are tensors of one kind (plain, or DTensors on one mesh), as AdamW's
+    # foreach and fused kernels need: they take all parameters as one list.
+    uniform_parameters: bool = True
 
     def __init__(self, spec: RunSpec):
         self.spec = spec
@@ -73,13 +83,21 @@ class Strategy:
         """What the loop calls with (inputs, targets) to get (loss sums, token counts)."""
         return TokenLoss(model, precision.autocast)
 
-    def rows_per_micro_batch(self) -> int:
-        """Sequences this process feeds to one forward pass."""
-        return self.spec.train.micro_batch_size
-
     def accumulate(self, model: nn.Module, last: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-step's forward and backward; skips gradient sync unless last."""
         return contextlib.nullcontext()
+
+    def forward_backward(self, loss_module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, accum: int,
+                         backward: Callable[[torch.Tensor], None]) -> torch.Tensor:
+        """One micro-step: the mean loss of these rows divided by accum, backpropagated through the
+        precision's `backward`; returns it detached. Pipeline parallelism runs its schedule here instead."""
+        loss = lm_loss(loss_module, inputs, targets) / accum  # the loss module enters autocast
+        backward(loss)
+        return loss.detach()
+
+    def evaluate_loss(self, loss_module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean loss of these rows, forward only."""
+        return lm_loss(loss_module, inputs, targets)
 
     def sync_grads(self, optimizer) -> None:
         """Block until gradients are reduced (Horovod reduces asynchronously)."""
@@ -94,7 +112,7 @@ class Strategy:
         whether a gradient is the whole tensor or this rank's shard of it."""
         params = [p for p in params if p.grad is not None]
         norm = self.global_grad_norm([p.grad for p in params])
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=None if self.uniform_parameters else False)
         return norm
 
     def global_grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:

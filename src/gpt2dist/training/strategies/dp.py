@@ -28,6 +28,3 @@ class DataParallel(Strategy):
             return nn.DataParallel(loss, device_ids=devices)
         describe(self, "DataParallel without CUDA: degenerate one-device case on CPU")
         return nn.DataParallel(loss)
-
-    def rows_per_micro_batch(self) -> int:
-        return self.spec.train.micro_batch_size * self.spec.nproc

@@ -8,35 +8,42 @@ computed in the autocast dtype, gradients reduced in fp32)."""
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from gpt2dist.training.model import transformer_blocks
 from gpt2dist.training.strategies.base import describe
-from gpt2dist.training.strategies.torch_distributed import TorchDistributed
+from gpt2dist.training.strategies.torch_distributed import TorchDistributed, sharded_grad_norm
+
+
+def shard_fully(model: nn.Module, mesh: DeviceMesh | None, policy: MixedPrecisionPolicy = MixedPrecisionPolicy()) -> int:
+    """fully_shard each transformer block, then the root, over `mesh` (None: all ranks); returns the
+    number of sharded modules."""
+    modules = (*transformer_blocks(model), model)
+    for module in modules:
+        fully_shard(module, mesh=mesh, mp_policy=policy)
+        if dist.get_backend() == "gloo":
+            # torch 2.8's gloo reduce_scatter takes ReduceOp.AVG but sums, doubling FSDP's gradients
+            # with 2 ranks; SUM plus FSDP's own division is right on every torch.
+            module.set_force_sum_reduction_for_comms(True)
+    return len(modules)
 
 
 class FSDP(TorchDistributed):
     name = "fsdp"
+    sharded_grads = True
 
     def prepare(self, model, make_optimizer, precision):
         # Shard first: the optimizer must be built over the sharded (DTensor) parameters.
         model.to(self.placement.device)
         policy = self._mixed_precision_policy(precision)
-        blocks = transformer_blocks(model)
-        for block in blocks:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
-        if dist.get_backend() == "gloo":
-            # torch 2.8's gloo reduce_scatter takes ReduceOp.AVG but sums, doubling FSDP's gradients
-            # with 2 ranks; SUM plus FSDP's own division is right on every torch.
-            for module in (*blocks, model):
-                module.set_force_sum_reduction_for_comms(True)
         self.wrapping = {
-            "fully_shard_modules": len(blocks) + 1,
+            "fully_shard_modules": shard_fully(model, mesh=None, policy=policy),
             "param_dtype": str(policy.param_dtype or torch.float32).removeprefix("torch."),
             "reduce_dtype": str(policy.reduce_dtype or policy.param_dtype or torch.float32).removeprefix("torch."),
         }
-        describe(self, f"fully_shard on {len(blocks)} blocks + root, world {self.placement.world_size}, "
+        describe(self, f"fully_shard on {self.wrapping['fully_shard_modules'] - 1} blocks + root, world {self.placement.world_size}, "
                        f"params {self.wrapping['param_dtype']}, reduce {self.wrapping['reduce_dtype']}")
         return model, make_optimizer(model)
 
@@ -50,9 +57,4 @@ class FSDP(TorchDistributed):
         return super().accumulate(model, last)
 
     def global_grad_norm(self, grads):
-        # Each rank holds disjoint shards, so squared local norms add up to the squared global
-        # norm: one scalar all-reduce. (torch 2.8's DTensor norm reduction reports twice the norm.)
-        local = torch.nn.utils.get_total_norm([g.to_local() for g in grads])
-        squared = local.to(self.placement.device, torch.float32).square()
-        dist.all_reduce(squared, op=dist.ReduceOp.SUM)  # fully_shard's mesh spans the default group
-        return squared.sqrt()
+        return sharded_grad_norm(grads, self.placement.device)

@@ -44,7 +44,8 @@ class Horovod(Strategy):
         cuda_ops = self.spec.device == "cuda" and hvd.nccl_built()
         self.backend = f"horovod {controller}" + (" + nccl" if cuda_ops else "")
         device = claim_gpu(hvd.local_rank()) if self.spec.device == "cuda" else torch.device("cpu")
-        self.placement = Placement(hvd.rank(), hvd.size(), hvd.local_rank(), device)
+        self.placement = Placement(hvd.rank(), hvd.size(), hvd.local_rank(), device, data_rank=hvd.rank(),
+                                   data_world=hvd.size())
         return self.placement
 
     def wrap_optimizer(self, model, optimizer):

@@ -1,9 +1,11 @@
-"""Shared process-group plumbing for the torchrun-launched strategies (ddp, fsdp)."""
+"""Shared process-group plumbing for the torchrun-launched strategies (ddp, fsdp, tp, pp, fsdp-tp)."""
 
+import math
 import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate
 
 from gpt2dist.config import DEFAULT_PORT
 from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu
@@ -36,7 +38,11 @@ class TorchDistributed(Strategy):
         device = claim_gpu(local_rank) if cuda else torch.device("cpu")
         dist.init_process_group(backend="nccl" if cuda else "gloo")
         self.backend = dist.get_backend()
-        self.placement = Placement(dist.get_rank(), dist.get_world_size(), local_rank, device)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        replicas = self.spec.replicas
+        # ranks of one replica are consecutive (the tensor-parallel dimension is the mesh's innermost)
+        self.placement = Placement(rank, world, local_rank, device, data_rank=rank // (world // replicas),
+                                   data_world=replicas)
         return self.placement
 
     def all_reduce_mean(self, value):
@@ -50,3 +56,25 @@ class TorchDistributed(Strategy):
     def teardown(self):
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def sharded_grad_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Global L2 norm of gradients that may be DTensors on any mesh (or plain tensors every rank holds).
+
+    Each rank adds its local part's squared norm divided by how many ranks hold that same part, so one
+    SUM all-reduce over all ranks counts every element exactly once."""
+    world = dist.get_world_size()
+    squared = torch.zeros((), device=device, dtype=torch.float32)
+    for grad in grads:
+        holders = world
+        if isinstance(grad, DTensor):
+            if any(p.is_partial() for p in grad.placements):
+                grad = grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in grad.placements])
+            mesh = grad.device_mesh
+            # replicated mesh dimensions multiply the holders (FSDP's _StridedShard over a TP shard is no `Shard`)
+            holders = world // mesh.size() * math.prod(
+                mesh.size(dim) for dim, p in enumerate(grad.placements) if p.is_replicate())
+            grad = grad.to_local()
+        squared += grad.detach().float().square().sum().to(device) / holders
+    dist.all_reduce(squared, op=dist.ReduceOp.SUM)
+    return squared.sqrt()

@@ -1,0 +1,86 @@
+"""Tensor parallelism (tp) and FSDP x TP (fsdp-tp): the fused q/k/v split, the 2-D run against the
+single-process curve, and negative controls that a broken split cannot pass. (tp's 2-rank
+equivalence run is in test_equivalence.py with the other strategies.)"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from test_equivalence import assert_follows_reference, train_with_fault
+from torch.distributed.tensor import Partial
+from torch.distributed.tensor.parallel import RowwiseParallel
+
+from gpt2dist.config import RunSpec
+from gpt2dist.training.loop import Trainer
+from gpt2dist.training.strategies import tensor_parallel
+from gpt2dist.training.strategies.tensor_parallel import TensorParallel, qkv_order
+
+from conftest import gpt2dist, read_metrics, run_record, train_args
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_qkv_order_gives_each_rank_its_own_heads_of_q_k_and_v(tp):
+    width = 8
+    rows = qkv_order(width, tp)
+    assert sorted(rows.tolist()) == list(range(3 * width))
+    for rank, chunk in enumerate(rows.chunk(tp)):  # what a column split hands rank `rank`
+        mine = torch.arange(rank * width // tp, (rank + 1) * width // tp)
+        assert chunk.tolist() == torch.cat([mine, mine + width, mine + 2 * width]).tolist()
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_tp_on_four_ranks_follows_single_process(reference, shards, params_file, tmp_path):
+    """2 FSDP replicas x 2 tensor-parallel ranks: each replica reads half the batch, each rank a quarter of
+    the block matrices, sharded again over the replicas."""
+    gpt2dist(*train_args(shards, params_file, tmp_path, "fsdp-tp", nproc=4))
+    assert_follows_reference(reference, tmp_path)
+    record = run_record(tmp_path)
+    assert record["wrapping"] == {"tensor_parallel": 2, "fsdp_replicas": 2, "fully_shard_modules": 3}
+    assert record["grad_accum_steps"] == 2  # global 8 = 2 replicas x 2 rows x 2 micro-steps
+    held = record["model_state_bytes"]["total"] / run_record(reference)["model_state_bytes"]["total"]
+    assert 0.25 <= held < 0.5  # FSDP halves everything; TP halves the block matrices again
+
+
+def test_refused_splits_name_the_fix(shards, params_file, tmp_path):
+    three = gpt2dist(*train_args(shards, params_file, tmp_path / "a", "fsdp-tp", nproc=3), check=False)
+    assert three.returncode == 2 and "divisible by train.tensor_parallel_size (2)" in three.stderr, three.stderr
+    heads = gpt2dist(*train_args(shards, params_file, tmp_path / "b", "tp", "--set", "model.n_head=1", nproc=2),
+                     check=False)
+    assert heads.returncode == 2 and "model.n_head (1) is not divisible by 2" in heads.stderr, heads.stderr
+    assert not (tmp_path / "a" / "run.json").exists() and not (tmp_path / "b" / "run.json").exists()
+
+
+# --- negative controls: the comparison must catch a broken split ----------------------
+
+def _unreduced_rowwise():
+    """The row-parallel projection's partial sums left unreduced: each rank keeps only its shard's share."""
+    return RowwiseParallel(output_layouts=Partial())
+
+
+def _faulty_tp_rank(rank: int, spec_json: str, fault: str, port: int) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    if fault == "dropped-shard":
+        tensor_parallel.RowwiseParallel = _unreduced_rowwise
+    else:  # "fused-qkv-split-as-is": rank 0 gets all of q and half of k
+        tensor_parallel.qkv_order = lambda width, tp: torch.arange(3 * width)
+    spec = RunSpec.model_validate_json(spec_json)
+    strategy = TensorParallel(spec)
+    try:
+        Trainer(spec, strategy).run()
+    finally:
+        strategy.teardown()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fault", ["dropped-shard", "fused-qkv-split-as-is"])
+def test_comparison_catches_a_broken_split(fault, reference, shards, params_file, tmp_path):
+    train_with_fault(_faulty_tp_rank, "tp", fault, shards, params_file, tmp_path)
+    with pytest.raises(AssertionError):
+        assert_follows_reference(reference, tmp_path)
+    assert read_metrics(tmp_path)[0]["loss"] != pytest.approx(read_metrics(reference)[0]["loss"], rel=1e-4)
