@@ -408,6 +408,9 @@ def _check_model_parallel(spec: RunSpec) -> None:
     if tp > 1 and m.n_head % tp:
         raise UsageError(f"{spec.strategy} splits attention heads over {tp} ranks, but model.n_head ({m.n_head}) is "
                          f"not divisible by {tp}; use a process count that divides {m.n_head}")
+    if spec.strategy == "pp" and spec.precision == "fp16":
+        raise UsageError("strategy 'pp' runs backward inside the pipeline schedule, where fp16's loss scaler cannot "
+                         "wrap it; use pp with bf16")
     if spec.strategy == "pp" and spec.nproc > m.n_layer:
         raise UsageError(f"strategy 'pp' puts at least one block on each of its {spec.nproc} stages, but the model "
                          f"has {m.n_layer} (model.n_layer); use --nproc {m.n_layer} or fewer")

@@ -39,13 +39,16 @@ def divergence(reference, run) -> dict[str, float]:
     }
 
 
+def share(run_dir, prefixes: tuple[str, ...] = (), suffixes: tuple[str, ...] = ()) -> float:
+    """The share of a model's parameters whose names start or end so."""
+    params = {n: t for n, t in final_params(run_dir).items() if n != "lm_head.weight"}  # tied to the embedding
+    chosen = [t for n, t in params.items() if (prefixes and n.startswith(prefixes)) or (suffixes and n.endswith(suffixes))]
+    return sum(t.numel() for t in chosen) / sum(t.numel() for t in params.values())
+
+
 def split_share(run_dir) -> float:
     """The share of a model's parameters that tensor parallelism splits over its ranks."""
-    params = final_params(run_dir)
-    split = [n for n in params if n.endswith(("attn.c_attn.weight", "attn.c_attn.bias", "c_fc.weight", "c_fc.bias",
-                                              "c_proj.weight"))]
-    unique = {n: t for n, t in params.items() if n != "lm_head.weight"}  # tied to the token embedding
-    return sum(params[n].numel() for n in split) / sum(t.numel() for t in unique.values())
+    return share(run_dir, suffixes=("attn.c_attn.weight", "attn.c_attn.bias", "c_fc.weight", "c_fc.bias", "c_proj.weight"))
 
 
 def assert_follows_reference(reference, run) -> None:
@@ -53,7 +56,7 @@ def assert_follows_reference(reference, run) -> None:
     assert d["loss"] <= RTOL and d["grad_norm"] <= RTOL and d["params"] <= ATOL_PARAMS, d
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "horovod", "tp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "horovod", "tp", "pp"])
 def test_two_ranks_follow_single_process(strategy, reference, shards, params_file, tmp_path):
     gpt2dist(*train_args(shards, params_file, tmp_path, strategy, nproc=2))
     assert_follows_reference(reference, tmp_path)
@@ -63,9 +66,12 @@ def test_two_ranks_follow_single_process(strategy, reference, shards, params_fil
     record, single = run_record(tmp_path), run_record(reference)
     assert record["placement"]["backend"] == {"horovod": "horovod gloo"}.get(strategy, "gloo")
     # model state counted from the tensors: FSDP's rank 0 holds half of it, the replicating strategies all of
-    # it, tp half of what it splits (every block matrix and the column-parallel biases)
+    # it, tp half of what it splits (every block matrix and the column-parallel biases), pp's first stage
+    # the embeddings and block 0
     held = record["model_state_bytes"]["total"] / single["model_state_bytes"]["total"]
-    assert held == pytest.approx({"fsdp": 0.5, "tp": 1 - split_share(reference) / 2}.get(strategy, 1.0), rel=0.02)
+    expected = {"fsdp": 0.5, "tp": 1 - split_share(reference) / 2,
+                "pp": share(reference, ("transformer.wte.", "transformer.wpe.", "transformer.h.0."))}
+    assert held == pytest.approx(expected.get(strategy, 1.0), rel=0.02)
     assert record["conditions"]["foreign_cpu_share"] and record["command_line"].endswith("--nproc 2 --precision fp32")
 
 

@@ -78,7 +78,7 @@ RESUME_STEPS = 12
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("strategy, nproc, precision", [
     ("single", 1, "fp32"), ("dp", 1, "fp32"), ("ddp", 2, "fp32"), ("fsdp", 2, "fp32"), ("horovod", 2, "bf16"),
-    ("tp", 2, "bf16"), ("fsdp-tp", 4, "fp32"),
+    ("tp", 2, "bf16"), ("pp", 2, "bf16"), ("fsdp-tp", 4, "fp32"),
 ])
 def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision, shards, params_file, tmp_path):
     """Bitwise: data order and dropout are seeded per step, so a resumed run repeats the uninterrupted one."""

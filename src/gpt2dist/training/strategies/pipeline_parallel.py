@@ -1,0 +1,199 @@
+"""Pipeline parallelism (`torch.distributed.pipelining`): the blocks are split into one stage
+per process, the embeddings on the first stage, the final LayerNorm, head and loss on the
+last. One pipeline step per optimizer step takes the whole global batch as
+global_batch_size / micro_batch_size micro-batches, scheduled GPipe or 1F1B.
+
+GPT-2 ties the head to the token embedding, which now sit on different stages. As Megatron
+does, the first and last stage each hold a copy (equal at the start) and sum their gradients
+after backward, so both copies step identically and the pipeline trains the same model as
+`single`. The schedule runs forward and backward itself, so the loop's loss scaler cannot
+wrap it: pp takes fp32, tf32 and bf16 (config refuses fp16 and Apex).
+
+Checkpoints are the portable full state dict: the stages' parts gathered on rank 0 under
+the original parameter names, the tied weight's optimizer state once, as `single` writes it."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from gpt2dist.training.strategies.base import describe
+from gpt2dist.training.strategies.torch_distributed import TorchDistributed
+
+EMBEDDING, HEAD = "transformer.wte.weight", "lm_head.weight"
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def stage_blocks(n_layer: int, stages: int) -> list[range]:
+    """Contiguous blocks per stage, the first stages taking one more where they do not divide evenly."""
+    base, extra = divmod(n_layer, stages)
+    bounds = [0]
+    for stage in range(stages):
+        bounds.append(bounds[-1] + base + (stage < extra))
+    return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+class Stage(nn.Module):
+    """One stage of GPT-2 with the full model's parameter names (`transformer.h.3...`, `lm_head.weight`)."""
+
+    def __init__(self, model: nn.Module, blocks: range, *, first: bool, last: bool, autocast):
+        super().__init__()
+        self.first, self.last, self.autocast = first, last, autocast
+        self.transformer = nn.Module()
+        source = model.transformer
+        if first:
+            self.transformer.wte, self.transformer.wpe, self.transformer.drop = source.wte, source.wpe, source.drop
+        self.transformer.h = nn.ModuleDict({str(i): source.h[i] for i in blocks})
+        if last:
+            self.transformer.ln_f = source.ln_f
+            self.lm_head = model.lm_head
+            if not first:  # the head's own copy of the tied embedding
+                self.lm_head.weight = nn.Parameter(source.wte.weight.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (first stage) or the previous stage's hidden states in; hidden states or logits out."""
+        with self.autocast():
+            if self.first:
+                positions = torch.arange(x.shape[1], device=x.device)
+                x = self.transformer.drop(self.transformer.wte(x) + self.transformer.wpe(positions))
+            for block in self.transformer.h.values():
+                x = block(x)  # no mask: SDPA attends causally
+            if self.last:
+                x = self.lm_head(self.transformer.ln_f(x))
+        return x.float() if self.last else x
+
+
+class PipelineParallel(TorchDistributed):
+    name = "pp"
+    sharded_grads = True
+    compile_conflict = "the pipeline schedule drives each stage's forward and backward itself"
+
+    def prepare(self, model, make_optimizer, precision):
+        place = self.placement
+        stages, rank = place.world_size, place.rank
+        self.blocks = stage_blocks(self.spec.model.n_layer, stages)
+        self.stage = Stage(model, self.blocks[rank], first=rank == 0, last=rank == stages - 1,
+                           autocast=precision.autocast).to(place.device)
+        # the first and last stage sum the tied weight's gradients; every rank takes part in making the group
+        self.ends = dist.new_group([0, stages - 1]) if stages > 1 else None
+        t = self.spec.train
+        self.micro_batches = t.global_batch_size // t.micro_batch_size
+        pipeline_stage = PipelineStage(self.stage, rank, stages, place.device)
+        # scale_grads=False: the loss function already divides each micro-batch's mean by their number
+        self.schedule = SCHEDULES[t.pipeline_schedule](pipeline_stage, self.micro_batches, loss_fn=self._loss,
+                                                       scale_grads=False)
+        self.wrapping = {"stages": stages, "blocks_per_stage": [len(b) for b in self.blocks],
+                         "schedule": t.pipeline_schedule, "micro_batches": self.micro_batches}
+        describe(self, f"{stages} stages holding blocks {[f'{b.start}-{b.stop - 1}' for b in self.blocks]}, "
+                       f"{t.pipeline_schedule} over {self.micro_batches} micro-batches")
+        return self.stage, make_optimizer(self.stage)
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One micro-batch's share of the global batch's mean loss."""
+        mean = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        return mean / self.micro_batches
+
+    def loss_module(self, model, precision):
+        return model  # the schedule computes the loss on the last stage
+
+    def _tied_copy(self) -> torch.Tensor | None:
+        """This stage's copy of the tied embedding, where the first and last stage hold one each."""
+        if self.ends is None:
+            return None
+        return self.stage.transformer.wte.weight if self.stage.first else self.stage.lm_head.weight if self.stage.last \
+            else None
+
+    def forward_backward(self, loss_module, inputs, targets, accum, backward):
+        place = self.placement
+        losses: list[torch.Tensor] = []
+        ends = {"target": targets, "losses": losses} if self.stage.last else {}
+        self.schedule.step(*([inputs] if self.stage.first else []), **ends)
+        tied = self._tied_copy()
+        if tied is not None:
+            dist.all_reduce(tied.grad, op=dist.ReduceOp.SUM, group=self.ends)
+        loss = torch.stack(losses).sum().detach() if losses else torch.zeros((), device=place.device)
+        dist.broadcast(loss, src=place.world_size - 1)  # the last stage's loss, for rank 0 to log
+        return loss
+
+    def evaluate_loss(self, loss_module, inputs, targets):
+        """Forward only, stage to stage by send/recv, then the last stage's mean loss to every rank."""
+        place = self.placement
+        rank, last = place.rank, place.world_size - 1
+        with torch.no_grad():
+            if self.stage.first:
+                hidden = self.stage(inputs)
+            else:
+                shape = (*inputs.shape, self.spec.model.n_embd)
+                hidden = torch.empty(shape, device=place.device)
+                dist.recv(hidden, src=rank - 1)
+                hidden = self.stage(hidden)
+            if rank < last:
+                dist.send(hidden.float().contiguous(), dst=rank + 1)
+                loss = torch.zeros((), device=place.device)
+            else:
+                loss = F.cross_entropy(hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1))
+        dist.broadcast(loss, src=last)
+        return loss
+
+    def clip_grad_norm(self, params, max_norm):
+        params = [p for p in params if p.grad is not None]
+        tied = self._tied_copy()
+        counted = [p.grad for p in params if not (self.stage.last and p is tied)]  # the tied weight once
+        squared = torch.nn.utils.get_total_norm(counted).to(self.placement.device, torch.float32).square()
+        dist.all_reduce(squared, op=dist.ReduceOp.SUM)
+        norm = squared.sqrt()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return norm
+
+    # -- checkpoints: the stages' parts under the full model's names ------------------------------
+    def _local_optimizer_state(self, optimizer) -> dict:
+        state = get_optimizer_state_dict(self.stage, optimizer, options=StateDictOptions(full_state_dict=True))
+        on_cpu = {name: {key: value.cpu() if torch.is_tensor(value) else value for key, value in per_param.items()}
+                  for name, per_param in state["state"].items()}
+        return {**state, "state": on_cpu}
+
+    def full_state_dict(self, model, optimizer, precision):
+        model_state = {k: v.detach().cpu() for k, v in self.stage.state_dict().items()}
+        optim_state = self._local_optimizer_state(optimizer)
+        parts = [None] * self.placement.world_size if self.placement.rank == 0 else None
+        dist.gather_object((model_state, optim_state), parts, dst=0)
+        if self.placement.rank != 0:
+            return {}, {}
+        merged_model, merged_state, groups = {}, {}, []
+        for stage_model, stage_optim in parts:
+            merged_model.update(stage_model)  # the last stage's head copy equals the first stage's embedding
+            for name, state in stage_optim["state"].items():
+                merged_state.setdefault(name, state)
+            for index, group in enumerate(stage_optim["param_groups"]):
+                if index == len(groups):
+                    groups.append({**group, "params": []})
+                groups[index]["params"] += [n for n in group["params"] if n not in groups[index]["params"]]
+        if self.placement.world_size > 1:  # single keys the tied weight's state by the embedding's name only
+            merged_state.pop(HEAD, None)
+            for group in groups:
+                group["params"] = [n for n in group["params"] if n != HEAD]
+        return merged_model, {"state": merged_state, "param_groups": groups}
+
+    def load_full_state_dict(self, model, optimizer, precision, model_state, optim_state):
+        mine = self.stage.state_dict().keys()
+        self.stage.load_state_dict({name: model_state[name] for name in mine})
+        names = {name for name, _ in self.stage.named_parameters()}
+        source = {name: EMBEDDING if name == HEAD and name not in optim_state["state"] else name for name in names}
+        groups = []
+        for group in optim_state["param_groups"]:
+            kept = [n for n in group["params"] if n in names]
+            if EMBEDDING in group["params"] and HEAD in names and HEAD not in kept:
+                kept.append(HEAD)  # the head's copy steps with the embedding's hyperparameters
+            groups.append({**group, "params": kept})
+        local = {"state": {name: optim_state["state"][source[name]] for name in names
+                           if source[name] in optim_state["state"]},
+                 "param_groups": groups}
+        set_optimizer_state_dict(self.stage, optimizer, local, options=StateDictOptions(full_state_dict=True))
