@@ -68,6 +68,7 @@ def test_doctor_lists_what_the_paper_study_misses():
     assert result.returncode == 2 and last.startswith("error: preset 'paper' needs what is missing here: ")
     assert "NVIDIA Apex with apex.amp (the container image): needed by ddp-apex-O1-n1, " in last
     assert "horovod-apex-O1-n8" in last
+    assert "NVIDIA Apex with apex.parallel (the container image): needed by apex-ddp-apex-O2-n1, " in last
 
 
 def test_doctor_names_horovod_when_it_cannot_be_imported(tmp_path):

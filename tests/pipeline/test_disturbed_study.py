@@ -63,6 +63,9 @@ def test_the_hogged_run_is_flagged_and_left_out(disturbed_study):
     runs = pd.read_csv(results / "runs.csv").set_index("run_id")
     assert "other processes used" in runs.loc[HOGGED, "disturbed"]
     assert runs.loc[HOGGED, "foreign_cpu_share"] > 0.3
+    # the run waited for a quiet machine, as long as it waits and no longer, then trained and said so
+    record = json.loads((results / "runs" / HOGGED / "run.json").read_text())
+    assert 10 <= record["conditions"]["waited_for_quiet_s"] < 12
     summary = json.loads((results / "summary.json").read_text())
     assert HOGGED in summary["disturbed_runs"]
     single = summary["configs"]["single-fp32-n1"]

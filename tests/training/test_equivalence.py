@@ -108,15 +108,15 @@ class SummingDDP(DDP):
         return wrapped, optimizer
 
 
-def _faulty_rank(rank: int, spec_json: str, fault: str, port: int) -> None:
+def _rank_with_fault(rank: int, spec_json: str, port: int, strategy_class, inject) -> None:
+    """One of 2 ranks, in a process of its own: `inject()` plants the fault, then the loop trains."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    if inject:
+        inject()
     spec = RunSpec.model_validate_json(spec_json)
-    if fault == "same-data":  # every rank reads rank 0's rows
-        original = BatchSampler.micro_batches
-        BatchSampler.micro_batches = lambda self, step, _rank, world, rows: original(self, step, 0, world, rows)
-    strategy = SummingDDP(spec) if fault == "summed-gradients" else DDP(spec)
+    strategy = strategy_class(spec)
     try:
         Trainer(spec, strategy).run()
     finally:
@@ -129,16 +129,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def train_with_fault(rank_main, strategy: str, fault: str, shards, params_file, out) -> None:
-    """Train `strategy` in fp32 on 2 spawned ranks, each running rank_main(rank, spec_json, fault, port)."""
-    spec = build_spec(data=shards, out=out, strategy=strategy, precision="fp32", nproc=2, params=params_file,
-                      preset=None, overrides=[])
-    mp.spawn(rank_main, args=(spec.model_dump_json(), fault, _free_port()), nprocs=2, join=True)
+def train_with_fault(strategy_class, shards, params_file, out, inject=None) -> None:
+    """Train strategy_class (a faulty subclass, or one `inject` breaks) in fp32 on 2 spawned ranks."""
+    spec = build_spec(data=shards, out=out, strategy=strategy_class.name, precision="fp32", nproc=2,
+                      params=params_file, preset=None, overrides=[])
+    mp.spawn(_rank_with_fault, args=(spec.model_dump_json(), _free_port(), strategy_class, inject), nprocs=2,
+             join=True)
+
+
+def _every_rank_reads_rank_0s_rows() -> None:
+    original = BatchSampler.micro_batches
+    BatchSampler.micro_batches = lambda self, step, _rank, world, rows: original(self, step, 0, world, rows)
 
 
 @pytest.mark.parametrize("fault", ["summed-gradients", "same-data"])
 def test_comparison_catches_injected_fault(fault, reference, shards, params_file, tmp_path):
-    train_with_fault(_faulty_rank, "ddp", fault, shards, params_file, tmp_path)
+    if fault == "summed-gradients":
+        train_with_fault(SummingDDP, shards, params_file, tmp_path)
+    else:
+        train_with_fault(DDP, shards, params_file, tmp_path, inject=_every_rank_reads_rank_0s_rows)
     with pytest.raises(AssertionError):
         assert_follows_reference(reference, tmp_path)
     first_ref, first_run = read_metrics(reference)[0], read_metrics(tmp_path)[0]

@@ -4,14 +4,9 @@ control for the tied embedding, and the splits it refuses."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
 from test_equivalence import assert_follows_reference, train_with_fault
 
-from gpt2dist.config import RunSpec
-from gpt2dist.training.loop import Trainer
 from gpt2dist.training.strategies.pipeline_parallel import PipelineParallel, stage_blocks
 
 from conftest import gpt2dist, read_metrics, run_record, train_args
@@ -42,21 +37,9 @@ class UntiedPipeline(PipelineParallel):
         return None
 
 
-def _untied_rank(rank: int, spec_json: str, fault: str, port: int) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    spec = RunSpec.model_validate_json(spec_json)
-    strategy = UntiedPipeline(spec)
-    try:
-        Trainer(spec, strategy).run()
-    finally:
-        strategy.teardown()
-
-
 @pytest.mark.timeout(300)
 def test_comparison_catches_an_untied_embedding(reference, shards, params_file, tmp_path):
-    train_with_fault(_untied_rank, "pp", "untied", shards, params_file, tmp_path)
+    train_with_fault(UntiedPipeline, shards, params_file, tmp_path)
     with pytest.raises(AssertionError):
         assert_follows_reference(reference, tmp_path)
     # the first step starts from equal copies; the second already sees them apart

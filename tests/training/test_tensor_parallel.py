@@ -4,16 +4,12 @@ equivalence run is in test_equivalence.py with the other strategies.)"""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from test_equivalence import assert_follows_reference, train_with_fault
 from torch.distributed.tensor import Partial
 from torch.distributed.tensor.parallel import RowwiseParallel
 
-from gpt2dist.config import RunSpec
-from gpt2dist.training.loop import Trainer
 from gpt2dist.training.strategies import tensor_parallel
 from gpt2dist.training.strategies.tensor_parallel import TensorParallel, qkv_order
 
@@ -61,26 +57,20 @@ def _unreduced_rowwise():
     return RowwiseParallel(output_layouts=Partial())
 
 
-def _faulty_tp_rank(rank: int, spec_json: str, fault: str, port: int) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    if fault == "dropped-shard":
-        tensor_parallel.RowwiseParallel = _unreduced_rowwise
-    else:  # "fused-qkv-split-as-is": rank 0 gets all of q and half of k
-        tensor_parallel.qkv_order = lambda width, tp: torch.arange(3 * width)
-    spec = RunSpec.model_validate_json(spec_json)
-    strategy = TensorParallel(spec)
-    try:
-        Trainer(spec, strategy).run()
-    finally:
-        strategy.teardown()
+def _leave_row_parallel_sums_unreduced() -> None:
+    tensor_parallel.RowwiseParallel = _unreduced_rowwise
+
+
+def _split_fused_qkv_as_is() -> None:
+    """Rank 0 gets all of q and half of k."""
+    tensor_parallel.qkv_order = lambda width, tp: torch.arange(3 * width)
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("fault", ["dropped-shard", "fused-qkv-split-as-is"])
 def test_comparison_catches_a_broken_split(fault, reference, shards, params_file, tmp_path):
-    train_with_fault(_faulty_tp_rank, "tp", fault, shards, params_file, tmp_path)
+    inject = {"dropped-shard": _leave_row_parallel_sums_unreduced, "fused-qkv-split-as-is": _split_fused_qkv_as_is}
+    train_with_fault(TensorParallel, shards, params_file, tmp_path, inject=inject[fault])
     with pytest.raises(AssertionError):
         assert_follows_reference(reference, tmp_path)
     assert read_metrics(tmp_path)[0]["loss"] != pytest.approx(read_metrics(reference)[0]["loss"], rel=1e-4)

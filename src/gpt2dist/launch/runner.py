@@ -28,7 +28,7 @@ from gpt2dist.io import atomic_write_json
 from gpt2dist.launch import commands, lifetime, locks, slurm
 from gpt2dist.logs import setup_logging
 from gpt2dist.system.allocation import Allocation, job_allocation
-from gpt2dist.system.conditions import LoadMonitor
+from gpt2dist.system.conditions import LoadMonitor, wait_for_quiet
 from gpt2dist.training import loop, preflight
 from gpt2dist.training.metrics import now_iso
 from gpt2dist.training.strategies import REGISTRY
@@ -90,6 +90,7 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
     setup_logging()
     with locks.own_run_directory(out), locks.hold_the_machine():
         write_spec(spec, out / "spec.json")
+        quiet_after_s = wait_for_quiet()
         started = now_iso()
         monitor = LoadMonitor(out / "spec.json")
         try:
@@ -102,7 +103,8 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
                 ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
                 code, stopped_by = lifetime.run_launcher(command, commands.launch_env(ranks_here))
         finally:  # whatever the outcome, the record says how busy the machine was meanwhile
-            _add_to_record(out, started, conditions=monitor.summary(), launched_at=started,
+            _add_to_record(out, started, conditions={**monitor.summary(), "waited_for_quiet_s": round(quiet_after_s, 1)},
+                           launched_at=started,
                            command_line=shlex.join(sys.argv), launch_command=shown)
         if stopped_by is not None:
             _stop(out, stopped_by, started)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gpt2dist.config import StudyConfig
+from gpt2dist.config import IDLE_BY_DESIGN, StudyConfig
 from gpt2dist.system.gpu_telemetry import DISTURBING_REASONS
 
 
@@ -57,11 +57,12 @@ def conditions_of(record: dict, steady: pd.DataFrame) -> dict:
     conditions = record.get("conditions") or {}
     threads = (record.get("threads") or {}).get("torch")
     on_cpu = str((record.get("placement") or {}).get("device", "cpu")).startswith("cpu")
+    judged = on_cpu and record.get("strategy") not in IDLE_BY_DESIGN
     return {
         "foreign_cpu_share": foreign_share_while_steady(conditions, steady),
         "steal_share": conditions.get("steal_share_mean", float("nan")),
         "step_time_spread": step_time_spread(steady["step_time_s"]),
-        "cpu_share": cpu_share(steady, threads) if on_cpu else float("nan"),
+        "cpu_share": cpu_share(steady, threads) if judged else float("nan"),
         "gpu_slowdown_steps": gpu_slowdown_steps(steady),
     }
 

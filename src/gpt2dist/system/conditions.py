@@ -39,6 +39,26 @@ def _busy_seconds(cpus: list[int]) -> tuple[float, float]:
     return busy, steal
 
 
+def wait_for_quiet(limit: float = 0.05, timeout_s: float = 10.0, interval_s: float = 0.5) -> float:
+    """Wait until other processes use at most `limit` of this process's CPUs over one interval, or
+    `timeout_s` passed; returns the seconds waited. A workflow tool's bookkeeping after the previous
+    job (a second or more for Snakemake with a large study) otherwise shares the first steps of a short
+    run; a run that still starts on a busy machine is flagged by collect as before."""
+    cpus, me, started = run_cpus(), psutil.Process(), time.monotonic()
+
+    def own() -> float:
+        times = me.cpu_times()
+        return times.user + times.system
+
+    while True:
+        busy, mine, wall = _busy_seconds(cpus)[0], own(), time.monotonic()
+        time.sleep(interval_s)
+        foreign = (_busy_seconds(cpus)[0] - busy) - (own() - mine)
+        waited = time.monotonic() - started
+        if foreign <= limit * (time.monotonic() - wall) * len(cpus) or waited >= timeout_s:
+            return waited
+
+
 class LoadMonitor:
     """Samples the share of the run's CPUs used by other work while the run trains.
 

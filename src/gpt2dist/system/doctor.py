@@ -33,6 +33,7 @@ def facts(no_gpu: bool) -> list[Fact]:
         Fact("Horovod", "not importable" if hvd is None else
              f"{versions['horovod']} (gloo {hvd['gloo']}, mpi {hvd['mpi']}, nccl {hvd['nccl']})", hvd is not None),
         Fact("apex.amp", "importable" if apex["amp"] else "not importable", apex["amp"]),
+        Fact("apex.parallel", "importable" if apex["parallel"] else "not importable", apex["parallel"]),
         Fact("apex fused optimizers", "importable" if apex["fused_adam"] and apex["amp_C"] else "not importable",
              apex["fused_adam"] and apex["amp_C"]),
     ]
@@ -94,6 +95,8 @@ def missing_for(study: Study, no_gpu: bool) -> list[str]:
             needs.setdefault("Horovod built with NCCL (install_horovod.sh --gpu)", []).append(run.config_id)
         if run.precision.startswith("apex") and not apex["amp"]:
             needs.setdefault("NVIDIA Apex with apex.amp (the container image)", []).append(run.config_id)
+        if run.strategy == "apex-ddp" and not apex["parallel"]:
+            needs.setdefault("NVIDIA Apex with apex.parallel (the container image)", []).append(run.config_id)
     configurations = sum(1 for run in study.runs if not run.repeat)
     return [f"{piece}: needed by "
             + (f"all {len(runs)} configurations" if len(runs) == configurations else ", ".join(runs))

@@ -93,9 +93,10 @@ def horovod_build() -> dict | None:
 
 
 def apex_features() -> dict:
-    """apex.amp (removed from Apex after 25.05) and the CUDA-extension fused optimizers."""
+    """apex.amp (removed from Apex after 25.05), its DDP wrapper and the CUDA-extension fused optimizers."""
     features = {}
-    for name, module in (("amp", "apex.amp"), ("fused_adam", "apex.optimizers"), ("amp_C", "amp_C")):
+    for name, module in (("amp", "apex.amp"), ("parallel", "apex.parallel"), ("fused_adam", "apex.optimizers"),
+                         ("amp_C", "amp_C")):
         try:
             __import__(module)
             features[name] = True
