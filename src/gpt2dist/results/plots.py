@@ -37,7 +37,7 @@ def _colours() -> dict[str, tuple]:
 
 def _label(frame: pd.DataFrame) -> list[str]:
     """Strategy, precision and processes, under what the paper calls the configuration where it names one."""
-    labels = frame["label"] if "label" in frame else [""] * len(frame)
+    labels = frame["label"].fillna("") if "label" in frame else [""] * len(frame)  # an empty CSV cell reads as NaN
     return [(f"{label}\n" if label else "") + f"{s}\n{p}\nn={n}"
             for label, s, p, n in zip(labels, frame["strategy"], frame["precision"], frame["nproc"])]
 
