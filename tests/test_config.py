@@ -86,12 +86,14 @@ def test_params_without_presets(tmp_path):
         (dict(strategy="ddp", nproc=3), "global_batch_size (8) must be divisible by nproc x train.micro_batch_size (3 x 2 = 6)"),
         (dict(strategy="dp", nproc=2), "'dp' drives one device per --nproc; 2 requested but 0 CUDA GPUs"),
         (dict(strategy="single", nproc=2), "strategy 'single' runs one process"),
-        (dict(strategy="fsdp", precision="apex-O1"), "cannot wrap FSDP"),
+        (dict(strategy="fsdp", precision="apex-O1"), "cannot wrap fsdp's sharded or split parameters"),
         (dict(strategy="dp", precision="apex-O2"), "'apex-O2' patches the model's forward, which DataParallel"),
         (dict(strategy="ddp", precision="apex-O2"), "'apex-O2' needs CUDA"),
         (dict(strategy="ddp", nproc=2, precision="bf16", fsdp_mixed_precision=True),
          "train.fsdp_mixed_precision applies to --strategy fsdp with --precision bf16 or fp16, not ddp with bf16"),
         (dict(strategy="fsdp", nproc=2, precision="fp32", fsdp_mixed_precision=True), "not fsdp with fp32"),
+        (dict(strategy="tp", nproc=2, precision="fp16", device="cuda"), "use tp with bf16"),
+        (dict(strategy="pp", nproc=2, precision="fp16"), "use pp with bf16"),
     ],
 )
 def test_impossible_combinations(params_file, shards, kw, fragment):
@@ -114,7 +116,7 @@ def test_apex_combinations_that_can_run(params_file, shards, strategy, precision
 
 
 def test_unknown_strategy_and_precision(params_file, shards):
-    with pytest.raises(UsageError, match=r"unknown --strategy 'pipeline' \(allowed: single, dp, ddp, horovod, fsdp\)"):
+    with pytest.raises(UsageError, match=r"unknown --strategy 'pipeline' \(allowed: single, dp, ddp, horovod, fsdp, tp, pp, fsdp-tp, apex-ddp\)"):
         spec_for(params_file, shards, strategy="pipeline")
     with pytest.raises(UsageError, match="unknown --precision 'fp8'"):
         spec_for(params_file, shards, precision="fp8")

@@ -412,12 +412,24 @@ def _check_model_parallel(spec: RunSpec) -> None:
     if tp > 1 and m.n_head % tp:
         raise UsageError(f"{spec.strategy} splits attention heads over {tp} ranks, but model.n_head ({m.n_head}) is "
                          f"not divisible by {tp}; use a process count that divides {m.n_head}")
+    if spec.strategy in ("tp", "fsdp-tp") and spec.precision == "fp16" and spec.device == "cuda":
+        # seen on an H100 (torch 2.11): aten._amp_foreach_non_finite_check_and_unscale_ got mixed Tensor and DTensor
+        raise UsageError(f"strategy '{spec.strategy}' with fp16 on CUDA: the loss scaler checks all gradients in one "
+                         "fused kernel, which refuses tensor parallelism's mix of DTensor and plain gradients; use "
+                         f"{spec.strategy} with bf16")
     if spec.strategy == "pp" and spec.precision == "fp16":
         raise UsageError("strategy 'pp' runs backward inside the pipeline schedule, where fp16's loss scaler cannot "
                          "wrap it; use pp with bf16")
     if spec.strategy == "pp" and spec.nproc > m.n_layer:
         raise UsageError(f"strategy 'pp' puts at least one block on each of its {spec.nproc} stages, but the model "
                          f"has {m.n_layer} (model.n_layer); use --nproc {m.n_layer} or fewer")
+    t = spec.train
+    micro_batches = t.global_batch_size // t.micro_batch_size
+    if spec.strategy == "pp" and t.pipeline_schedule == "1f1b" and micro_batches < spec.nproc:
+        # torch's Schedule1F1B fills the pipeline with one micro-batch per stage before its first backward
+        raise UsageError(f"train.pipeline_schedule '1f1b' needs at least one micro-batch per stage, but "
+                         f"global_batch_size / micro_batch_size is {micro_batches} for {spec.nproc} stages; use a "
+                         f"smaller train.micro_batch_size, or train.pipeline_schedule=gpipe")
 
 
 def write_spec(spec: RunSpec, path: Path) -> None:

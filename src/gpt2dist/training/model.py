@@ -51,7 +51,8 @@ def linearize(model: nn.Module) -> None:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, Conv1D):
-                linear = nn.utils.skip_init(nn.Linear, child.nx, child.nf)  # no init: the values come next
+                weight = child.weight  # on the meta device too, where a model is only measured
+                linear = nn.utils.skip_init(nn.Linear, child.nx, child.nf, device=weight.device, dtype=weight.dtype)
                 with torch.no_grad():
                     linear.weight.copy_(child.weight.t())
                     linear.bias.copy_(child.bias)

@@ -59,7 +59,8 @@ class Stage(nn.Module):
                 self.lm_head.weight = nn.Parameter(source.wte.weight.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Token ids (first stage) or the previous stage's hidden states in; hidden states or logits out."""
+        """Token ids (first stage) or the previous stage's hidden states in; hidden states out (the last
+        stage's after ln_f: the head runs in the loss, see PipelineParallel._loss)."""
         with self.autocast():
             if self.first:
                 positions = torch.arange(x.shape[1], device=x.device)
@@ -67,8 +68,14 @@ class Stage(nn.Module):
             for block in self.transformer.h.values():
                 x = block(x)  # no mask: SDPA attends causally
             if self.last:
-                x = self.lm_head(self.transformer.ln_f(x))
-        return x.float() if self.last else x
+                x = self.transformer.ln_f(x)
+        return x
+
+    def mean_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The last stage's head and mean next-token cross-entropy of these rows."""
+        with self.autocast():
+            logits = self.lm_head(hidden)
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
 class PipelineParallel(TorchDistributed):
@@ -96,10 +103,12 @@ class PipelineParallel(TorchDistributed):
                        f"{t.pipeline_schedule} over {self.micro_batches} micro-batches")
         return self.stage, make_optimizer(self.stage)
 
-    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """One micro-batch's share of the global batch's mean loss."""
-        mean = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
-        return mean / self.micro_batches
+    def _loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One micro-batch's share of the global batch's mean loss. The head runs here rather than in the
+        stage's forward because the schedule keeps every micro-batch's stage output until the step ends
+        (torch 2.8 has no step(return_outputs=False)): the global batch's logits would be vocab_size / n_embd
+        times the hidden states (26 GB in fp32 for GPT-2 small at 128 x 1024 tokens)."""
+        return self.stage.mean_loss(hidden, targets) / self.micro_batches
 
     def loss_module(self, model, precision):
         return model  # the schedule computes the loss on the last stage
@@ -124,22 +133,26 @@ class PipelineParallel(TorchDistributed):
         return loss
 
     def evaluate_loss(self, loss_module, inputs, targets):
-        """Forward only, stage to stage by send/recv, then the last stage's mean loss to every rank."""
+        """Forward only, stage to stage by send/recv, one training micro-batch at a time (the whole global
+        batch's logits at once would not fit where a training step does), then the mean loss to every rank."""
         place = self.placement
         rank, last = place.rank, place.world_size - 1
+        rows = self.spec.train.micro_batch_size
+        chunks = list(zip(inputs.split(rows), targets.split(rows)))
+        total = torch.zeros((), device=place.device)
         with torch.no_grad():
-            if self.stage.first:
-                hidden = self.stage(inputs)
-            else:
-                shape = (*inputs.shape, self.spec.model.n_embd)
-                hidden = torch.empty(shape, device=place.device)
-                dist.recv(hidden, src=rank - 1)
-                hidden = self.stage(hidden)
-            if rank < last:
-                dist.send(hidden.float().contiguous(), dst=rank + 1)
-                loss = torch.zeros((), device=place.device)
-            else:
-                loss = F.cross_entropy(hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1))
+            for micro_inputs, micro_targets in chunks:
+                if self.stage.first:
+                    hidden = self.stage(micro_inputs)
+                else:
+                    hidden = torch.empty((*micro_inputs.shape, self.spec.model.n_embd), device=place.device)
+                    dist.recv(hidden, src=rank - 1)
+                    hidden = self.stage(hidden)
+                if rank < last:
+                    dist.send(hidden.float().contiguous(), dst=rank + 1)
+                else:
+                    total += self.stage.mean_loss(hidden, micro_targets)
+        loss = total / len(chunks)  # equal rows of equal length: the mean of the means is the batch's mean
         dist.broadcast(loss, src=last)
         return loss
 
