@@ -239,6 +239,11 @@ class RunSpec(_Strict):
         return {"dp": t.micro_batch_size * self.nproc, "pp": t.global_batch_size}.get(self.strategy, t.micro_batch_size)
 
     @property
+    def pipeline_micro_batches(self) -> int:
+        """Micro-batches pp's one pipeline step per optimizer step splits the global batch into."""
+        return self.train.global_batch_size // self.train.micro_batch_size
+
+    @property
     def grad_accum_steps(self) -> int:
         return self.train.global_batch_size // (self.replicas * self.rows_per_pass)
 
@@ -423,9 +428,8 @@ def _check_model_parallel(spec: RunSpec) -> None:
     if spec.strategy == "pp" and spec.nproc > m.n_layer:
         raise UsageError(f"strategy 'pp' puts at least one block on each of its {spec.nproc} stages, but the model "
                          f"has {m.n_layer} (model.n_layer); use --nproc {m.n_layer} or fewer")
-    t = spec.train
-    micro_batches = t.global_batch_size // t.micro_batch_size
-    if spec.strategy == "pp" and t.pipeline_schedule == "1f1b" and micro_batches < spec.nproc:
+    micro_batches = spec.pipeline_micro_batches
+    if spec.strategy == "pp" and spec.train.pipeline_schedule == "1f1b" and micro_batches < spec.nproc:
         # torch's Schedule1F1B fills the pipeline with one micro-batch per stage before its first backward
         raise UsageError(f"train.pipeline_schedule '1f1b' needs at least one micro-batch per stage, but "
                          f"global_batch_size / micro_batch_size is {micro_batches} for {spec.nproc} stages; use a "

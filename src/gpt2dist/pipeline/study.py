@@ -89,17 +89,18 @@ def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
     runs, dropped, labels = [], [], {}
     for group in chosen.study.runs:
         for strategy, precision, nproc in itertools.product(group.strategies, group.precisions, group.nproc):
+            config = Run(strategy, precision, nproc, 0).config_id
             if group.label:
-                labels[f"{strategy}-{precision}-n{nproc}"] = group.label
+                labels[config] = group.label
             if gpus and nproc > gpus:
-                dropped.append(f"{strategy}-{precision}-n{nproc}")
+                dropped.append(config)
                 continue
             spec = RunSpec(data_dir="", out_dir="", preset=name, strategy=strategy, precision=precision, nproc=nproc,
                            device=device, model=chosen.model, train=chosen.train)
             try:
                 check_combination(spec, gpus)
             except UsageError as exc:
-                raise UsageError(f"presets.{name}.study.runs: {strategy}-{precision}-n{nproc}: {exc}") from None
+                raise UsageError(f"presets.{name}.study.runs: {config}: {exc}") from None
             runs.extend(Run(strategy, precision, nproc, r) for r in range(chosen.study.repeats))
     ids = [run.run_id for run in runs]
     if len(set(ids)) != len(ids):

@@ -48,7 +48,7 @@ def traffic(spec: RunSpec) -> Traffic:
     params = parameter_count(m)
     activation = spec.rows_per_pass * m.n_positions * m.n_embd * (HALF if spec.precision in ("bf16", "fp16") else FP32)
     gradient = HALF if spec.precision == "apex-O2" else FP32  # O2's model, and so its gradients, are fp16
-    if spec.strategy == "single" or n == 1 and spec.strategy != "pp":
+    if spec.strategy == "single" or n == 1:
         return Traffic(0, "none: one device")
     if spec.strategy == "dp":
         if spec.device != "cuda":
@@ -74,9 +74,7 @@ def traffic(spec: RunSpec) -> Traffic:
         return Traffic(round(sent), "tensor-parallel activation all-reduces, and FSDP's all-gathers and "
                                     "reduce-scatter of each rank's slice over the replicas")
     if spec.strategy == "pp":
-        micro_batches = t.global_batch_size // t.micro_batch_size
-        if n == 1:
-            return Traffic(0, "none: one stage")
+        micro_batches = spec.pipeline_micro_batches
         per_micro = activation // micro_batches  # one micro-batch's activations at a stage boundary
         tied = _ring_all_reduce(m.vocab_size * m.n_embd * FP32, 2)  # embedding and head copies' gradients
         ends = micro_batches * per_micro + tied

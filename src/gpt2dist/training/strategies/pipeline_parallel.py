@@ -92,7 +92,7 @@ class PipelineParallel(TorchDistributed):
         # the first and last stage sum the tied weight's gradients; every rank takes part in making the group
         self.ends = dist.new_group([0, stages - 1]) if stages > 1 else None
         t = self.spec.train
-        self.micro_batches = t.global_batch_size // t.micro_batch_size
+        self.micro_batches = self.spec.pipeline_micro_batches
         pipeline_stage = PipelineStage(self.stage, rank, stages, place.device)
         # scale_grads=False: the loss function already divides each micro-batch's mean by their number
         self.schedule = SCHEDULES[t.pipeline_schedule](pipeline_stage, self.micro_batches, loss_fn=self._loss,
@@ -156,15 +156,14 @@ class PipelineParallel(TorchDistributed):
         dist.broadcast(loss, src=last)
         return loss
 
-    def clip_grad_norm(self, params, max_norm):
-        params = [p for p in params if p.grad is not None]
+    def global_grad_norm(self, grads):
+        """Each stage holds its own parameters whole: squared local norms add up over the stages, the tied
+        weight counted once (the last stage's copy left out)."""
         tied = self._tied_copy()
-        counted = [p.grad for p in params if not (self.stage.last and p is tied)]  # the tied weight once
+        counted = [g for g in grads if not (self.stage.last and tied is not None and g is tied.grad)]
         squared = torch.nn.utils.get_total_norm(counted).to(self.placement.device, torch.float32).square()
         dist.all_reduce(squared, op=dist.ReduceOp.SUM)
-        norm = squared.sqrt()
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-        return norm
+        return squared.sqrt()
 
     # -- checkpoints: the stages' parts under the full model's names ------------------------------
     def _local_optimizer_state(self, optimizer) -> dict:

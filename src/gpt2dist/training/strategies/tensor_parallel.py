@@ -91,33 +91,28 @@ class TensorParallel(TorchDistributed):
                        "embeddings, LayerNorms and head replicated")
         return model, make_optimizer(model)
 
-    @property
-    def tp_size(self) -> int:
-        return self.spec.tensor_parallel_size
-
     def global_grad_norm(self, grads):
         return sharded_grad_norm(grads, self.placement.device)
 
     def full_state_dict(self, model, optimizer, precision):
         model_state, optim_state = super().full_state_dict(model, optimizer, precision)
-        _reorder_qkv(model_state, self.tp_size, to_gpt2=True)
-        _reorder_qkv(optim_state.get("state", {}), self.tp_size, to_gpt2=True)
+        _reorder_qkv(model_state, self.spec.tensor_parallel_size, to_gpt2=True)
+        _reorder_qkv(optim_state.get("state", {}), self.spec.tensor_parallel_size, to_gpt2=True)
         return model_state, optim_state
 
     def load_full_state_dict(self, model, optimizer, precision, model_state, optim_state):
         model_state, optim_state = dict(model_state), {**optim_state, "state": dict(optim_state["state"])}
-        _reorder_qkv(model_state, self.tp_size, to_gpt2=False)
-        _reorder_qkv(optim_state["state"], self.tp_size, to_gpt2=False)
+        _reorder_qkv(model_state, self.spec.tensor_parallel_size, to_gpt2=False)
+        _reorder_qkv(optim_state["state"], self.spec.tensor_parallel_size, to_gpt2=False)
         super().load_full_state_dict(model, optimizer, precision, model_state, optim_state)
 
 
 class FSDPTensorParallel(TensorParallel):
     name = "fsdp-tp"
-    compile_conflict = TensorParallel.compile_conflict
 
     def prepare(self, model, make_optimizer, precision):
         model.to(self.placement.device)
-        tp = self.tp_size
+        tp = self.spec.tensor_parallel_size
         replicas = self.placement.world_size // tp
         mesh = init_device_mesh(self.placement.device.type, (replicas, tp), mesh_dim_names=("dp", "tp"))
         shard_blocks(model, mesh["tp"])
