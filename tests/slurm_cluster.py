@@ -1,4 +1,6 @@
-"""A throwaway one-node SLURM cluster on this machine, for the test of the cluster path.
+"""A throwaway SLURM cluster on this machine, for the tests of the cluster path: one node (this
+host), or one slurmd per emulated node (gpt2dist.system.emulated_nodes), each in its node's
+network namespace with its own address and hostname, the controller on the bridge's address.
 
 Debian's slurm-wlm and munge, each daemon in the foreground with its files (munge key and
 socket, state, spool, logs) under one temporary directory and its own ports, so teardown
@@ -10,6 +12,7 @@ write stops the fixture rather than being overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -17,6 +20,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpt2dist.system.emulated_nodes import EmulatedNodes
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scancel")
@@ -33,8 +38,8 @@ def missing_tools() -> list[str]:
 class Cluster:
     root: Path
     conf: Path
-    node: str
-    cpus: int
+    nodes: list[str]
+    cpus: int  # per node; emulated nodes each claim every core of the machine, which they share
     memory_mb: int
     processes: list[subprocess.Popen] = field(default_factory=list)
 
@@ -69,12 +74,18 @@ def _memory_mb() -> int:
     raise RuntimeError("no MemTotal in /proc/meminfo")
 
 
-def _slurm_conf(root: Path, node: str, cpus: int, memory_mb: int, user: str) -> str:
+def _slurm_conf(root: Path, cluster: Cluster, user: str, emulated: EmulatedNodes | None) -> str:
     ctld_port, node_port = _free_ports(2)
-    state = root / "state"
+    state, log = root / "state", root / "log"
+    # slurmctld runs on this host (its name must match) and listens where every node reaches it
+    host = socket.gethostname().split(".")[0]
+    controller = f"{host}({emulated.host_address})" if emulated else f"{host}(127.0.0.1)"
+    addresses = [node.address for node in emulated.nodes] if emulated else ["127.0.0.1"]
+    node_lines = "".join(f"NodeName={name} NodeAddr={address} CPUs={cluster.cpus} RealMemory={cluster.memory_mb} "
+                         "State=UNKNOWN\n" for name, address in zip(cluster.nodes, addresses))
     return MARKER + f"""\
 ClusterName=gpt2dist-test
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={controller}
 SlurmUser={user}
 SlurmdUser={user}
 SlurmctldPort={ctld_port}
@@ -83,11 +94,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root / 'munge.socket'}
 StateSaveLocation={state / 'ctld'}
-SlurmdSpoolDir={state / 'slurmd'}
+SlurmdSpoolDir={state / 'slurmd-%n'}
 SlurmctldPidFile={state / 'slurmctld.pid'}
-SlurmdPidFile={state / 'slurmd.pid'}
-SlurmctldLogFile={root / 'log' / 'slurmctld.log'}
-SlurmdLogFile={root / 'log' / 'slurmd.log'}
+SlurmdPidFile={state / 'slurmd-%n.pid'}
+SlurmctldLogFile={log / 'slurmctld.log'}
+SlurmdLogFile={log / 'slurmd-%n.log'}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/affinity
 SelectType=select/cons_tres
@@ -98,49 +109,56 @@ MinJobAge=600
 KillWait=5
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN
-PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP
+{node_lines}PartitionName={PARTITION} Nodes={','.join(cluster.nodes)} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def start(root: Path, timeout: float = 60.0) -> Cluster:
-    """Start munged, slurmctld and slurmd under `root`; return once the node is idle."""
+def start(root: Path, timeout: float = 60.0, emulated: EmulatedNodes | None = None) -> Cluster:
+    """Start munged, slurmctld and a slurmd per node under `root`; return once every node is idle.
+    With `emulated` nodes, each slurmd runs inside its node (one munged serves all: its socket is a
+    file, which every network namespace sees)."""
     if SYSTEM_CONF.exists() and not SYSTEM_CONF.read_text().startswith(MARKER):
         raise RuntimeError(f"{SYSTEM_CONF} exists and belongs to another cluster; run the cluster test elsewhere")
-    node = socket.gethostname().split(".")[0]
-    cluster = Cluster(root, SYSTEM_CONF, node, os.cpu_count() or 1, _memory_mb())
-    for sub in ("log", "state/ctld", "state/slurmd"):
+    names = [node.name for node in emulated.nodes] if emulated else [socket.gethostname().split(".")[0]]
+    cluster = Cluster(root, SYSTEM_CONF, names, os.cpu_count() or 1, _memory_mb())
+    for sub in ("log", "state/ctld", *(f"state/slurmd-{name}" for name in names)):
         (root / sub).mkdir(parents=True, exist_ok=True)
     user = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
     SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
-    SYSTEM_CONF.write_text(_slurm_conf(root, node, cluster.cpus, cluster.memory_mb, user))
+    SYSTEM_CONF.write_text(_slurm_conf(root, cluster, user, emulated))
     key = root / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
+    slurmd = [["slurmd", "-D", "-f", str(cluster.conf), "-N", name] for name in names]
+    if emulated:
+        slurmd = [node.command(command) for node, command in zip(emulated.nodes, slurmd)]
     commands = [
         # --force: munged refuses a socket under /tmp (sticky, world-writable parents) without it
         ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={root / 'munge.socket'}",
          f"--pid-file={root / 'state' / 'munged.pid'}", f"--log-file={root / 'log' / 'munged.log'}",
          f"--seed-file={root / 'state' / 'munged.seed'}"],
         ["slurmctld", "-D", "-i", "-f", str(cluster.conf)],
-        ["slurmd", "-D", "-f", str(cluster.conf), "-N", node],
+        *slurmd,
     ]
     try:
-        for command in commands:
+        for i, command in enumerate(commands):
+            name = "munged" if i == 0 else "slurmctld" if i == 1 else f"slurmd-{names[i - 2]}"
             cluster.processes.append(subprocess.Popen(command, env=cluster.env, stdout=subprocess.DEVNULL,
-                                                      stderr=open(root / "log" / f"{command[0]}.stderr.log", "w")))
-            if command[0] == "munged":
+                                                      stderr=open(root / "log" / f"{name}.stderr.log", "w")))
+            if i == 0:
                 _wait_for(lambda: (root / "munge.socket").exists(), timeout, "munged socket", cluster)
-        _wait_for(lambda: _node_state(cluster) == "idle", timeout, "node idle in sinfo", cluster)
+        _wait_for(lambda: _node_states(cluster) == ["idle"] * len(names), timeout, "every node idle in sinfo",
+                  cluster)
     except BaseException:
         stop(cluster)
         raise
     return cluster
 
 
-def _node_state(cluster: Cluster) -> str:
-    result = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=cluster.env, capture_output=True, text=True)
-    return result.stdout.strip()
+def _node_states(cluster: Cluster) -> list[str]:
+    result = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=cluster.env, capture_output=True, text=True,
+                            timeout=30)
+    return result.stdout.split()
 
 
 def _wait_for(ready, timeout: float, what: str, cluster: Cluster) -> None:
@@ -159,7 +177,9 @@ def _wait_for(ready, timeout: float, what: str, cluster: Cluster) -> None:
 def stop(cluster: Cluster) -> None:
     """Cancel what is still queued, stop the daemons started here (newest first), remove slurm.conf."""
     if any(p.poll() is None for p in cluster.processes[1:]):
-        subprocess.run(["scancel", "--full", f"--partition={PARTITION}"], env=cluster.env, capture_output=True)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # the daemons are stopped below all the same
+            subprocess.run(["scancel", "--full", f"--partition={PARTITION}"], env=cluster.env, capture_output=True,
+                           timeout=30)
     for process in reversed(cluster.processes):
         if process.poll() is None:
             process.terminate()

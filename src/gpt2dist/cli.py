@@ -69,13 +69,17 @@ def train(
     max_steps: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.max_steps=K.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.seed=S.")] = None,
     hosts: Annotated[Optional[str], typer.Option(help="HOST:SLOTS,... : print the multi-node commands.")] = None,
+    emulate_nodes: Annotated[Optional[int], typer.Option(help="Run the multi-node commands on this many nodes "
+                                                         "emulated on this machine (network namespaces; root).")] = None,
+    link_mbit: Annotated[Optional[float], typer.Option(help="With --emulate-nodes: each node's link bandwidth, "
+                                                       "Mbit/s each way (default: unshaped).")] = None,
     print_command: Annotated[bool, typer.Option(help="Print the launcher command instead of running it.")] = False,
     keep_checkpoint: Annotated[bool, typer.Option(help="Keep checkpoint.pt once the run completes.")] = True,
     stale_checkpoint: Annotated[str, typer.Option(help="A checkpoint of other settings in --out: fail, or restart "
                                                   "afresh (for workflow tools re-running a changed job).")] = "fail",
 ) -> None:
     """Train GPT-2 with one strategy; re-running the same command resumes from the last checkpoint."""
-    from gpt2dist.launch import commands, runner
+    from gpt2dist.launch import commands, emulated, runner
 
     overrides = list(set_ or [])
     if max_steps is not None:
@@ -90,6 +94,8 @@ def train(
         from gpt2dist.system.hardware import visible_gpus
 
         device = "cuda" if planned_gpus(params, visible_gpus()) else "cpu"
+    if emulate_nodes is not None:
+        device = "cpu"  # emulated nodes share this machine; its GPUs are not split between them
     spec = runner.build_spec(data=data, out=out, strategy=strategy, precision=precision,
                              nproc=sum(h.slots for h in host_list) if host_list else nproc, params=params,
                              preset=preset, overrides=overrides, check_devices=host_list is None, device=device,
@@ -97,7 +103,10 @@ def train(
     if host_list:
         typer.echo("\n".join(runner.print_multinode(spec, host_list)))
         return
-    shown = runner.start(spec, print_only=print_command)
+    if link_mbit is not None and emulate_nodes is None:
+        raise UsageError("--link-mbit shapes emulated nodes' links; add --emulate-nodes N")
+    emulation = emulated.Emulation(emulate_nodes, link_mbit) if emulate_nodes is not None else None
+    shown = runner.start(spec, print_only=print_command, emulation=emulation)
     if print_command:
         typer.echo(shown)
 
@@ -208,6 +217,39 @@ def figures(
 
     summary = rebuild(source, out)
     typer.echo(f"ok: {len(summary['configs'])} configurations of preset {summary['preset']} rebuilt in {out}")
+
+
+@app.command("project-scaling")
+@one_line_errors
+def project_scaling(
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpu: Annotated[str, typer.Option(help="GPU whose peak FLOP/s sets the compute time (H100, H200, A100, ...).")] = "H100",
+    precision: Annotated[str, typer.Option(help="Arithmetic of the projected runs.")] = "bf16",
+    mfu: Annotated[float, typer.Option(help="Assumed model FLOP utilisation (llm.c on 8x H100: about 0.4).")] = 0.4,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node, joined by NVLink.")] = 8,
+    nodes: Annotated[str, typer.Option(help="Node counts, joined by InfiniBand, e.g. 1,2,4,8.")] = "1,2,4,8",
+) -> None:
+    """Project a preset's data-parallel strategies to GPU clusters with the link model (a projection, not a
+    measurement: compute from FLOPs at an assumed MFU, communication from the traffic model)."""
+    from tabulate import tabulate
+
+    from gpt2dist.launch.runner import chosen_preset
+    from gpt2dist.results.link_model import projection
+
+    try:
+        counts = [int(part) for part in nodes.split(",")]
+    except ValueError:
+        raise UsageError(f"--nodes '{nodes}' is not a comma-separated list of node counts, e.g. 1,2,4,8") from None
+    name, chosen = chosen_preset(params, preset, [])
+    table = projection(name, chosen, gpu=gpu, precision=precision, mfu=mfu, gpus_per_node=gpus_per_node,
+                       node_counts=counts)
+    shown = table[["strategy", "nodes", "gpus", "compute_ms", "communication_ms", "step_ms", "tokens_per_s",
+                   "scaling_efficiency", "note"]]
+    typer.echo(f"Projection (not a measurement) of preset {name}: {gpu} {precision} at an assumed MFU of {mfu:.0%}, "
+               f"{gpus_per_node} GPUs per node on NVLink (450 GB/s), nodes on InfiniBand NDR (50 GB/s per GPU), "
+               "each GPU at the preset's micro-batch, no overlap of communication with compute.\n")
+    typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
 
 
 @app.command("dvc-yaml")

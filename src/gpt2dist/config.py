@@ -149,11 +149,21 @@ class RunGroup(_Strict):
     nproc: list[int] = Field(min_length=1, description="Processes (GPUs on CUDA machines) per run.")
     label: str | None = Field(None, description="What a paper calls these runs (e.g. 'Horovod + Apex'), shown "
                               "beside the configuration in tables and figures.")
+    nodes: int = Field(1, ge=1, description="Nodes the processes spread over. Above 1, nodes emulated on this machine "
+                       "(network namespaces, needs root; CPU only, the nodes share its cores).")
+    link_mbit: list[float] = Field([], description="With nodes > 1: each node's link bandwidth, Mbit/s each way, "
+                                   "one run per value (empty: unshaped).")
 
     @model_validator(mode="after")
     def _positive(self) -> RunGroup:
         if any(n < 1 for n in self.nproc):
             raise ValueError(f"nproc values must be >= 1, got {self.nproc}")
+        if self.nodes > 1 and any(n % self.nodes for n in self.nproc):
+            raise ValueError(f"nproc values must be multiples of nodes ({self.nodes}), got {self.nproc}")
+        if self.link_mbit and self.nodes == 1:
+            raise ValueError("link_mbit shapes emulated nodes' links; set nodes to 2 or more")
+        if any(rate <= 0 for rate in self.link_mbit):
+            raise ValueError(f"link_mbit values must be positive, got {self.link_mbit}")
         return self
 
 
@@ -171,7 +181,8 @@ class StudyConfig(_Strict):
     min_cpu_share: float = Field(0.6, ge=0, le=1, description="On CPU, a run is disturbed when rank 0 got less than "
                                  "this share of its compute threads' time (median CPU time / (step time x threads)). "
                                  "Waiting on communication counts as idle: undisturbed tp and fsdp ranks at 2 processes "
-                                 "get 0.74-0.87; a starved one far less. Not applied to pp, whose stages idle by design.")
+                                 "get 0.74-0.87; a starved one far less. Not applied to pp, whose stages idle by design, "
+                                 "nor on emulated nodes' shaped links, where ranks wait for the link.")
     max_disturbed: int | None = Field(None, ge=0, description="collect refuses the study when more runs than this "
                                       "are disturbed, naming the command that re-runs them; null: mark them, leave "
                                       "them out of the statistics, and go on.")

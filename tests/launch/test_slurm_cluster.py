@@ -155,4 +155,4 @@ def test_doctor_inside_a_job_shows_its_allocation_with_or_without_slurm_variable
     text = log.read_text() if log.exists() else ""
     assert result.returncode == 0, f"{result.stderr}\n{text[-3000:]}"
     assert "SLURM variables: 1" in text
-    assert text.count(f"1 node(s) {cluster.node}, 2 tasks x 1 CPUs") == 2, text
+    assert text.count(f"1 node(s) {cluster.nodes[0]}, 2 tasks x 1 CPUs") == 2, text

@@ -65,6 +65,22 @@ def test_the_papers_presets_plan_on_a_login_node_without_gpus(tmp_path):
     assert patwardhan["pp-fp32-n2-r1"]["tasks"] == "2" and patwardhan["tp-fp32-n2-r0"]["gpu"] == "2"
 
 
+def test_the_two_node_study_runs_each_link_on_emulated_nodes(tmp_path):
+    """two-node-cpu: ddp, fsdp and horovod on one machine and on 2 emulated nodes at 3 link bandwidths; every
+    link run's train and selftest command puts it on its nodes, and the links figure is planned."""
+    work = copy_workflow(tmp_path)
+    planned = run(["snakemake", "-n", "-p", "--config", "preset=two-node-cpu"], work).stdout
+    jobs = resources(planned)
+    assert len(jobs) == (1 + 3 + 3 * 3) * 3
+    command = re.search(r"gpt2dist train [^\n]*--out results/runs/fsdp-fp32-n2-2nodes-50mbit-r1 [^\n]*", planned)[0]
+    assert "--nproc 2" in command and "--emulate-nodes 2 --link-mbit 50" in command
+    assert "--emulate-nodes" not in re.search(r"gpt2dist train [^\n]*--out results/runs/ddp-fp32-n2-r0 [^\n]*",
+                                              planned)[0]
+    assert "results/figures/links.png" in planned and "results/link_model.csv" in planned
+    with pytest.raises(Exception, match="emulated nodes .* train on CPU"):
+        plan_study(work / "params.yaml", "two-node-cpu", 2)
+
+
 def test_the_resume_case_stays_when_a_larger_process_count_joins_the_study(params_file, tmp_path):
     """Its selftest command carries --resume: were the choice to move, finished runs would re-train."""
     params = yaml.safe_load(params_file.read_text())

@@ -13,7 +13,6 @@ import pytest
 
 from conftest import REPO, gpt2dist
 
-REFERENCE = REPO / "docs" / "reference" / "cpu-study"
 REFERENCE_BUNDLE = REPO / "docs" / "reference" / "cpu-study.tar.gz"
 TABLES = ("metrics.csv", "runs.csv", "summary.csv")
 
@@ -94,12 +93,14 @@ def test_nothing_to_bundle_is_one_error(tmp_path):
     assert not (tmp_path / "x.tar.gz").exists()
 
 
-def test_the_shipped_reference_bundle_reproduces_docs_reference(tmp_path):
-    """Every figure and table under docs/reference/cpu-study/ comes from the bundle beside it, by one command."""
-    gpt2dist("figures", "--from", REFERENCE_BUNDLE, "--out", tmp_path / "rebuilt")
-    for name in ("summary.csv", "summary.md", "findings.md"):
-        assert (tmp_path / "rebuilt" / name).read_bytes() == (REFERENCE / name).read_bytes(), name
-    assert {p.name for p in (REFERENCE / "figures").iterdir()} <= {p.name for p in (tmp_path / "rebuilt" / "figures").iterdir()}
+@pytest.mark.parametrize("study", ["cpu-study", "two-node-cpu"])
+def test_the_shipped_reference_bundle_reproduces_docs_reference(study, tmp_path):
+    """Every figure and table under docs/reference/<study>/ comes from the bundle beside it, by one command."""
+    reference = REPO / "docs" / "reference" / study
+    gpt2dist("figures", "--from", reference.with_name(f"{study}.tar.gz"), "--out", tmp_path / "rebuilt")
+    for name in ("summary.csv", "summary.md", "findings.md", "link_model.csv"):
+        assert (tmp_path / "rebuilt" / name).read_bytes() == (reference / name).read_bytes(), name
+    assert {p.name for p in (reference / "figures").iterdir()} <= {p.name for p in (tmp_path / "rebuilt" / "figures").iterdir()}
 
 
 def test_one_altered_byte_is_refused_and_nothing_is_written(tmp_path):

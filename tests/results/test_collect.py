@@ -13,6 +13,7 @@ from gpt2dist.pipeline.study import parse_run_id, plan_study
 from gpt2dist.results.collect import SUMMARISED, baseline_of, summarise
 from gpt2dist.results.disturbance import conditions_of, disturbance, foreign_share_while_steady
 from gpt2dist.results.findings import CONTRADICTED, NOISE, SUPPORTED, UNTESTABLE, check_claims
+from gpt2dist.results.link_model import predicted_vs_measured
 from gpt2dist.results.statistics import log_interval, paired_ratio, verdict
 
 from conftest import REPO
@@ -25,9 +26,11 @@ def runs_table(rates: dict[str, list[float]], disturbed: dict[str, str] | None =
         for repeat, rate in enumerate(per_round):
             run = parse_run_id(f"{config}-r{repeat}")
             rows.append({"config_id": config, "strategy": run.strategy, "precision": run.precision,
-                         "nproc": run.nproc, "repeat": repeat, "run_id": run.run_id,
+                         "nproc": run.nproc, "nodes": run.nodes, "link_mbit": run.link_mbit or math.nan,
+                         "repeat": repeat, "run_id": run.run_id,
                          **dict.fromkeys(SUMMARISED, rate), "param_bytes": 1.0, "grad_bytes": 1.0,
-                         "optimizer_bytes": 2.0, "comm_bytes_per_step": 0.0, "grad_accum_steps": 1, "backend": "gloo",
+                         "optimizer_bytes": 2.0, "comm_bytes_per_step": 0.0, "link_bytes_per_step": math.nan,
+                         "grad_accum_steps": 1, "backend": "gloo",
                          "disturbed": (disturbed or {}).get(run.run_id, ""),
                          **{k: v[config] if isinstance(v, dict) else v for k, v in columns.items()}})
     return pd.DataFrame(rows)
@@ -123,7 +126,8 @@ def test_only_load_samples_during_the_measured_steps_count():
 
 
 def findings(runs: pd.DataFrame, study) -> dict[str, dict]:
-    return {f["claim"]: f for f in check_claims(runs, summarise(runs, study, None))}
+    summary = summarise(runs, study, None)
+    return {f["claim"]: f for f in check_claims(runs, summary, predicted_vs_measured(summary))}
 
 
 def test_claims_get_verdicts_from_the_intervals(study):
@@ -187,3 +191,38 @@ def test_a_paper_presets_names_label_the_table():
                           "horovod-apex-O1-n4": "Horovod + Apex"}
     summary = summarise(runs_table({c: [100.0, 100.0] for c in bai.labels}, model_state_bytes=1.0), bai, None)
     assert dict(zip(summary["config_id"], summary["label"])) == bai.labels
+
+
+def link_runs(kept_by_horovod: float, kept_by_ddp: float) -> pd.DataFrame:
+    """One machine and two emulated nodes at 1000 and 50 Mbit/s: on the slowest link horovod and ddp keep
+    these shares of their one-machine throughput; step times follow tokens/s, and the modelled bytes make
+    the link model exact."""
+    rates, bytes_per_step = {"single-fp32-n1": [100.0, 101.0, 99.0]}, {"single-fp32-n1": 0.0}
+    for strategy, kept in (("horovod", kept_by_horovod), ("ddp", kept_by_ddp)):
+        one = [190.0, 192.0, 188.0]
+        rates[f"{strategy}-fp32-n2"] = one
+        rates[f"{strategy}-fp32-n2-2nodes-1000mbit"] = [r * 0.95 for r in one]
+        rates[f"{strategy}-fp32-n2-2nodes-50mbit"] = [r * kept for r in one]
+        bytes_per_step[f"{strategy}-fp32-n2"] = 0.0
+        for mbit, share in ((1000, 0.95), (50, kept)):  # step time = 1 / rate: added time = (1/share - 1) / 190
+            added = (1 / share - 1) / 190.0
+            bytes_per_step[f"{strategy}-fp32-n2-2nodes-{mbit}mbit"] = added * mbit * 1e6 / 8
+    runs = runs_table(rates, model_state_bytes=1.0, comm_bytes_per_step=bytes_per_step)
+    return runs.assign(step_time_s=1 / runs["tokens_per_s"])
+
+
+def test_robust_across_nodes_compares_what_each_strategy_keeps_on_the_slowest_link(study):
+    robust = findings(link_runs(kept_by_horovod=0.5, kept_by_ddp=0.3), study)
+    assert robust["bai-horovod-apex-robust"]["verdict"] == SUPPORTED, robust["bai-horovod-apex-robust"]
+    assert "without Apex" in robust["bai-horovod-apex-robust"]["statistic"]
+    assert robust["bai-sublinear-nodes"]["verdict"] == SUPPORTED, robust["bai-sublinear-nodes"]
+    assert findings(link_runs(0.3, 0.5), study)["bai-horovod-apex-robust"]["verdict"] == CONTRADICTED
+    # one-node claims do not take runs on emulated nodes as rivals
+    assert "2nodes" not in robust["bai-ddp-fastest-fp32"]["statistic"]
+
+
+def test_a_link_model_far_off_leaves_communication_unproven(study):
+    runs = link_runs(0.5, 0.3)
+    wrong = runs.assign(comm_bytes_per_step=runs["comm_bytes_per_step"] * 3)  # the model predicts 3x the link time
+    found = findings(wrong, study)["bai-sublinear-nodes"]
+    assert found["verdict"] == NOISE and "worst error" in found["statistic"], found

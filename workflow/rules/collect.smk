@@ -10,6 +10,7 @@ rule collect:
         summary_json=f"{gs.RESULTS_DIR}/summary.json",
         headline=[gs.headline_file(run) for run in CONFIGS.values()],
         loss_curves=f"{gs.RESULTS_DIR}/loss_curves.csv",
+        link_model=f"{gs.RESULTS_DIR}/link_model.csv",
     params:
         command=gs.collect_command(STUDY, PARAMS),
         settings=gs.preset_json(STUDY, "study", "model"),

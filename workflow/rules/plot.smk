@@ -8,9 +8,9 @@ rule plot:
                 caption=f"../report/{name}.rst",
                 category="Figures",
             )
-            for name in gs.FIGURES
+            for name in gs.figures(STUDY)
         },
-        svg=[f"{gs.RESULTS_DIR}/figures/{name}.svg" for name in gs.FIGURES],
+        svg=[f"{gs.RESULTS_DIR}/figures/{name}.svg" for name in gs.figures(STUDY)],
     params:
         command=gs.plot_command(),
         # for the report's captions (Jinja2 in workflow/report/*.rst): fixed by the plan, so they

@@ -66,11 +66,12 @@ def local_command(launcher: str, nproc: int, spec_path: Path, *, cuda: bool) -> 
 
 
 def multinode_commands(launcher: str, hosts: list[Host], spec_path: Path, *, port: int = DEFAULT_PORT,
-                       run_id: str = "gpt2dist") -> dict[str, str]:
+                       run_id: str = "gpt2dist", cuda: bool = True) -> dict[str, str]:
     """Commands for several machines, keyed by where they run.
 
     torchrun runs the same command on every node and meets at a c10d rendezvous on the
-    first; horovodrun and mpirun start every rank from the first node over SSH.
+    first; horovodrun and mpirun start every rank from the first node over SSH (on CPU,
+    horovodrun with its Gloo controller).
     """
     world = sum(h.slots for h in hosts)
     spec = shlex.quote(str(spec_path))
@@ -83,7 +84,8 @@ def multinode_commands(launcher: str, hosts: list[Host], spec_path: Path, *, por
     if launcher == "horovodrun":
         host_list = ",".join(f"{h.name}:{h.slots}" for h in hosts)
         return {
-            hosts[0].name + " (horovodrun)": f"horovodrun -np {world} -H {host_list} python -m gpt2dist.launch.worker {spec}",
+            hosts[0].name + " (horovodrun)": (f"horovodrun -np {world} -H {host_list}{'' if cuda else ' --gloo'} "
+                                              f"python -m gpt2dist.launch.worker {spec}"),
             hosts[0].name + " (mpirun)": (
                 f"mpirun -np {world} -H {host_list} -bind-to none -map-by slot "
                 "-x NCCL_DEBUG=INFO -x LD_LIBRARY_PATH -x PATH -mca pml ob1 -mca btl ^openib "
@@ -91,6 +93,16 @@ def multinode_commands(launcher: str, hosts: list[Host], spec_path: Path, *, por
             ),
         }
     raise UsageError(f"strategy runs in one process ({launcher}); --hosts needs ddp, fsdp or horovod")
+
+
+def runnable(command: str) -> list[str]:
+    """A printed command as this machine runs it: `python`, `torchrun` and `horovodrun` are this
+    environment's, whatever PATH holds."""
+    argv = shlex.split(command)
+    programs = {"python": [sys.executable], "torchrun": [sys.executable, "-m", "torch.distributed.run"]}
+    if argv[0] == "horovodrun":
+        programs["horovodrun"] = [horovodrun_bin()]
+    return [part for word in argv for part in programs.get(word, [word])]
 
 
 def launch_env(nproc: int, environ: dict[str, str] | None = None, cores: int | None = None) -> dict[str, str]:

@@ -36,32 +36,57 @@ def launcher_env() -> dict[str, str]:
     return {LAUNCHER_ENV: f"{socket.gethostname()}:{os.getpid()}"}
 
 
-def run_launcher(command: list[str], env: dict[str, str]) -> tuple[int, int | None]:
-    """Run the launcher child to its end; return its exit code and the stop signal forwarded to it, if any.
+def run_launchers(commands: list[list[str]], env: dict[str, str]) -> tuple[int, int | None]:
+    """Run launcher children (one, or one per node for torchrun) to their end; return the first non-zero
+    exit code (or 0) and the stop signal forwarded to them, if any.
 
-    The child gets its own process group, so a terminal's Ctrl-C reaches it once, through this process.
-    Its stderr (and its ranks') passes through here: once stopped, torchrun and horovodrun print a
-    traceback of their own, which this process replaces with one line.
+    Each child gets its own process group, so a terminal's Ctrl-C reaches it once, through this
+    process. Their stderr (and their ranks') passes through here: once stopped, torchrun and horovodrun
+    print a traceback of their own, which this process replaces with one line. When one child fails,
+    the others get SIGTERM: they would wait for their lost peer until the rendezvous times out.
     """
     env = {**env, **launcher_env()}
-    child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             preexec_fn=_die_with(os.getpid()))
+    children = [subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 preexec_fn=_die_with(os.getpid())) for command in commands]
     forwarded: list[int] = []
-    relay = threading.Thread(target=_relay_until_stopped, args=(child.stderr, forwarded), daemon=True)
-    relay.start()
+    relays = [threading.Thread(target=_relay_until_stopped, args=(child.stderr, forwarded), daemon=True)
+              for child in children]
+    for relay in relays:
+        relay.start()
 
     def forward(signum, frame):
         forwarded.append(signum)
-        child.send_signal(signum)
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
-        code = child.wait()
+        code = _wait_all(children)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    relay.join(timeout=GRACE_S)  # a rank that outlives its launcher may hold the pipe open
+    for relay in relays:
+        relay.join(timeout=GRACE_S)  # a rank that outlives its launcher may hold the pipe open
     return code, (forwarded[0] if forwarded else None)
+
+
+def _wait_all(children: list[subprocess.Popen]) -> int:
+    """Wait for every child; the first failure stops the rest."""
+    code = 0
+    running = list(children)
+    while running:
+        for child in list(running):
+            if child.poll() is None:
+                continue
+            running.remove(child)
+            if child.returncode and not code:
+                code = child.returncode
+                for other in running:
+                    other.terminate()
+        if running:
+            time.sleep(0.2)
+    return code
 
 
 def _relay_until_stopped(source: IO[bytes], stopped: list[int]) -> None:

@@ -25,7 +25,7 @@ from gpt2dist.config import (
 )
 from gpt2dist.errors import Interrupted, UsageError
 from gpt2dist.io import atomic_write_json
-from gpt2dist.launch import commands, lifetime, locks, slurm
+from gpt2dist.launch import commands, emulated, lifetime, locks, slurm
 from gpt2dist.logs import setup_logging
 from gpt2dist.system.allocation import Allocation, job_allocation
 from gpt2dist.system.conditions import LoadMonitor, wait_for_quiet
@@ -70,20 +70,26 @@ def print_multinode(spec: RunSpec, hosts: list[commands.Host]) -> list[str]:
     """Write the spec and return the commands that start it on several machines."""
     out = Path(spec.out_dir)
     write_spec(spec, out / "spec.json")
-    lines = commands.multinode_commands(REGISTRY[spec.strategy].launcher, hosts, out / "spec.json", run_id=out.name)
+    lines = commands.multinode_commands(REGISTRY[spec.strategy].launcher, hosts, out / "spec.json", run_id=out.name,
+                                          cuda=spec.device == "cuda")
     return [f"# on {where}\n{command}" for where, command in lines.items()]
 
 
-def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
+def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulation | None = None) -> str | None:
     """Verify the data, then run (a failure raises). Returns the launcher command line, if one is used."""
     preflight.check_data(spec)
     out = Path(spec.out_dir)
     launcher = REGISTRY[spec.strategy].launcher
-    # without srun (an image run by `snakemake --sdm apptainer` has no SLURM commands) the
-    # ranks start on this node with its own launcher
-    allocation = job_allocation() if shutil.which("srun") else None
-    command = _command(spec, launcher, out, allocation)
-    shown = " ".join(command) if command else f"(in this process) {spec.strategy}"
+    if emulation is not None:
+        emulation.check(spec)
+        command, allocation = None, None
+        shown = f"{launcher} on {emulation.nodes} emulated nodes"
+    else:
+        # without srun (an image run by `snakemake --sdm apptainer` has no SLURM commands) the
+        # ranks start on this node with its own launcher
+        allocation = job_allocation() if shutil.which("srun") else None
+        command = _command(spec, launcher, out, allocation)
+        shown = " ".join(command) if command else f"(in this process) {spec.strategy}"
     if print_only:
         write_spec(spec, out / "spec.json")
         return shown
@@ -93,19 +99,25 @@ def start(spec: RunSpec, *, print_only: bool = False) -> str | None:
         quiet_after_s = wait_for_quiet()
         started = now_iso()
         monitor = LoadMonitor(out / "spec.json")
+        nodes_record = None
         try:
             with monitor:
-                if command is None:
+                if emulation is not None:
+                    log.info("starting the ranks: %s", shown)
+                    code, stopped_by, nodes_record = emulated.run(spec, emulation)
+                elif command is None:
                     _train_here(spec, started)
                     return None
-                log.info("starting the ranks: %s", shown)
-                several_nodes = allocation is not None and len(allocation.nodes) > 1
-                ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
-                code, stopped_by = lifetime.run_launcher(command, commands.launch_env(ranks_here))
+                else:
+                    log.info("starting the ranks: %s", shown)
+                    several_nodes = allocation is not None and len(allocation.nodes) > 1
+                    ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
+                    code, stopped_by = lifetime.run_launchers([command], commands.launch_env(ranks_here))
         finally:  # whatever the outcome, the record says how busy the machine was meanwhile
+            extra = {"emulated_nodes": nodes_record} if nodes_record else {}
             _add_to_record(out, started, conditions={**monitor.summary(), "waited_for_quiet_s": round(quiet_after_s, 1)},
                            launched_at=started,
-                           command_line=shlex.join(sys.argv), launch_command=shown)
+                           command_line=shlex.join(sys.argv), launch_command=shown, **extra)
         if stopped_by is not None:
             _stop(out, stopped_by, started)
             return shown  # the signal came after the last step

@@ -95,7 +95,7 @@ class Selftest:
         sets = [arg for assignment in self.base for arg in ("--set", assignment)]
         command = [sys.executable, "-m", "gpt2dist", "train", "--data", str(self.shards), "--out", str(out),
                    "--params", str(self.params), "--preset", self.study.preset_name, "--strategy", run.strategy,
-                   "--precision", run.precision, "--nproc", str(run.nproc), *sets, *extra]
+                   "--precision", run.precision, "--nproc", str(run.nproc), *run.emulation_args(), *sets, *extra]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=self.timeout_s)
         except subprocess.TimeoutExpired:

@@ -52,9 +52,11 @@ def srun_command(launcher: str, allocation: Allocation, spec_path: Path, *, imag
     inside = _inside(image)
     worker = ["-m", "gpt2dist.launch.worker", str(spec_path)]
     if launcher == "torchrun":
-        # one task per node holds that node's ranks, so it gets all their cores
+        # one task per node holds that node's ranks, so it gets all their cores; on the host, this
+        # environment's torchrun (a job's PATH need not hold it)
+        torchrun = [*inside, "torchrun"] if image else [sys.executable, "-m", "torch.distributed.run"]
         return ["srun", f"--nodes={n}", "--ntasks-per-node=1", f"--cpus-per-task={allocation.cpus_per_task * g}",
-                "--kill-on-bad-exit=1", *inside, "torchrun", f"--nnodes={n}", f"--nproc-per-node={g}",
+                "--kill-on-bad-exit=1", *torchrun, f"--nnodes={n}", f"--nproc-per-node={g}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={allocation.nodes[0]}:{port}", f"--rdzv-id={run_id}",
                 *worker]
     if launcher == "horovodrun" and use_horovodrun:

@@ -21,9 +21,10 @@ RUNS_DIR = "results/runs"
 RESULTS_DIR = "results"
 SELFTEST_DIR = f"{RESULTS_DIR}/selftest"
 FIGURES = ("throughput", "speedup", "efficiency", "loss_deviation", "loss_vs_time", "memory", "epoch_time")
+LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links
 ONE_PROCESS = ("single", "dp")
 RUN_ID = re.compile(rf"^(?P<strategy>{'|'.join(map(re.escape, STRATEGIES))})-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
-                    r"-n(?P<nproc>\d+)-r(?P<repeat>\d+)$")
+                    r"-n(?P<nproc>\d+)(?:-(?P<nodes>\d+)nodes(?:-(?P<link>\d+(?:\.\d+)?)mbit)?)?-r(?P<repeat>\d+)$")
 # The code each stage runs, by subpackage: a new module in training/ is a dependency of every
 # train stage without anyone editing this. Results stages list their own module, so a change
 # to one figure re-runs only plot and report.
@@ -45,14 +46,25 @@ class Run:
     precision: str
     nproc: int
     repeat: int
+    nodes: int = 1  # above 1: emulated nodes on this machine (launch/emulated.py)
+    link_mbit: float | None = None  # each emulated node's link; None: unshaped
 
     @property
     def config_id(self) -> str:
-        return f"{self.strategy}-{self.precision}-n{self.nproc}"
+        base = f"{self.strategy}-{self.precision}-n{self.nproc}"
+        if self.nodes == 1:
+            return base
+        return f"{base}-{self.nodes}nodes" + (f"-{self.link_mbit:g}mbit" if self.link_mbit else "")
 
     @property
     def run_id(self) -> str:
         return f"{self.config_id}-r{self.repeat}"
+
+    def emulation_args(self) -> list[str]:
+        """`gpt2dist train` options that put this run on its emulated nodes (none for one node)."""
+        if self.nodes == 1:
+            return []
+        return ["--emulate-nodes", str(self.nodes), *(["--link-mbit", f"{self.link_mbit:g}"] if self.link_mbit else [])]
 
     @property
     def processes(self) -> int:
@@ -64,7 +76,8 @@ def parse_run_id(text: str) -> Run:
     match = RUN_ID.match(text)
     if not match:
         raise UsageError(f"'{text}' is not a run id like ddp-bf16-n2-r0")
-    return Run(match["strategy"], match["precision"], int(match["nproc"]), int(match["repeat"]))
+    return Run(match["strategy"], match["precision"], int(match["nproc"]), int(match["repeat"]), int(match["nodes"] or 1),
+               float(match["link"]) if match["link"] else None)
 
 
 @dataclass
@@ -88,8 +101,12 @@ def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
     device = "cuda" if gpus else "cpu"
     runs, dropped, labels = [], [], {}
     for group in chosen.study.runs:
-        for strategy, precision, nproc in itertools.product(group.strategies, group.precisions, group.nproc):
-            config = Run(strategy, precision, nproc, 0).config_id
+        if group.nodes > 1 and gpus:
+            raise UsageError(f"presets.{name}.study.runs: emulated nodes (nodes: {group.nodes}) train on CPU; "
+                             "plan this preset with gpus_per_node=0")
+        links = group.link_mbit or [None]
+        for strategy, precision, nproc, link in itertools.product(group.strategies, group.precisions, group.nproc, links):
+            config = Run(strategy, precision, nproc, 0, group.nodes, link).config_id
             if group.label:
                 labels[config] = group.label
             if gpus and nproc > gpus:
@@ -99,9 +116,11 @@ def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
                            device=device, model=chosen.model, train=chosen.train)
             try:
                 check_combination(spec, gpus)
+                if group.nodes > 1 and strategy in ONE_PROCESS:
+                    raise UsageError(f"{strategy} runs in one process, which cannot spread over nodes")
             except UsageError as exc:
                 raise UsageError(f"presets.{name}.study.runs: {config}: {exc}") from None
-            runs.extend(Run(strategy, precision, nproc, r) for r in range(chosen.study.repeats))
+            runs.extend(Run(strategy, precision, nproc, r, group.nodes, link) for r in range(chosen.study.repeats))
     ids = [run.run_id for run in runs]
     if len(set(ids)) != len(ids):
         raise UsageError(f"presets.{name}.study.runs lists a configuration twice")
@@ -121,6 +140,11 @@ def previous_rounds(run: Run) -> list[int]:
 def round_marker(repeat: int | str) -> str:
     """The Snakefile's order-only file for a finished repeat round (DVC keeps the order by stage order)."""
     return f"{RESULTS_DIR}/rounds/r{repeat}.done"
+
+
+def figures(study: Study) -> tuple[str, ...]:
+    """The figures `gpt2dist plot` draws for this study."""
+    return FIGURES + ((LINK_FIGURE,) if any(run.link_mbit for run in study.runs) else ())
 
 
 def configurations(study: Study) -> list[Run]:
@@ -172,9 +196,10 @@ def selftest_command(study: Study, run: Run, params: str = "params.yaml") -> str
 def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
     return _cmd("gpt2dist", "train", "--data", DATA_DIR, "--out", f"{RUNS_DIR}/{run.run_id}", "--params", params,
                 "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
-                "--nproc", run.nproc, "--seed", study.seed(run),
+                "--nproc", run.nproc, "--seed", study.seed(run), *run.emulation_args(),
                 # the tools re-run a job whose settings changed, and would keep every run's checkpoint
                 "--no-keep-checkpoint", "--stale-checkpoint", "restart")
+
 
 
 def collect_command(study: Study, params: str = "params.yaml") -> str:
@@ -212,8 +237,8 @@ def stage_outputs(study: Study) -> dict[str, list[str]]:
         **{f"selftest@{run.config_id}": [selftest_file(run)] for run in configurations(study)},
         **runs,
         "collect": [*(f"{RESULTS_DIR}/{name}" for name in ("metrics.csv", "runs.csv", "summary.csv", "summary.json",
-                                                           "loss_curves.csv")),
+                                                           "loss_curves.csv", "link_model.csv")),
                     *(headline_file(run) for run in configurations(study))],
-        "plot": [f"{RESULTS_DIR}/figures/{name}.{ext}" for name in FIGURES for ext in ("png", "svg")],
+        "plot": [f"{RESULTS_DIR}/figures/{name}.{ext}" for name in figures(study) for ext in ("png", "svg")],
         "report": [f"{RESULTS_DIR}/summary.md", f"{RESULTS_DIR}/findings.md"],
     }

@@ -8,7 +8,8 @@ steady-state numbers (which leave out the first `study.warmup_steps` steps), wit
 interval on the log scale, and its speedup over the baseline paired by repeat round
 (results.statistics). A run that failed or is missing does not stop the others from being
 summarised: summary.json lists it, and the report says so first. headline.json and
-loss_curves.csv are the compact views DVC shows (results.compact).
+loss_curves.csv are the compact views DVC shows (results.compact); link_model.csv sets runs on
+emulated nodes' links against the link model's prediction (results.link_model).
 """
 
 from __future__ import annotations
@@ -30,18 +31,19 @@ from gpt2dist.results.compact import write_compact_views
 from gpt2dist.results.disturbance import conditions_of, disturbance
 from gpt2dist.results.findings import check_claims
 from gpt2dist.results.inputs import read_json, read_jsonl
+from gpt2dist.results.link_model import predicted_vs_measured
 from gpt2dist.results.statistics import log_interval, paired_ratio, verdict
 from gpt2dist.system.hardware import mfu, peak_flops
 from gpt2dist.training.model import flops_per_token
 
 log = logging.getLogger(__name__)
 
-CONFIG_KEYS = ["config_id", "strategy", "precision", "nproc"]
+CONFIG_KEYS = ["config_id", "strategy", "precision", "nproc", "nodes", "link_mbit"]  # link_mbit: NaN when unshaped
 SUMMARISED = ["tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "step_time_s", "step_time_p90_s",
               "time_per_epoch_s", "overhead_s", "peak_mem_bytes", "model_state_bytes", "final_val_loss",
               "final_val_ppl"]
 # Fixed by the configuration (model-state bytes by part, modelled traffic): every repeat has the same value
-PER_CONFIGURATION = ["param_bytes", "grad_bytes", "optimizer_bytes", "comm_bytes_per_step"]
+PER_CONFIGURATION = ["param_bytes", "grad_bytes", "optimizer_bytes", "comm_bytes_per_step", "link_bytes_per_step"]
 
 
 def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
@@ -70,7 +72,8 @@ def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, di
         evals = lines[lines["kind"] == "eval"].reindex(columns=["step", "val_loss", "val_ppl"])
         table = train.merge(evals, on="step", how="outer")
         frames.append(table.assign(run_id=run.run_id, config_id=run.config_id, strategy=run.strategy,
-                                   precision=run.precision, nproc=run.nproc, repeat=run.repeat))
+                                   precision=run.precision, nproc=run.nproc, nodes=run.nodes,
+                                   link_mbit=run.link_mbit if run.link_mbit else math.nan, repeat=run.repeat))
     if not frames:
         first = next(iter(missing.values()))
         raise UsageError(f"no run of the study has completed ({len(missing)} missing; the first: {first})")
@@ -86,6 +89,15 @@ def _wall_seconds(record: dict) -> float:
         return (datetime.fromisoformat(record["finished_at"]) - datetime.fromisoformat(began)).total_seconds()
     except (KeyError, TypeError, ValueError):
         return math.nan
+
+
+def _link_bytes_per_step(record: dict, steps: int) -> float:
+    """Measured on emulated nodes: the busiest node's sent bytes over the run, per step (start-up,
+    evaluation and TCP/IP headers included, so a little above the modelled payload)."""
+    links = (record.get("emulated_nodes") or {}).get("link_bytes")
+    if not links or not steps:
+        return math.nan
+    return max(counts["tx_bytes"] for counts in links.values()) / steps
 
 
 def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_tokens: int) -> pd.DataFrame:
@@ -121,6 +133,7 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
             "grad_bytes": state.get("grads", math.nan),
             "optimizer_bytes": state.get("optimizer", math.nan),
             "comm_bytes_per_step": (record.get("communication") or {}).get("bytes_per_step", math.nan),
+            "link_bytes_per_step": _link_bytes_per_step(record, len(run.dropna(subset=["tokens_per_s"]))),
             "final_val_loss": evals["val_loss"].iloc[-1] if len(evals) else math.nan,
             "final_val_ppl": evals["val_ppl"].iloc[-1] if len(evals) else math.nan,
             "grad_accum_steps": record.get("grad_accum_steps"),
@@ -132,9 +145,13 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
 
 
 def in_study_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows ordered single, dp, ddp, horovod, fsdp; then precision; then process count."""
+    """Rows ordered single, dp, ddp, horovod, fsdp; then precision; then process count; then one
+    machine before emulated nodes, fastest link first."""
     key = frame["strategy"].map(STRATEGIES.index) * 1000 + frame["precision"].map(PRECISIONS.index) * 100 + frame["nproc"]
-    return frame.assign(_order=key).sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
+    nodes = frame["nodes"] if "nodes" in frame else 1
+    link = -frame["link_mbit"].fillna(math.inf) if "link_mbit" in frame else 0
+    ordered = frame.assign(_order=key, _nodes=nodes, _link=link).sort_values(["_order", "_nodes", "_link"], kind="stable")
+    return ordered.drop(columns=["_order", "_nodes", "_link"]).reset_index(drop=True)
 
 
 def baseline_of(strategy: str, precision: str, configs: set[str]) -> str | None:
@@ -151,7 +168,7 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
     """One row per configuration from its undisturbed runs. A configuration whose every run was
     disturbed is summarised from them all and says so (`from_disturbed`), never silently."""
     rows, used = [], {}
-    for keys, group in runs.groupby(CONFIG_KEYS, sort=False):
+    for keys, group in runs.groupby(CONFIG_KEYS, sort=False, dropna=False):
         quiet = group[group["disturbed"] == ""]
         chosen = quiet if len(quiet) else group
         used[keys[0]] = chosen.set_index("repeat")
@@ -230,7 +247,8 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path) -> dict
     for row in disturbed.itertuples():
         log.warning("collect: %s disturbed, left out of the statistics: %s", row.run_id, row.disturbed)
     out_dir = Path(out_dir)
-    for frame, name in ((table, "metrics.csv"), (runs, "runs.csv"), (summary, "summary.csv")):
+    model = predicted_vs_measured(summary)
+    for frame, name in ((table, "metrics.csv"), (runs, "runs.csv"), (summary, "summary.csv"), (model, "link_model.csv")):
         with atomic_open(out_dir / name, "w") as handle:
             frame.to_csv(handle, index=False)
     write_compact_views(out_dir, [run.config_id for run in configurations(study)], summary, table)
@@ -245,7 +263,8 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path) -> dict
         "missing_runs": missing,
         "disturbed_runs": dict(zip(disturbed["run_id"], disturbed["disturbed"])),
         "configs": _json_rows(summary, "config_id"),
-        "findings": check_claims(runs, summary),
+        "findings": check_claims(runs, summary, model),
+        "link_model": json.loads(model.to_json(orient="records")),
     }
     atomic_write_json(out_dir / "summary.json", result)
     return result

@@ -57,7 +57,9 @@ def conditions_of(record: dict, steady: pd.DataFrame) -> dict:
     conditions = record.get("conditions") or {}
     threads = (record.get("threads") or {}).get("torch")
     on_cpu = str((record.get("placement") or {}).get("device", "cpu")).startswith("cpu")
-    judged = on_cpu and record.get("strategy") not in IDLE_BY_DESIGN
+    # pp's stages idle in the pipeline's bubble, and ranks on a shaped link wait for it: by design, not starved
+    on_a_shaped_link = bool((record.get("emulated_nodes") or {}).get("link_mbit"))
+    judged = on_cpu and record.get("strategy") not in IDLE_BY_DESIGN and not on_a_shaped_link
     return {
         "foreign_cpu_share": foreign_share_while_steady(conditions, steady),
         "steal_share": conditions.get("steal_share_mean", float("nan")),

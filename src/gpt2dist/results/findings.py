@@ -17,12 +17,13 @@ from dataclasses import dataclass
 import pandas as pd
 
 from gpt2dist.config import MODEL_PARALLEL
-from gpt2dist.results.statistics import paired_ratio, verdict
+from gpt2dist.results.statistics import log_interval, paired_ratio, verdict
 
 SUPPORTED, CONTRADICTED = "supported", "contradicted"
 NOISE, UNTESTABLE = "not distinguishable from noise", "not testable here"
 APEX = ("apex-O1", "apex-O2")
 SAME_LOSS_TOLERANCE = 0.01  # relative difference of final validation loss that still counts as "the same loss"
+MODEL_TOLERANCE = 0.25  # the link model "explains" a slow-down when it predicts every step time within this
 
 
 @dataclass(frozen=True)
@@ -32,14 +33,19 @@ class Finding:
 
 
 class Tables:
-    """The collected tables, with the lookups the checks share."""
+    """The collected tables, with the lookups the checks share. `summary` holds the one-machine
+    configurations (the one-node claims' rivals), `spread` those on emulated nodes."""
 
-    def __init__(self, runs: pd.DataFrame, summary: pd.DataFrame):
+    def __init__(self, runs: pd.DataFrame, summary: pd.DataFrame, link_model: pd.DataFrame | None = None):
         self.runs = runs[runs["disturbed"].fillna("") == ""]
-        self.summary = summary.set_index("config_id")
+        self.everything = summary.set_index("config_id")
+        one_machine = self.everything["nodes"] == 1 if "nodes" in self.everything else True
+        self.summary = self.everything[one_machine]
+        self.spread = self.everything[~one_machine] if "nodes" in self.everything else self.everything.iloc[:0]
+        self.link_model = link_model if link_model is not None else pd.DataFrame()
 
     def usable(self, config: str) -> bool:
-        return config in self.summary.index and not bool(self.summary.loc[config, "from_disturbed"])
+        return config in self.everything.index and not bool(self.everything.loc[config, "from_disturbed"])
 
     def per_round(self, config: str, metric: str = "tokens_per_s") -> pd.Series:
         return self.runs[self.runs["config_id"] == config].set_index("repeat")[metric]
@@ -136,8 +142,83 @@ def dp_slower_than_ddp(t: Tables) -> Finding:
     return Finding({"slower": SUPPORTED, "faster": CONTRADICTED}.get(which, NOISE), statistic)
 
 
-def multi_node(t: Tables) -> Finding:
-    return _untestable("every run of this study is on one node")
+def _on_links(t: Tables) -> pd.DataFrame:
+    if t.spread.empty or t.spread["link_mbit"].isna().all():
+        return t.spread.iloc[:0]
+    return t.spread.dropna(subset=["link_mbit"])
+
+
+LINKS_NEEDED = "needs runs on emulated nodes' shaped links (preset two-node-cpu, as root)"
+SHARED_CORES = "emulated nodes share this machine's cores, so only what the link costs is tested"
+
+
+def _kept_on_slowest_link(t: Tables) -> tuple[float, dict[str, pd.Series]]:
+    """Per configuration on the slowest link: its throughput over the same configuration's on one
+    machine, per repeat round."""
+    links = _on_links(t)
+    slowest = links["link_mbit"].min()
+    kept = {}
+    for config, row in links[links["link_mbit"] == slowest].iterrows():
+        one_machine = f"{row['strategy']}-{row['precision']}-n{row['nproc']}"
+        if t.usable(config) and t.usable(one_machine):
+            kept[config] = t.per_round(config) / t.per_round(one_machine)
+    return slowest, kept
+
+
+def horovod_most_robust(t: Tables) -> Finding:
+    """Horovod keeps more of its one-machine throughput on the slowest link than every other data-parallel
+    strategy, paired by round; with Apex where the study has it (Apex needs CUDA, emulated nodes run on CPU)."""
+    if _on_links(t).empty:
+        return _untestable(LINKS_NEEDED)
+    slowest, kept = _kept_on_slowest_link(t)
+    name = {c: f"{t.everything.loc[c, 'strategy']} {t.everything.loc[c, 'precision']}" for c in kept}
+    horovod = sorted((c for c in kept if name[c].startswith("horovod ")), key=lambda c: "apex" not in c)
+    rivals = [c for c in kept if name[c].split()[0] in ("ddp", "apex-ddp", "fsdp")]
+    if not horovod or not rivals:
+        return _untestable("needs undisturbed horovod and ddp or fsdp runs on the slowest link and on one machine")
+    favourite = horovod[0]
+    shares = "; ".join(f"{name[c]} {log_interval(kept[c])[0]:.2f}" for c in [favourite, *rivals])
+    parts, verdicts = [], []
+    for rival in rivals:
+        value, low, high, pairs = paired_ratio(kept[favourite], kept[rival])
+        parts.append(f"{name[favourite]}/{name[rival]} = {value:.2f} ({low:.2f} to {high:.2f})")
+        verdicts.append(verdict(low, high, pairs))
+    statistic = (f"throughput kept at {slowest:g} Mbit/s against one machine: {shares}; ratios of what is kept: "
+                 + "; ".join(parts) + ("" if "apex" in favourite else "; without Apex (needs CUDA)"))
+    if "slower" in verdicts:
+        return Finding(CONTRADICTED, statistic)
+    if all(v == "faster" for v in verdicts):
+        return Finding(SUPPORTED, statistic)
+    return Finding(NOISE, statistic)
+
+
+def communication_makes_nodes_sublinear(t: Tables) -> Finding:
+    """Throughput falls as the link narrows, by about what the link model's communication time says."""
+    links = _on_links(t)
+    if links.empty:
+        return _untestable(LINKS_NEEDED)
+    fastest, slowest = links["link_mbit"].max(), links["link_mbit"].min()
+    if fastest == slowest:
+        return _untestable("needs two or more link bandwidths")
+    parts, verdicts = [], []
+    for (strategy, precision, nproc), group in links.groupby(["strategy", "precision", "nproc"]):
+        wide, narrow = (group.index[group["link_mbit"] == rate][0] for rate in (fastest, slowest))
+        if not (t.usable(wide) and t.usable(narrow)):
+            continue
+        value, low, high, pairs = paired_ratio(t.per_round(narrow), t.per_round(wide))
+        parts.append(f"{strategy} {precision} {slowest:g}/{fastest:g} Mbit/s = {value:.2f} ({low:.2f} to {high:.2f})")
+        verdicts.append(verdict(low, high, pairs))
+    if not parts:
+        return _untestable("no configuration has undisturbed runs at both the fastest and the slowest link")
+    errors = t.link_model["error"].abs().dropna() if len(t.link_model) else pd.Series(dtype=float)
+    worst = errors.max() if len(errors) else math.nan
+    statistic = (f"throughput on the slowest over the fastest link: {'; '.join(parts)}; link model's worst error "
+                 f"{worst:.0%}; {SHARED_CORES}")
+    if "faster" in verdicts:
+        return Finding(CONTRADICTED, statistic)
+    if all(v == "slower" for v in verdicts) and worst <= MODEL_TOLERANCE:
+        return Finding(SUPPORTED, statistic)
+    return Finding(NOISE, statistic)
 
 
 def fsdp_least_memory(t: Tables) -> Finding:
@@ -158,7 +239,7 @@ def fsdp_least_memory(t: Tables) -> Finding:
 
 
 def same_loss(t: Tables) -> Finding:
-    s = t.summary
+    s = t.everything
     worst, where = -1.0, None
     for config, row in s.iterrows():
         reference = f"single-{row['precision']}-n1"
@@ -222,7 +303,8 @@ class Claim:
 CLAIMS = [
     Claim("bai-ddp-apex-fastest", "Bai 2022", "DDP with Apex mixed precision is the fastest strategy on one node.",
           ddp_apex_fastest),
-    Claim("bai-horovod-apex-robust", "Bai 2022", "Horovod with Apex is the most robust across nodes.", multi_node),
+    Claim("bai-horovod-apex-robust", "Bai 2022", "Horovod with Apex is the most robust across nodes.",
+          horovod_most_robust),
     Claim("bai-ddp-fastest-fp32", "Bai 2022", "Without Apex, DDP is the fastest strategy on one node.",
           ddp_fastest_without_apex),
     Claim("bai-apex-horovod-gain", "Bai 2022 (code README)",
@@ -230,7 +312,7 @@ CLAIMS = [
     Claim("bai-dp-slower", "Bai 2022", "DataParallel (single parameter server) is slower than DDP.",
           dp_slower_than_ddp),
     Claim("bai-sublinear-nodes", "Bai 2022", "Across nodes the speedup is sublinear because of communication.",
-          multi_node),
+          communication_makes_nodes_sublinear),
     Claim("patwardhan-fsdp-memory", "Patwardhan et al. 2024", "FSDP uses the least memory per device.",
           fsdp_least_memory),
     Claim("patwardhan-same-loss", "Patwardhan et al. 2024", "Every strategy converges to the same loss.", same_loss),
@@ -242,8 +324,8 @@ CLAIMS = [
 ]
 
 
-def check_claims(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
-    tables = Tables(runs, summary)
+def check_claims(runs: pd.DataFrame, summary: pd.DataFrame, link_model: pd.DataFrame | None = None) -> list[dict]:
+    tables = Tables(runs, summary, link_model)
     results = []
     for claim in CLAIMS:
         finding = claim.check(tables)

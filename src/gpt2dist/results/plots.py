@@ -25,8 +25,10 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from gpt2dist.config import PRECISIONS  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
+from gpt2dist.pipeline.study import LINK_FIGURE  # noqa: E402
 from gpt2dist.results.collect import in_study_order  # noqa: E402
 from gpt2dist.results.inputs import read_csv, read_json  # noqa: E402
+from gpt2dist.results.link_model import predicted_vs_measured  # noqa: E402
 
 EXACT_FLOOR = 1e-9  # where the deviation figure draws an exact match (a log axis has no zero)
 
@@ -38,8 +40,12 @@ def _colours() -> dict[str, tuple]:
 def _label(frame: pd.DataFrame) -> list[str]:
     """Strategy, precision and processes, under what the paper calls the configuration where it names one."""
     labels = frame["label"].fillna("") if "label" in frame else [""] * len(frame)  # an empty CSV cell reads as NaN
-    return [(f"{label}\n" if label else "") + f"{s}\n{p}\nn={n}"
-            for label, s, p, n in zip(labels, frame["strategy"], frame["precision"], frame["nproc"])]
+    nodes = frame["nodes"] if "nodes" in frame else [1] * len(frame)
+    links = frame["link_mbit"] if "link_mbit" in frame else [np.nan] * len(frame)
+    where = ["" if k == 1 else f"\n{k} nodes\n" + ("unshaped" if np.isnan(mbit) else f"{mbit:g} Mbit/s")
+             for k, mbit in zip(nodes, links)]
+    return [(f"{label}\n" if label else "") + f"{s}\n{p}\nn={n}{at}"
+            for label, s, p, n, at in zip(labels, frame["strategy"], frame["precision"], frame["nproc"], where)]
 
 
 def _error(frame: pd.DataFrame, column: str, scale: float) -> np.ndarray:
@@ -110,7 +116,10 @@ def memory(runs, summary, metrics, title):
 
 
 def _scaling(summary: pd.DataFrame, column: str, ideal: Callable, ylabel: str, title: str) -> plt.Figure:
+    """Against processes on one machine; runs on emulated nodes are in the links figure."""
     data = summary.dropna(subset=[column])
+    if "nodes" in data:
+        data = data[data["nodes"] == 1]
     fig, ax = plt.subplots(figsize=(7, 4.8))
     for (strategy, precision), group in data.groupby(["strategy", "precision"], sort=False):
         group = group.sort_values("nproc")
@@ -183,6 +192,44 @@ def loss_vs_time(runs, summary, metrics, title):
     return fig
 
 
+def links(runs, summary, metrics, title):
+    """Throughput against link bandwidth on emulated nodes, measured and predicted, and the time the link adds."""
+    model = predicted_vs_measured(summary)
+    rows = summary.set_index("config_id").loc[model["config_id"]].reset_index()
+    fig, (rate, added) = plt.subplots(1, 2, figsize=(13, 5.2))
+    palette = dict(zip(model["strategy"].unique(), sns.color_palette("colorblind")))
+    keys = []
+    for (strategy, precision), group in rows.groupby(["strategy", "precision"], sort=False):
+        group = group.sort_values("link_mbit")
+        mine = model.set_index("config_id").loc[group["config_id"]]
+        colour = palette[strategy]
+        keys.append(Patch(color=colour, label=f"{strategy} {precision} n={group['nproc'].iloc[0]}"))
+        rate.errorbar(group["link_mbit"], group["tokens_per_s"], yerr=_error(group, "tokens_per_s", 1.0), marker="o",
+                      capsize=4, color=colour)
+        tokens_per_step = group["tokens_per_s"].to_numpy() * group["step_time_s"].to_numpy()
+        rate.plot(group["link_mbit"], tokens_per_step / mine["predicted_step_time_s"].to_numpy(), linestyle="--",
+                  color=colour)
+        rate.axhline(tokens_per_step.mean() / mine["one_machine_step_time_s"].iloc[0], linestyle=":", color=colour)
+        added.plot(mine["link_mbit"], mine["measured_link_s"].clip(lower=1e-4), marker="o", linestyle="none",
+                   color=colour)
+        added.plot(mine["link_mbit"], mine["modelled_link_s"], linestyle="--", color=colour)
+    keys += [Line2D([], [], color="black", marker="o", linestyle="none", label="measured (95% interval)"),
+             Line2D([], [], color="black", linestyle="--", label="link model"),
+             Line2D([], [], color="black", linestyle=":", label="on one machine")]
+    rates = sorted(model["link_mbit"].unique())
+    for ax in (rate, added):
+        ax.set_xscale("log")
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.minorticks_off()
+        ax.set_xlabel("each node's link, Mbit/s each way")
+    added.set_yscale("log")
+    rate.set(ylabel="tokens/s", title="Throughput on 2 emulated nodes")
+    added.set(ylabel="s per step", title="Time the link adds per step\n(step on the link minus step on one machine)")
+    added.legend(handles=keys, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"Link bandwidth (tc tbf; latency not emulated; the nodes share the machine's cores)\n{title}")
+    return fig
+
+
 FIGURES: dict[str, Callable[..., plt.Figure]] = {
     "throughput": throughput, "speedup": speedup, "efficiency": efficiency, "loss_deviation": loss_deviation,
     "loss_vs_time": loss_vs_time, "memory": memory, "epoch_time": epoch_time,
@@ -197,8 +244,11 @@ def plot(results: Path) -> list[Path]:
     title = f"{info['hardware']}\npreset {info['preset']}, up to {repeats} repeats per configuration"
     sns.set_theme(style="whitegrid", context="notebook", palette="colorblind",
                   rc={"axes.titlesize": "medium", "figure.titlesize": "medium"})
+    drawn = dict(FIGURES)
+    if len(predicted_vs_measured(tables[1])):
+        drawn[LINK_FIGURE] = links
     written = []
-    for name, figure in FIGURES.items():
+    for name, figure in drawn.items():
         fig = figure(*tables, title)
         fig.tight_layout()
         for ext in ("png", "svg"):

@@ -10,7 +10,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from gpt2dist.io import atomic_write_text
-from gpt2dist.pipeline.study import FIGURES
+from gpt2dist.pipeline.study import FIGURES, LINK_FIGURE
 from gpt2dist.results.collect import in_study_order
 from gpt2dist.results.inputs import read_json
 
@@ -65,11 +65,49 @@ def findings_markdown(summary: dict) -> str:
                     tablefmt="github")
 
 
+def _where(row: dict) -> str:
+    if (row.get("nodes") or 1) == 1:
+        return "one machine"
+    link = row.get("link_mbit")
+    return f"{row['nodes']} emulated nodes, " + ("unshaped" if _missing(link) else f"{link:g} Mbit/s")
+
+
+def link_model_markdown(summary: dict) -> str:
+    """Predicted against measured step times on the emulated links, and the model's worst error."""
+    model = summary.get("link_model") or []
+    if not model:
+        return ""
+    rows = [[row["strategy"], row["precision"], row["nproc"], f"{row['link_mbit']:g}",
+             _num(row["one_machine_step_time_s"] * 1e3, ",.1f"), _num(row["modelled_link_s"] * 1e3, ",.1f"),
+             _num(row["predicted_step_time_s"] * 1e3, ",.1f"),
+             f"{_num(row['measured_step_time_s'] * 1e3, ',.1f')} ({_num(row['measured_step_time_ci_low_s'], ',.1f', 1e-3)}"
+             f" to {_num(row['measured_step_time_ci_high_s'], ',.1f', 1e-3)})",
+             _num(row["error"], "+.0%"), _num(row["modelled_bytes_per_step"], ",.2f", 2**20),
+             _num(row["measured_bytes_per_step"], ",.2f", 2**20)] for row in model]
+    table = tabulate(rows, headers=["strategy", "precision", "processes", "link Mbit/s", "one machine ms",
+                                    "+ modelled link ms", "= predicted ms", "measured ms (95% interval)", "error",
+                                    "modelled MiB/step", "measured MiB/step on the link"], tablefmt="github")
+    worst = max((abs(row["error"]) for row in model if not _missing(row["error"])), default=math.nan)
+    return f"""## Emulated links: the link model against measurement
+
+Two nodes emulated on this machine (network namespaces joined by a bridge, each node's link shaped by
+`tc tbf`; latency not emulated, and the nodes share the machine's cores). The model: a step on the link takes
+the same configuration's step on one machine plus the bytes the busiest rank sends per step (the traffic
+model) over the link's bandwidth, with no overlap and no protocol overhead. Measured bytes are what the
+busiest node's interface sent over the run per step (start-up, evaluation and TCP/IP headers included).
+Worst error of the model on these links: {_num(worst, '.0%')}.
+
+{table}
+"""
+
+
 def summary_markdown(summary: dict) -> str:
     configs = in_study_order(pd.DataFrame(summary["configs"].values())).to_dict("records")
     named = any(row.get("label") for row in configs)  # a paper preset: its names for the rows come first
+    spread = any((row.get("nodes") or 1) > 1 for row in configs)  # a study with runs on emulated nodes
     rows = [
-        [*([row.get("label") or ""] if named else []), row["strategy"], row["precision"], row["nproc"], row["repeats"],
+        [*([row.get("label") or ""] if named else []), row["strategy"], row["precision"], row["nproc"],
+         *([_where(row)] if spread else []), row["repeats"],
          _mark(row),
          _with_ci(row, "tokens_per_s", ",.0f"), _speedup(row),
          _with_ci(row, "scaling_efficiency", ".2f"), _num(row["step_time_s"] * 1e3, ",.1f"),
@@ -79,14 +117,16 @@ def summary_markdown(summary: dict) -> str:
          _num(row.get("final_val_loss"), ".3f"), _num(row.get("mfu"), ".1%")]
         for row in configs
     ]
-    table = tabulate(rows, headers=[*(["paper's name"] if named else []), "strategy", "precision", "processes", "repeats", "disturbed",
+    table = tabulate(rows, headers=[*(["paper's name"] if named else []), "strategy", "precision", "processes",
+                                    *(["where"] if spread else []), "repeats", "disturbed",
                                     "tokens/s (95% interval)", "speedup (95% interval): vs baseline",
                                     "efficiency", "step ms p50", "step ms p90", "overhead s",
                                     "model state MiB/rank", "sent MiB/step", "peak MiB", "final val loss", "MFU"],
                      tablefmt="github")
     versions = ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v)
     dropped = ", ".join(summary["dropped_configurations"]) or "none"
-    figures = "\n".join(f"![{name}](figures/{name}.png)" for name in FIGURES)
+    drawn = FIGURES + ((LINK_FIGURE,) if summary.get("link_model") else ())
+    figures = "\n".join(f"![{name}](figures/{name}.png)" for name in drawn)
     return f"""# gpt2dist results: preset `{summary['preset']}`
 
 Hardware: {summary['hardware']}. Software: {versions}.
@@ -106,6 +146,8 @@ the strategy's traffic model (ring collectives, activations at pipeline boundari
 ## The papers' claims on this study's data
 
 {findings_markdown(summary)}
+
+{link_model_markdown(summary)}
 
 {figures}
 """

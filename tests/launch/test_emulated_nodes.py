@@ -1,0 +1,132 @@
+"""Two nodes for real on one machine (system/emulated_nodes.py): network namespaces with their own
+names and addresses, links shaped by tc, and the multi-node commands `gpt2dist train --hosts`
+prints, started on each node: torchrun's c10d rendezvous for ddp and fsdp, horovodrun over ssh
+for horovod. Each run's per-step losses must equal the same configuration's run on one machine.
+
+Needs root, iproute2 and (for horovod) openssh-server; .ci/run installs them and sets
+GPT2DIST_REQUIRE_NODES=1, so there a missing piece fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpt2dist.system import emulated_nodes
+
+from conftest import gpt2dist, read_metrics, run_record, train_args
+
+pytestmark = pytest.mark.slow
+TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module", autouse=True)
+def can_emulate():
+    reason = emulated_nodes.unavailable()
+    if reason and os.environ.get("GPT2DIST_REQUIRE_NODES") == "1":
+        pytest.fail(f"GPT2DIST_REQUIRE_NODES=1 but {reason}")
+    if reason:
+        pytest.skip(reason)
+
+
+def _ours() -> set[str]:
+    """Namespaces and links this process's emulation has made and not removed."""
+    tag = f"{emulated_nodes.PREFIX}{os.getpid():x}-"
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    names += subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.split()
+    return {name.rstrip(":").split("@")[0] for name in names if name.startswith(tag)}
+
+
+def _send(sender: emulated_nodes.Node, receiver: emulated_nodes.Node, megabytes: int) -> float:
+    """Mbit/s of a TCP transfer from one node to the other, timed by the receiver."""
+    receive = ("import socket, time\nserver = socket.create_server(('0.0.0.0', 5001))\n"
+               "connection, _ = server.accept()\nstart, total = time.monotonic(), 0\n"
+               "while chunk := connection.recv(1 << 20):\n    total += len(chunk)\n"
+               "print(total * 8 / 1e6 / (time.monotonic() - start))\n")
+    send = (f"import socket, time\nfor _ in range(50):\n    try:\n        s = socket.create_connection(('{receiver.name}', 5001))\n"
+            f"        break\n    except OSError:\n        time.sleep(0.1)\ns.sendall(b'x' * {megabytes << 20})\ns.close()\n")
+    listener = subprocess.Popen(receiver.command([sys.executable, "-c", receive]), stdout=subprocess.PIPE, text=True)
+    subprocess.run(sender.command([sys.executable, "-c", send]), check=True, timeout=60)
+    return float(listener.communicate(timeout=60)[0])
+
+
+def test_nodes_have_their_names_addresses_and_shaped_links():
+    with emulated_nodes.emulated_nodes(2, link_mbit=100) as made:
+        first, second = made.nodes
+        names = subprocess.run(first.command(["sh", "-c", "hostname; getent hosts node2"]), capture_output=True,
+                               text=True, check=True, timeout=30).stdout.split()
+        assert names == ["node1", second.address, "node2"]
+        assert _ours(), "the nodes should exist while the context is open"
+        mbit = _send(first, second, megabytes=8)
+        assert 60 < mbit < 110, f"a 100 Mbit/s link carried {mbit:.0f} Mbit/s"
+        sent = first.interface_bytes()["tx_bytes"]
+        assert sent >= 8 << 20, sent  # the link's counters saw the transfer
+    assert not _ours(), "namespaces, veth links or the bridge outlived the context"
+    assert not any(p.name.startswith(f"{emulated_nodes.PREFIX}{os.getpid():x}-") for p in emulated_nodes.NETNS_ETC.glob("*"))
+
+
+def test_a_failure_inside_removes_everything():
+    with pytest.raises(RuntimeError, match="inside"):
+        with emulated_nodes.emulated_nodes(2):
+            raise RuntimeError("a failure inside")
+    assert not _ours()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "horovod"])
+def test_two_node_run_equals_the_one_machine_run(strategy, shards, params_file, tmp_path):
+    """The printed multi-node command, run on two emulated nodes, trains exactly as one machine does."""
+    one_machine, two_nodes = tmp_path / "one", tmp_path / "two"
+    gpt2dist(*train_args(shards, params_file, one_machine, strategy, nproc=2), timeout=TIMEOUT_S)
+    result = gpt2dist(*train_args(shards, params_file, two_nodes, strategy, "--emulate-nodes", "2", nproc=2),
+                      timeout=TIMEOUT_S)
+    expected, got = read_metrics(one_machine), read_metrics(two_nodes)
+    assert [line["step"] for line in got] == [line["step"] for line in expected]
+    worst = max(abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(expected, got))
+    assert worst <= 1e-6, f"{strategy} on two nodes left the one-machine losses by {worst:.2e}"
+    record = run_record(two_nodes)
+    nodes = record["emulated_nodes"]
+    assert record["status"] == "completed" and record["placement"]["world_size"] == 2
+    command = next(iter(nodes["commands"].values()))
+    assert ("--rdzv-endpoint=node1:" in command) if strategy != "horovod" else ("-H node1:1,node2:1" in command)
+    # the gradients crossed the links: each node sent at least the modelled bytes of every step
+    modelled = record["communication"]["bytes_per_step"] * len(got)
+    assert all(counts["tx_bytes"] >= modelled for counts in nodes["link_bytes"].values()), (nodes, modelled)
+    assert "error" not in result.stderr.lower()
+
+
+def test_a_stopped_run_leaves_no_node_behind(shards, params_file, tmp_path):
+    """SIGTERM to `gpt2dist train` during a slow-link run: the ranks stop, the run says so, the nodes go."""
+    out = tmp_path / "stopped"
+    argv = [sys.executable, "-m", "gpt2dist", *map(str, train_args(shards, params_file, out, "ddp", "--emulate-nodes",
+                                                                   "2", "--link-mbit", "5", "--max-steps", "200",
+                                                                   nproc=2))]
+    train = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not (out / "metrics.jsonl").exists() or not read_metrics(out):
+        assert train.poll() is None and time.monotonic() < deadline, train.stderr.read()[-3000:]
+        time.sleep(0.5)
+    train.send_signal(signal.SIGTERM)
+    _, stderr = train.communicate(timeout=60)
+    assert train.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("error: interrupted by SIGTERM"), stderr[-2000:]
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    left = [line for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+            if line.startswith(f"{emulated_nodes.PREFIX}{train.pid:x}-")]
+    assert not left, left
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--link-mbit", "100"], "--link-mbit shapes emulated nodes' links; add --emulate-nodes N"),
+    (["--emulate-nodes", "3"], "--emulate-nodes 3 must be 2 or more and divide --nproc 2"),
+])
+def test_emulation_mistakes_get_one_error_line(args, message, shards, params_file, tmp_path):
+    result = gpt2dist(*train_args(shards, params_file, tmp_path / "run", "ddp", *args, nproc=2), check=False,
+                      timeout=TIMEOUT_S)
+    assert result.returncode == 2 and result.stderr.strip() == f"error: {message}", result.stderr
+    assert not (tmp_path / "run" / "run.json").exists()

@@ -1,0 +1,78 @@
+"""The link model: a step on emulated nodes = the one-machine step + modelled bytes over the link, set
+against measurement; and its projection of the papers' presets to GPU clusters."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pandas as pd
+import pytest
+
+from gpt2dist.config import choose_preset
+from gpt2dist.errors import UsageError
+from gpt2dist.results.link_model import INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S, predicted_vs_measured, projection
+
+from conftest import REPO
+
+
+def summary_row(config: str, strategy: str, nodes: int, link: float, step: float, sent: float) -> dict:
+    return {"config_id": config, "strategy": strategy, "precision": "fp32", "nproc": 2, "nodes": nodes,
+            "link_mbit": link, "step_time_s": step, "step_time_s_ci_low": step * 0.9, "step_time_s_ci_high": step * 1.1,
+            "comm_bytes_per_step": sent, "link_bytes_per_step": sent * 1.05 if nodes > 1 else math.nan}
+
+
+def test_prediction_is_the_one_machine_step_plus_bytes_over_bandwidth():
+    summary = pd.DataFrame([
+        summary_row("ddp-fp32-n2", "ddp", 1, math.nan, 0.2, 3.75e6),
+        summary_row("ddp-fp32-n2-2nodes-100mbit", "ddp", 2, 100.0, 0.6, 3.75e6),
+        summary_row("fsdp-fp32-n2-2nodes-100mbit", "fsdp", 2, 100.0, 1.0, 9e6),  # no one-machine run: no prediction
+    ])
+    model = predicted_vs_measured(summary)
+    assert list(model["config_id"]) == ["ddp-fp32-n2-2nodes-100mbit"]
+    row = model.iloc[0]
+    assert row["modelled_link_s"] == pytest.approx(0.3)  # 3.75 MB x 8 / 100 Mbit/s
+    assert row["predicted_step_time_s"] == pytest.approx(0.5)
+    assert row["measured_link_s"] == pytest.approx(0.4)
+    assert row["error"] == pytest.approx(0.5 / 0.6 - 1)
+
+
+def test_a_study_without_emulated_nodes_has_an_empty_model():
+    summary = pd.DataFrame([summary_row("ddp-fp32-n2", "ddp", 1, math.nan, 0.2, 3.75e6)])
+    assert predicted_vs_measured(summary).empty
+    assert predicted_vs_measured(summary.drop(columns=["nodes", "link_mbit"])).empty  # an older study's summary
+
+
+def test_projection_crosses_infiniband_only_between_nodes():
+    name, preset = choose_preset(REPO / "params.yaml", "bai2022", True, [])
+    table = projection(name, preset, gpu="NVIDIA H100 80GB HBM3", precision="bf16", mfu=0.4, gpus_per_node=8,
+                       node_counts=[1, 2, 4]).set_index(["strategy", "nodes"])
+    ddp = table.loc["ddp"]
+    gradient_bytes = ddp.loc[1, "communication_ms"] / 1e3 * NVLINK_BYTES_PER_S / (2 * 7 / 8)  # ring over 8 GPUs
+    assert ddp.loc[2, "communication_ms"] / 1e3 == pytest.approx(2 * 15 / 16 * gradient_bytes / INFINIBAND_BYTES_PER_S)
+    assert (ddp["compute_ms"] == ddp.loc[1, "compute_ms"]).all()  # weak scaling: each GPU's work is the same
+    assert ddp.loc[1, "scaling_efficiency"] > ddp.loc[2, "scaling_efficiency"] > ddp.loc[4, "scaling_efficiency"]
+    assert (table.loc["fsdp", "communication_ms"] > ddp["communication_ms"]).all()  # gathers in forward and backward
+    assert set(table["note"]) == {"projection"}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"gpu": "a toaster"}, "no peak FLOP/s known for GPU 'a toaster'"),
+    ({"mfu": 1.5}, "--mfu is a fraction of the peak in (0, 1], got 1.5"),
+])
+def test_projection_refuses_what_it_cannot_know(kwargs, message):
+    name, preset = choose_preset(REPO / "params.yaml", "bai2022", True, [])
+    settings = {"gpu": "H100", "precision": "bf16", "mfu": 0.4, "gpus_per_node": 8, "node_counts": [1]} | kwargs
+    with pytest.raises(UsageError, match=re.escape(message)):
+        projection(name, preset, **settings)
+
+
+def test_project_scaling_prints_a_labelled_projection():
+    from conftest import gpt2dist
+
+    shown = gpt2dist("project-scaling", "--params", REPO / "params.yaml", "--preset", "patwardhan2024", "--nodes", "1,2")
+    assert shown.stdout.startswith("Projection (not a measurement) of preset patwardhan2024: H100 bf16")
+    assert shown.stdout.count("| projection |") == 6  # ddp, horovod, fsdp at 1 and 2 nodes
+    wrong = gpt2dist("project-scaling", "--params", REPO / "params.yaml", "--nodes", "one,two", check=False)
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip() == "error: --nodes 'one,two' is not a comma-separated list of node counts, e.g. 1,2,4,8"
