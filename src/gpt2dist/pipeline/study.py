@@ -201,7 +201,6 @@ def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
                 "--no-keep-checkpoint", "--stale-checkpoint", "restart")
 
 
-
 def collect_command(study: Study, params: str = "params.yaml") -> str:
     return _cmd("gpt2dist", "collect", "--runs", RUNS_DIR, "--data", DATA_DIR, "--out", RESULTS_DIR,
                 "--params", params, "--preset", study.preset_name, "--gpus", study.gpus)

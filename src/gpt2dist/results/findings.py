@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from gpt2dist.config import MODEL_PARALLEL
+from gpt2dist.results.link_model import worst_error
 from gpt2dist.results.statistics import log_interval, paired_ratio, verdict
 
 SUPPORTED, CONTRADICTED = "supported", "contradicted"
@@ -39,9 +40,10 @@ class Tables:
     def __init__(self, runs: pd.DataFrame, summary: pd.DataFrame, link_model: pd.DataFrame | None = None):
         self.runs = runs[runs["disturbed"].fillna("") == ""]
         self.everything = summary.set_index("config_id")
-        one_machine = self.everything["nodes"] == 1 if "nodes" in self.everything else True
+        nodes = self.everything["nodes"] if "nodes" in self.everything else pd.Series(1, index=self.everything.index)
+        one_machine = nodes == 1
         self.summary = self.everything[one_machine]
-        self.spread = self.everything[~one_machine] if "nodes" in self.everything else self.everything.iloc[:0]
+        self.spread = self.everything[~one_machine]
         self.link_model = link_model if link_model is not None else pd.DataFrame()
 
     def usable(self, config: str) -> bool:
@@ -210,8 +212,7 @@ def communication_makes_nodes_sublinear(t: Tables) -> Finding:
         verdicts.append(verdict(low, high, pairs))
     if not parts:
         return _untestable("no configuration has undisturbed runs at both the fastest and the slowest link")
-    errors = t.link_model["error"].abs().dropna() if len(t.link_model) else pd.Series(dtype=float)
-    worst = errors.max() if len(errors) else math.nan
+    worst = worst_error(t.link_model)
     statistic = (f"throughput on the slowest over the fastest link: {'; '.join(parts)}; link model's worst error "
                  f"{worst:.0%}; {SHARED_CORES}")
     if "faster" in verdicts:

@@ -90,5 +90,6 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mf
 
 
 def worst_error(model: pd.DataFrame) -> float:
+    """The largest |error| of predicted_vs_measured's rows; NaN without any."""
     errors = model["error"].abs().dropna() if len(model) else pd.Series(dtype=float)
     return float(errors.max()) if len(errors) else math.nan

@@ -13,6 +13,7 @@ from gpt2dist.io import atomic_write_text
 from gpt2dist.pipeline.study import FIGURES, LINK_FIGURE
 from gpt2dist.results.collect import in_study_order
 from gpt2dist.results.inputs import read_json
+from gpt2dist.results.link_model import worst_error
 
 
 def _missing(value) -> bool:
@@ -87,7 +88,7 @@ def link_model_markdown(summary: dict) -> str:
     table = tabulate(rows, headers=["strategy", "precision", "processes", "link Mbit/s", "one machine ms",
                                     "+ modelled link ms", "= predicted ms", "measured ms (95% interval)", "error",
                                     "modelled MiB/step", "measured MiB/step on the link"], tablefmt="github")
-    worst = max((abs(row["error"]) for row in model if not _missing(row["error"])), default=math.nan)
+    worst = worst_error(pd.DataFrame(model))
     return f"""## Emulated links: the link model against measurement
 
 Two nodes emulated on this machine (network namespaces joined by a bridge, each node's link shaped by

@@ -154,16 +154,20 @@ def emulated_nodes(count: int, link_mbit: float | None = None) -> Iterator[Emula
 
 
 def _remove(made: EmulatedNodes) -> None:
-    """End what still runs in the nodes (only processes started inside them), then delete them."""
+    """Delete the nodes (ending only processes started inside them), then the bridge."""
     for node in made.nodes:
-        _end_processes(node.netns)
-        # deleting the root namespace's end removes both ends now; a deleted namespace frees its end later
-        subprocess.run(["ip", "link", "del", node.netns], capture_output=True)
-        subprocess.run(["ip", "netns", "del", node.netns], capture_output=True)
-        shutil.rmtree(NETNS_ETC / node.netns, ignore_errors=True)
+        _remove_node(node.netns)
     with contextlib.suppress(OSError):
         NETNS_ETC.rmdir()  # only when no other namespace keeps files there
     subprocess.run(["ip", "link", "del", made.bridge], capture_output=True)
+
+
+def _remove_node(netns: str) -> None:
+    _end_processes(netns)
+    # deleting the root namespace's veth end removes both ends now; a deleted namespace frees its end later
+    subprocess.run(["ip", "link", "del", netns], capture_output=True)
+    subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+    shutil.rmtree(NETNS_ETC / netns, ignore_errors=True)
 
 
 def _remove_stale() -> None:
@@ -174,11 +178,9 @@ def _remove_stale() -> None:
 
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
     for netns in filter(stale, (line.split()[0] for line in listed if line.strip())):
-        _end_processes(netns)
-        subprocess.run(["ip", "netns", "del", netns], capture_output=True)
-        shutil.rmtree(NETNS_ETC / netns, ignore_errors=True)
+        _remove_node(netns)
     for link in filter(stale, (link["ifname"] for link in json.loads(_run("ip", "-j", "link", "show")))):
-        subprocess.run(["ip", "link", "del", link], capture_output=True)  # bridges, and veth ends not yet freed
+        subprocess.run(["ip", "link", "del", link], capture_output=True)  # bridges
 
 
 def _end_processes(netns: str, grace_s: float = 10.0) -> None:
