@@ -3,7 +3,7 @@
 # GPUs, cpu without). Every rule calls the `gpt2dist` command that its DVC stage calls.
 from snakemake.utils import min_version, validate
 
-min_version("8.0")
+min_version("9.17")  # see pyproject.toml: earlier 9.x overlap whole-machine jobs
 
 
 configfile: "params.yaml"

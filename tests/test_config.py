@@ -145,3 +145,20 @@ def test_a_cpu_plan_on_a_gpu_machine_names_the_regenerate_command(params_file, t
     pinned = tmp_path / "params.yaml"
     pinned.write_text(yaml.safe_dump({**yaml.safe_load(params_file.read_text()), "gpus_per_node": 0}))
     check_plan_fits(pinned, 0, 8)  # a CPU study on a GPU machine, said in params.yaml
+
+
+def test_every_strategy_has_a_launcher_that_fits_its_implementation():
+    # the launcher plans from LAUNCHERS without importing the strategies: it must agree with them
+    from gpt2dist.config import LAUNCHERS, STRATEGIES
+    from gpt2dist.training.strategies import REGISTRY
+    from gpt2dist.training.strategies.horovod import Horovod
+    from gpt2dist.training.strategies.torch_distributed import TorchDistributed
+
+    assert set(LAUNCHERS) == set(STRATEGIES) == set(REGISTRY)
+    kinds = {"torchrun": TorchDistributed, "horovodrun": Horovod}
+    for strategy, launcher in LAUNCHERS.items():
+        implementation = REGISTRY[strategy]
+        if launcher == "python":
+            assert not issubclass(implementation, (TorchDistributed, Horovod)), strategy
+        else:
+            assert issubclass(implementation, kinds[launcher]), strategy

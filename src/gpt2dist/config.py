@@ -26,6 +26,12 @@ DEFAULT_PORT = 29500
 Strategy = Literal["single", "dp", "ddp", "horovod", "fsdp", "tp", "pp", "fsdp-tp", "apex-ddp"]
 # Strategies that split the model itself over their processes; each such group trains one replica.
 MODEL_PARALLEL = ("tp", "pp", "fsdp-tp")
+# What starts a strategy's processes: known here, before torch loads, so that `gpt2dist train` can plan its
+# launch without importing every strategy (a second of start-up per run). "python": one process drives
+# every device (single, and dp's one process that scatters over GPUs).
+LAUNCHERS: dict[str, str] = {"single": "python", "dp": "python", "ddp": "torchrun", "apex-ddp": "torchrun",
+                             "fsdp": "torchrun", "tp": "torchrun", "pp": "torchrun", "fsdp-tp": "torchrun",
+                             "horovod": "horovodrun"}
 # A pipeline stage idles while the others compute (the bubble): its CPU share says nothing of the machine.
 IDLE_BY_DESIGN = ("pp",)
 # fp32 is IEEE fp32 everywhere; tf32 is fp32 with TF32 tensor-core matmuls (NVIDIA containers' default).

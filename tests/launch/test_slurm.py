@@ -12,7 +12,7 @@ from gpt2dist.errors import UsageError
 from gpt2dist.launch.slurm import launch_command, srun_command
 from gpt2dist.pipeline.study import Run
 from gpt2dist.system.allocation import Allocation, job_allocation, parse_show_job
-from gpt2dist.training.strategies import REGISTRY
+from gpt2dist.config import LAUNCHERS
 
 from conftest import gpt2dist
 
@@ -79,10 +79,10 @@ def test_one_node_whose_tasks_are_the_ranks():
     assert launch_command("horovodrun", 2, one_node, SPEC) is None
 
 
-@pytest.mark.parametrize("strategy", sorted(REGISTRY))
+@pytest.mark.parametrize("strategy", sorted(LAUNCHERS))
 def test_train_jobs_ask_for_one_task_per_process(strategy):
     # the train rule's `tasks` resource: dp drives its devices from one process, like single
-    expected = 1 if REGISTRY[strategy].launcher == "python" else 4
+    expected = 1 if LAUNCHERS[strategy] == "python" else 4
     assert Run(strategy, "fp32", 4, 0).processes == expected
 
 

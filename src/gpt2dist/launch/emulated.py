@@ -8,11 +8,10 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt2dist.config import RunSpec
+from gpt2dist.config import LAUNCHERS, RunSpec
 from gpt2dist.errors import UsageError
 from gpt2dist.launch import commands, lifetime
 from gpt2dist.system import emulated_nodes
-from gpt2dist.training.strategies import REGISTRY
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ class Emulation:
         reason = emulated_nodes.unavailable()
         if reason:
             raise UsageError(f"--emulate-nodes: {reason}")
-        launcher = REGISTRY[spec.strategy].launcher
+        launcher = LAUNCHERS[spec.strategy]
         if launcher not in ("torchrun", "horovodrun"):
             raise UsageError(f"--emulate-nodes needs a multi-process strategy; {spec.strategy} runs in one process")
         if self.nodes < 2 or spec.nproc % self.nodes:
@@ -35,7 +34,7 @@ class Emulation:
 def run(spec: RunSpec, emulation: Emulation) -> tuple[int, int | None, dict]:
     """Start the run's ranks on `emulation.nodes` emulated nodes; return the launchers' exit code, the
     stop signal forwarded to them (if any) and what run.json records of the nodes."""
-    launcher = REGISTRY[spec.strategy].launcher
+    launcher = LAUNCHERS[spec.strategy]
     out = Path(spec.out_dir)
     with contextlib.ExitStack() as stack:
         made = stack.enter_context(emulated_nodes.emulated_nodes(emulation.nodes, emulation.link_mbit))

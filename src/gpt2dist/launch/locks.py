@@ -88,10 +88,19 @@ def machine_lock_path() -> Path:
     return Path(os.environ.get(MACHINE_LOCK_ENV) or default)
 
 
+def held_by_parent() -> bool:
+    """Whether this process runs inside another's hold on the machine (a selftest's check): part of
+    that process's work, not a measurement of its own."""
+    return bool(os.environ.get(MACHINE_HELD_ENV))
+
+
 @contextlib.contextmanager
-def hold_the_machine(poll_s: float = 0.5) -> Iterator[None]:
-    """Wait until no other gpt2dist run uses this machine, then keep others waiting until done."""
-    if os.environ.get(MACHINE_HELD_ENV):
+def hold_the_machine(poll_s: float = 0.5, *, shared: bool = False) -> Iterator[None]:
+    """Wait until no other gpt2dist run uses this machine, then keep others waiting until done.
+
+    `shared`: for work that measures nothing (selftests): such holders may overlap one another, never a
+    timed run."""
+    if held_by_parent():
         yield  # a parent holds it for us
         return
     path = machine_lock_path()
@@ -99,7 +108,7 @@ def hold_the_machine(poll_s: float = 0.5) -> Iterator[None]:
         told = False
         while True:
             try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if not told:
@@ -109,7 +118,7 @@ def hold_the_machine(poll_s: float = 0.5) -> Iterator[None]:
                     told = True
                 time.sleep(poll_s)
         handle.truncate(0)
-        handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.write(f"pid {os.getpid()}{' (a selftest)' if shared else ''} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         handle.flush()
         os.environ[MACHINE_HELD_ENV] = str(os.getpid())
         try:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from gpt2dist.config import (
+    LAUNCHERS,
     PRECISIONS,
     STRATEGIES,
     Preset,
@@ -29,9 +30,8 @@ from gpt2dist.launch import commands, emulated, lifetime, locks, slurm
 from gpt2dist.logs import setup_logging
 from gpt2dist.system.allocation import Allocation, job_allocation
 from gpt2dist.system.conditions import LoadMonitor, wait_for_quiet
-from gpt2dist.training import loop, preflight
+from gpt2dist.training import preflight
 from gpt2dist.training.metrics import now_iso
-from gpt2dist.training.strategies import REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def print_multinode(spec: RunSpec, hosts: list[commands.Host]) -> list[str]:
     """Write the spec and return the commands that start it on several machines."""
     out = Path(spec.out_dir)
     write_spec(spec, out / "spec.json")
-    lines = commands.multinode_commands(REGISTRY[spec.strategy].launcher, hosts, out / "spec.json", run_id=out.name,
+    lines = commands.multinode_commands(LAUNCHERS[spec.strategy], hosts, out / "spec.json", run_id=out.name,
                                           cuda=spec.device == "cuda")
     return [f"# on {where}\n{command}" for where, command in lines.items()]
 
@@ -79,7 +79,7 @@ def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulat
     """Verify the data, then run (a failure raises). Returns the launcher command line, if one is used."""
     preflight.check_data(spec)
     out = Path(spec.out_dir)
-    launcher = REGISTRY[spec.strategy].launcher
+    launcher = LAUNCHERS[spec.strategy]
     if emulation is not None:
         emulation.check(spec)
         command, allocation = None, None
@@ -94,9 +94,11 @@ def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulat
         write_spec(spec, out / "spec.json")
         return shown
     setup_logging()
+    # a selftest's checks measure nothing: they need not wait for the machine to calm down
+    measured = not locks.held_by_parent()
     with locks.own_run_directory(out), locks.hold_the_machine():
         write_spec(spec, out / "spec.json")
-        quiet_after_s = wait_for_quiet()
+        quiet_after_s = wait_for_quiet() if measured else 0.0
         started = now_iso()
         monitor = LoadMonitor(out / "spec.json")
         nodes_record = None
@@ -136,6 +138,8 @@ def _add_to_record(out: Path, started: str, **fields) -> None:
 
 
 def _train_here(spec: RunSpec, started: str) -> None:
+    from gpt2dist.training import loop  # here: a launcher of other processes never loads the strategies
+
     lifetime.stop_on_signals()
     try:
         loop.run(spec)

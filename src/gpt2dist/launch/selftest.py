@@ -157,10 +157,12 @@ def run_selftest(study: Study, params: Path, out: Path, *, only: list[str] | Non
     else:
         chosen, resumed = configurations(study), resume_cases(study)
     checks: list[Check] = []
-    # the checks' own runs share the lock: a timeout must not count time spent waiting for another run
-    # (ignore_cleanup_errors: the ranks of a timed-out check may still be leaving their directory)
+    # The checks' own runs share the lock: a timeout must not count time spent waiting for another run.
+    # Shared with other selftests (the pipeline runs one per configuration, several at once on a CPU
+    # machine), never with a timed run. ignore_cleanup_errors: the ranks of a timed-out check may
+    # still be leaving their directory.
     with tempfile.TemporaryDirectory(prefix="gpt2dist-selftest-", ignore_cleanup_errors=True) as tmp, \
-            hold_the_machine():
+            hold_the_machine(shared=True):
         test = Selftest(study, params, Path(tmp), timeout_s)
         total = len(chosen) + len(resumed)
         for run in chosen:

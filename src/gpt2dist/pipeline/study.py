@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt2dist.config import PRECISIONS, STRATEGIES, Preset, RunSpec, check_combination, choose_preset
+from gpt2dist.config import LAUNCHERS, PRECISIONS, STRATEGIES, Preset, RunSpec, check_combination, choose_preset
 from gpt2dist.errors import UsageError
 
 DATA_DIR = "data/tokens"
@@ -22,7 +22,7 @@ RESULTS_DIR = "results"
 SELFTEST_DIR = f"{RESULTS_DIR}/selftest"
 FIGURES = ("throughput", "speedup", "efficiency", "loss_deviation", "loss_vs_time", "memory", "epoch_time")
 LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links
-ONE_PROCESS = ("single", "dp")
+ONE_PROCESS = tuple(strategy for strategy, launcher in LAUNCHERS.items() if launcher == "python")
 RUN_ID = re.compile(rf"^(?P<strategy>{'|'.join(map(re.escape, STRATEGIES))})-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
                     r"-n(?P<nproc>\d+)(?:-(?P<nodes>\d+)nodes(?:-(?P<link>\d+(?:\.\d+)?)mbit)?)?-r(?P<repeat>\d+)$")
 # The code each stage runs, by subpackage: a new module in training/ is a dependency of every

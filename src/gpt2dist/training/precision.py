@@ -10,27 +10,15 @@ asynchronously and must finish before anything reads them.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 from torch import nn
 
 from gpt2dist.errors import UsageError
+from gpt2dist.training.optional import require_apex
 
 _AUTOCAST_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def require_apex() -> Any:
-    """apex.amp, or a one-line error saying where to get it."""
-    try:
-        return importlib.import_module("apex.amp")
-    except ImportError:
-        raise UsageError(
-            "NVIDIA Apex (apex.amp) is not importable here; run inside the gpt2dist container image "
-            "(containers/), which builds it, or use --precision fp16 for native AMP"
-        ) from None
 
 
 class Precision:

@@ -8,9 +8,7 @@ from pathlib import Path
 from gpt2dist.config import RunSpec
 from gpt2dist.data.shards import verify_shards
 from gpt2dist.errors import UsageError
-from gpt2dist.training.precision import require_apex
-from gpt2dist.training.strategies.apex_ddp import require_apex_parallel
-from gpt2dist.training.strategies.horovod import import_horovod
+from gpt2dist.training.optional import import_horovod, require_apex, require_apex_parallel
 
 
 def check_dependencies(spec: RunSpec) -> None:

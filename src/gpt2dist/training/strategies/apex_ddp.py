@@ -9,21 +9,10 @@ accumulation switches the wrapper's all-reduce off for all but the last micro-st
 equivalent of torch DDP's no_sync()."""
 
 import contextlib
-import importlib
 
-from gpt2dist.errors import UsageError
+from gpt2dist.training.optional import require_apex_parallel
 from gpt2dist.training.strategies.base import describe
 from gpt2dist.training.strategies.torch_distributed import TorchDistributed
-
-
-def require_apex_parallel():
-    try:
-        return importlib.import_module("apex.parallel")
-    except ImportError:
-        raise UsageError(
-            "NVIDIA Apex (apex.parallel) is not importable here; run inside the gpt2dist container image "
-            "(containers/), which builds it, or use --strategy ddp"
-        ) from None
 
 
 class ApexDDP(TorchDistributed):

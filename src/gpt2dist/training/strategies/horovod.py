@@ -16,23 +16,12 @@ gradient after backward: the same result, without overlap.
 
 import torch
 
-from gpt2dist.errors import UsageError
+from gpt2dist.training.optional import import_horovod
 from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu, describe
-
-
-def import_horovod():
-    try:
-        import horovod.torch as hvd
-    except ImportError as exc:
-        raise UsageError(
-            f"horovod is not importable ({exc}); install it with containers/install_horovod.sh"
-        ) from None
-    return hvd
 
 
 class Horovod(Strategy):
     name = "horovod"
-    launcher = "horovodrun"
     # DCP's loader calls optimizer.zero_grad(set_to_none=True), which Horovod's zero_grad() rejects;
     # every rank holds the whole optimizer, so torch's positional state dict is exact.
     optimizer_state_by_name = False

@@ -29,7 +29,7 @@ def _env_from_slurm_tasks() -> None:
 
 
 class TorchDistributed(Strategy):
-    launcher = "torchrun"
+    """One process per device, started by torchrun or as SLURM tasks, in one torch process group."""
 
     def setup(self) -> Placement:
         _env_from_slurm_tasks()
