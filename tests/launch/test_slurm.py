@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from gpt2dist.config import LAUNCHERS
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.slurm import launch_command, srun_command
 from gpt2dist.pipeline.study import Run
 from gpt2dist.system.allocation import Allocation, job_allocation, parse_show_job
-from gpt2dist.config import LAUNCHERS
 
 from conftest import gpt2dist
 

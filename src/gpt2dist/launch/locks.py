@@ -6,8 +6,10 @@ RANKS_LOCK shared. Before it starts ranks, a launcher must once take RANKS_LOCK 
 that outlive a killed launcher keep a second run out of their directory until they are gone.
 
 A launcher then waits for the machine lock: two runs sharing a node would each report the other's
-load as their own speed. The workflow tools are meant to serialize runs (each train job asks for every
-core), but Snakemake 9.10 and later can start two such jobs at once (snakemake/snakemake#3913).
+load as their own speed. The workflow tools serialize a study's runs (each train job asks for every
+core; Snakemake 9.10 to 9.16 did not, snakemake/snakemake#3913), but two studies, or a study and a run
+by hand, can still meet on one machine. Selftests hold the lock shared: they measure nothing, so they
+may overlap one another, never a timed run.
 """
 
 from __future__ import annotations
