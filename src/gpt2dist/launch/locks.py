@@ -120,7 +120,8 @@ def hold_the_machine(poll_s: float = 0.5, *, shared: bool = False) -> Iterator[N
                     told = True
                 time.sleep(poll_s)
         handle.truncate(0)
-        handle.write(f"pid {os.getpid()}{' (a selftest)' if shared else ''} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        holder = f"pid {os.getpid()}" + (" (a selftest)" if shared else "")
+        handle.write(f"{holder} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         handle.flush()
         os.environ[MACHINE_HELD_ENV] = str(os.getpid())
         try:
