@@ -22,20 +22,18 @@ def import_horovod() -> ModuleType:
 
 def require_apex() -> ModuleType:
     """apex.amp, or a one-line error saying where to get it."""
-    try:
-        return importlib.import_module("apex.amp")
-    except ImportError:
-        raise UsageError(
-            "NVIDIA Apex (apex.amp) is not importable here; run inside the gpt2dist container image "
-            "(containers/), which builds it, or use --precision fp16 for native AMP"
-        ) from None
+    return _apex("amp", "--precision fp16 for native AMP")
 
 
 def require_apex_parallel() -> ModuleType:
+    return _apex("parallel", "--strategy ddp")
+
+
+def _apex(part: str, instead: str) -> ModuleType:
     try:
-        return importlib.import_module("apex.parallel")
+        return importlib.import_module(f"apex.{part}")
     except ImportError:
         raise UsageError(
-            "NVIDIA Apex (apex.parallel) is not importable here; run inside the gpt2dist container image "
-            "(containers/), which builds it, or use --strategy ddp"
+            f"NVIDIA Apex (apex.{part}) is not importable here; run inside the gpt2dist container image "
+            f"(containers/), which builds it, or use {instead}"
         ) from None
