@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 import yaml
 
 from gpt2dist.data.shards import write_shards
+from gpt2dist.launch.lifetime import ended
 
 TINY_PRESET = {
     "data": {"source": {"kind": "embedded", "min_chars": 3000}, "tokenizer": {"kind": "bpe", "vocab_size": 512},
@@ -117,3 +121,66 @@ def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def run_record(run_dir: Path) -> dict:
     return json.loads((run_dir / "run.json").read_text())
+
+
+class Launch:
+    """A `gpt2dist train` in a session of its own, so that a signal sent to it reaches only it; its
+    family is every process of the run: the launcher's descendants and ranks that sshd started."""
+
+    def __init__(self, args: list, out: Path, log: Path):
+        self.out, self.log = out, log
+        with log.open("w") as stderr:
+            self.proc = subprocess.Popen([sys.executable, "-m", "gpt2dist", *map(str, args)],
+                                         stdout=subprocess.DEVNULL, stderr=stderr,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        self.family: list[psutil.Process] = []
+
+    def wait_for(self, ready, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert self.proc.poll() is None, f"the run ended early:\n{self.log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the run did not get there in time"
+            time.sleep(0.05)
+        launcher = psutil.Process(self.proc.pid)
+        spec = str(self.out / "spec.json")
+        ranks = [p for p in psutil.process_iter(["cmdline"]) if spec in (p.info["cmdline"] or [])]
+        self.family = list({p.pid: p for p in [launcher, *launcher.children(recursive=True), *ranks]}.values())
+
+    def survivors(self, within_s: float) -> list[str]:
+        """The run's processes still running `within_s` after it was stopped, each with what it waits in
+        (an exited process its parent has not collected yet counts as ended)."""
+        deadline = time.monotonic() + within_s
+        while (running := [p for p in self.family if not ended(p)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return [_described(p) for p in running]
+
+    def stop_all(self) -> None:
+        """Clean-up after a failed assertion: end every process of this run, by pid."""
+        for process in self.family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        self.proc.wait()
+
+
+def _described(process: psutil.Process) -> str:
+    with contextlib.suppress(psutil.NoSuchProcess, OSError):
+        wchan = Path(f"/proc/{process.pid}/wchan").read_text()
+        return f"{process.pid} {process.name()} {process.status()} in {wchan or '-'}: {' '.join(process.cmdline())}"
+    return f"{process.pid} (gone)"
+
+
+@pytest.fixture
+def launches():
+    """Launches a test started; whatever the outcome, none outlives the test."""
+    started: list[Launch] = []
+    yield started
+    for launch in started:
+        launch.stop_all()
+
+
+def has_metrics(out: Path):
+    return lambda: (out / "metrics.jsonl").exists() and bool(read_metrics(out))
+
+
+def has_checkpoint(out: Path):
+    return lambda: (out / "run.json").exists() and run_record(out).get("checkpoint_step", 0) > 0

@@ -20,7 +20,7 @@ import pytest
 
 from gpt2dist.system import emulated_nodes
 
-from conftest import gpt2dist, read_metrics, run_record, train_args
+from conftest import Launch, gpt2dist, has_checkpoint, read_metrics, run_record, train_args
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 240
@@ -118,6 +118,39 @@ def test_a_stopped_run_leaves_no_node_behind(shards, params_file, tmp_path):
     assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
     left = [line for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
             if line.startswith(f"{emulated_nodes.PREFIX}{train.pid:x}-")]
+    assert not left, left
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["ddp", "horovod"])
+def test_a_killed_launcher_leaves_no_rank_and_the_run_resumes(strategy, shards, params_file, tmp_path, launches):
+    """SIGKILL to `gpt2dist train` of a two-node run. Nothing forwards a signal then: the kernel ends
+    torchrun (horovodrun's helpers end its ssh sessions), and the ranks, on nodes with hostnames of
+    their own, see their launcher gone and stop. The same command then clears the dead nodes and
+    resumes from the last checkpoint."""
+    out = tmp_path / "killed"
+    args = train_args(shards, params_file, out, strategy, "--emulate-nodes", "2", "--max-steps", "100000",
+                      "--set", "train.checkpoint_interval=2", nproc=2)
+    launch = Launch(args, out, tmp_path / "stderr.txt")
+    launches.append(launch)
+    launch.wait_for(has_checkpoint(out), timeout=TIMEOUT_S)
+    ranks = [p for p in launch.family if p.cmdline()[1:-2] in (["-m"], ["-u", "-m"])
+             and p.cmdline()[-2] == "gpt2dist.launch.worker"]  # python [-u] -m gpt2dist.launch.worker SPEC
+    assert len(ranks) == 2, [p.cmdline() for p in launch.family]
+
+    os.kill(launch.proc.pid, signal.SIGKILL)
+    launch.proc.wait(timeout=60)
+    survivors = launch.survivors(within_s=10)
+    assert not survivors, f"still running 10 s after SIGKILL: {survivors}"
+
+    saved = run_record(out)["checkpoint_step"]
+    gpt2dist(*train_args(shards, params_file, out, strategy, "--emulate-nodes", "2", "--max-steps", saved + 2,
+                         "--set", "train.checkpoint_interval=2", nproc=2), timeout=TIMEOUT_S)
+    record = run_record(out)
+    assert record["status"] == "completed" and record["resumed_from_step"] == saved
+    assert [line["step"] for line in read_metrics(out)] == list(range(saved + 2))
+    left = [line for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+            if line.startswith(f"{emulated_nodes.PREFIX}{launch.proc.pid:x}-")]
     assert not left, left
 
 

@@ -4,72 +4,22 @@ a machine one run at a time."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import psutil
 import pytest
 
 from gpt2dist.launch.locks import RANKS_LOCK
 
-from conftest import gpt2dist, read_metrics, run_record, train_args
+from conftest import Launch, gpt2dist, has_checkpoint, has_metrics, read_metrics, run_record, train_args
 
 pytestmark = pytest.mark.slow
 
 LONG = ["--max-steps", "100000", "--set", "train.checkpoint_interval=2"]
 NO_SURVIVORS_S = 10
-
-
-class Launch:
-    """A `gpt2dist train` in a session of its own, so that a signal sent to it reaches only it."""
-
-    def __init__(self, args: list, log: Path):
-        self.log = log
-        with log.open("w") as stderr:
-            self.proc = subprocess.Popen([sys.executable, "-m", "gpt2dist", *map(str, args)],
-                                         stdout=subprocess.DEVNULL, stderr=stderr,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-        self.family: list[psutil.Process] = []
-
-    def wait_for(self, ready, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while not ready():
-            assert self.proc.poll() is None, f"the run ended early:\n{self.log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "the run did not get there in time"
-            time.sleep(0.05)
-        self.family = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
-
-    def survivors(self) -> list[psutil.Process]:
-        _, alive = psutil.wait_procs(self.family, timeout=NO_SURVIVORS_S)
-        return alive
-
-    def stop_all(self) -> None:
-        """Clean-up after a failed assertion: end every process of this run, by pid."""
-        for process in self.family:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        self.proc.wait()
-
-
-@pytest.fixture
-def launches():
-    started: list[Launch] = []
-    yield started
-    for launch in started:
-        launch.stop_all()
-
-
-def _has_metrics(out: Path):
-    return lambda: (out / "metrics.jsonl").exists() and bool(read_metrics(out))
-
-
-def _has_checkpoint(out: Path):
-    return lambda: (out / "run.json").exists() and run_record(out).get("checkpoint_step", 0) > 0
 
 
 # Every launcher (torchrun for ddp and fsdp, horovodrun) with SIGTERM and SIGKILL; SIGINT once, as
@@ -84,14 +34,15 @@ CASES += [pytest.param("ddp", signal.SIGINT, id="ddp-SIGINT"), pytest.param("fsd
 @pytest.mark.parametrize("strategy, sig", CASES)
 def test_a_signal_to_the_launcher_stops_every_rank(strategy, sig, shards, params_file, tmp_path, launches):
     out = tmp_path / "run"
-    launch = Launch(train_args(shards, params_file, out, strategy, *LONG, nproc=2), tmp_path / "stderr.txt")
+    launch = Launch(train_args(shards, params_file, out, strategy, *LONG, nproc=2), out, tmp_path / "stderr.txt")
     launches.append(launch)
-    launch.wait_for(_has_checkpoint(out) if sig == signal.SIGKILL else _has_metrics(out))
+    launch.wait_for(has_checkpoint(out) if sig == signal.SIGKILL else has_metrics(out))
     assert len(launch.family) >= 4, "expected the launcher, its launcher child and two ranks"
 
     os.kill(launch.proc.pid, sig)
     assert launch.proc.wait(timeout=120) == (-sig if sig == signal.SIGKILL else 128 + sig)
-    assert not launch.survivors(), f"still running {NO_SURVIVORS_S} s after {sig.name}"
+    survivors = launch.survivors(within_s=NO_SURVIVORS_S)
+    assert not survivors, f"still running {NO_SURVIVORS_S} s after {sig.name}: {survivors}"
 
     record = run_record(out)
     if sig == signal.SIGKILL:  # nothing could write; the same command resumes from the last checkpoint
@@ -114,9 +65,9 @@ def test_a_signal_to_the_launcher_stops_every_rank(strategy, sig, shards, params
 @pytest.mark.timeout(300)
 def test_a_second_launcher_on_the_same_directory_is_refused(shards, params_file, tmp_path, launches):
     out = tmp_path / "run"
-    first = Launch(train_args(shards, params_file, out, "single", *LONG), tmp_path / "stderr.txt")
+    first = Launch(train_args(shards, params_file, out, "single", *LONG), out, tmp_path / "stderr.txt")
     launches.append(first)
-    first.wait_for(_has_metrics(out))
+    first.wait_for(has_metrics(out))
 
     second = gpt2dist(*train_args(shards, params_file, out, "single", *LONG), check=False)
     assert second.returncode == 2
@@ -134,10 +85,10 @@ def test_a_second_launcher_on_the_same_directory_is_refused(shards, params_file,
 @pytest.mark.timeout(300)
 def test_a_second_run_on_the_machine_waits_until_the_first_ends(shards, params_file, tmp_path, launches):
     first_out, second_out = tmp_path / "first", tmp_path / "second"
-    first = Launch(train_args(shards, params_file, first_out, "single", *LONG), tmp_path / "first.txt")
+    first = Launch(train_args(shards, params_file, first_out, "single", *LONG), first_out, tmp_path / "first.txt")
     launches.append(first)
-    first.wait_for(_has_metrics(first_out))
-    second = Launch(train_args(shards, params_file, second_out, "ddp", "--max-steps", 2, nproc=2),
+    first.wait_for(has_metrics(first_out))
+    second = Launch(train_args(shards, params_file, second_out, "ddp", "--max-steps", 2, nproc=2), second_out,
                     tmp_path / "second.txt")
     launches.append(second)
     second.wait_for(lambda: "waiting for the machine: another gpt2dist run holds" in second.log.read_text())

@@ -3,37 +3,58 @@ ranks exit within seconds when that process dies, SIGKILL included.
 
 torchrun and horovodrun start ranks in sessions of their own, so neither a terminal's Ctrl-C nor the
 death of `gpt2dist train` reaches them directly. Three links close the gap: the launcher forwards stop
-signals to its child (torchrun and horovodrun pass SIGTERM on to their ranks); the kernel sends that
-child SIGTERM when the launcher dies (PR_SET_PDEATHSIG); and each rank watches the launcher's pid
-itself, in case the child in between dies first.
+signals to its child (torchrun and horovodrun pass SIGTERM on to their ranks); each rank beside the
+launcher (same kernel, same PID namespace: this machine, or an emulated node on it) watches the
+launcher's process itself; and the kernel ends the child when the launcher dies (PR_SET_PDEATHSIG).
+That last signal is SIGKILL where every rank watches the launcher: the child's own shutdown adds
+nothing then and was seen to stall (a torchrun agent alive 10 s after its ranks had exited, their
+exits not collected). srun, which alone reaches ranks on other machines, gets SIGTERM and passes
+it on.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import IO
 
+import psutil
+
 from gpt2dist.errors import Interrupted
+from gpt2dist.system.parent_death import ends_with_this_process
+from gpt2dist.training import stops
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # a rank blocked in a collective never runs Python signal handlers; after this long it exits hard
 GRACE_S = 3.0
-LAUNCHER_ENV = "GPT2DIST_LAUNCHER"  # host:pid of the `gpt2dist train` process the ranks belong to
-_PR_SET_PDEATHSIG = 1
+LAUNCHER_ENV = "GPT2DIST_LAUNCHER"  # process space:pid of the `gpt2dist train` process the ranks belong to
+WATCH_INTERVAL_S = 0.2  # how often a rank checks that its launcher still runs
 
 received: int | None = None  # the first stop signal this process got
 
 
 def launcher_env() -> dict[str, str]:
-    return {LAUNCHER_ENV: f"{socket.gethostname()}:{os.getpid()}"}
+    return {LAUNCHER_ENV: f"{_process_space()}:{os.getpid()}"}
+
+
+def _death_signal(command: list[str]) -> signal.Signals:
+    """What the kernel sends a launcher child when this process dies: SIGTERM to srun, which alone
+    reaches ranks on other machines and passes it on; SIGKILL otherwise, as every rank watches this
+    process itself."""
+    return signal.SIGTERM if Path(command[0]).name == "srun" else signal.SIGKILL
+
+
+def _process_space() -> str:
+    """Where a pid means the same process: this kernel (its boot id) and this PID namespace. A hostname
+    would not do: emulated nodes have their own, and containers may share one."""
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{boot_id}/{os.stat('/proc/self/ns/pid').st_ino}"
 
 
 def run_launchers(commands: list[list[str]], env: dict[str, str]) -> tuple[int, int | None]:
@@ -47,7 +68,7 @@ def run_launchers(commands: list[list[str]], env: dict[str, str]) -> tuple[int, 
     """
     env = {**env, **launcher_env()}
     children = [subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 preexec_fn=_die_with(os.getpid())) for command in commands]
+                                 preexec_fn=ends_with_this_process(_death_signal(command))) for command in commands]
     forwarded: list[int] = []
     relays = [threading.Thread(target=_relay_until_stopped, args=(child.stderr, forwarded), daemon=True)
               for child in children]
@@ -100,20 +121,6 @@ def _relay_until_stopped(source: IO[bytes], stopped: list[int]) -> None:
         sys.stderr.buffer.write(b"\n")
 
 
-def _die_with(parent: int):
-    """preexec_fn for a child: own process group, SIGTERM when `parent` dies (checked once after arming,
-    since the parent may die between fork and prctl)."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def arm() -> None:
-        os.setpgid(0, 0)
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
-        if os.getppid() != parent:
-            os._exit(128 + signal.SIGTERM)
-
-    return arm
-
-
 def stop_on_signals() -> None:
     """Make stop signals raise Interrupted in the main thread, and end this process hard if the main
     thread does not finish within GRACE_S; a rank started by a launcher also stops when it dies."""
@@ -122,7 +129,7 @@ def stop_on_signals() -> None:
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     for sig in STOP_SIGNALS:
         signal.signal(sig, _raise_interrupted)
-    threading.Thread(target=_watch, args=(wake_read, _launcher_pidfd()), daemon=True, name="gpt2dist-watchdog").start()
+    threading.Thread(target=_watch, args=(wake_read, _launcher()), daemon=True, name="gpt2dist-watchdog").start()
 
 
 def exit_now(code: int) -> None:
@@ -136,34 +143,41 @@ def _raise_interrupted(signum, frame) -> None:
     global received
     if received is None:  # a second signal must not break the first one's clean-up
         received = signum
-        raise Interrupted(signum)
+        if not stops.postpone(signum):
+            raise Interrupted(signum)
 
 
-def _launcher_pidfd() -> int | None:
-    """A pidfd of this rank's `gpt2dist train` process, when it runs on this host."""
-    host, _, pid = os.environ.get(LAUNCHER_ENV, "").rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return None  # not started by `gpt2dist train`, or started on another node by srun
+def _launcher() -> psutil.Process | None:
+    """This rank's `gpt2dist train` process, when its pid means the same process here (psutil compares
+    start times too, so a reused pid is not mistaken for it)."""
+    space, _, pid = os.environ.get(LAUNCHER_ENV, "").rpartition(":")
+    if space != _process_space() or not pid.isdigit():
+        return None  # not started by `gpt2dist train`, or started on another machine by srun
     try:
-        return os.pidfd_open(int(pid))
-    except ProcessLookupError:
+        return psutil.Process(int(pid))
+    except psutil.NoSuchProcess:
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher is already gone
-    except OSError:
-        pass  # no pidfd support (Linux < 5.3): rely on the launcher's signals
     return None
 
 
-def _watch(wake_read: int, launcher: int | None) -> None:
-    """Wait for a stop signal or the launcher's death, then give the main thread GRACE_S to finish."""
-    watched = [wake_read] + ([launcher] if launcher is not None else [])
+def _watch(wake_read: int, launcher: psutil.Process | None) -> None:
+    """Wait for a stop signal or the launcher's end, then give the main thread GRACE_S to finish."""
     while True:
-        ready, _, _ = select.select(watched, [], [])
-        if launcher in ready:
+        ready, _, _ = select.select([wake_read], [], [], WATCH_INTERVAL_S if launcher else None)
+        if launcher is not None and ended(launcher):
             signum = signal.SIGTERM
             os.kill(os.getpid(), signum)
             break
-        signum = next((n for n in os.read(wake_read, 64) if n in STOP_SIGNALS), None)
+        signum = next((n for n in os.read(wake_read, 64) if n in STOP_SIGNALS), None) if ready else None
         if signum is not None:
             break
     time.sleep(GRACE_S)
     os._exit(128 + signum)  # no flush: the main thread may hold the stream's lock
+
+
+def ended(process: psutil.Process) -> bool:
+    """Whether `process` has exited; a zombie has, though its parent has not collected it yet."""
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt2dist.errors import UsageError
+from gpt2dist.system.parent_death import ends_with_this_process
 
 NETNS_ETC = Path("/etc/netns")
 NETNS_RUN = Path("/run/netns")  # where `ip netns add` keeps a namespace's handle
@@ -227,8 +228,9 @@ def ssh_between(made: EmulatedNodes, timeout_s: float = 30.0) -> Iterator[None]:
                 "  StrictHostKeyChecking accept-new\n  BatchMode yes\n  LogLevel ERROR\n")
         for node in made.nodes:
             log = open(keys / f"sshd-{node.name}.log", "w")
+            # a SIGKILLed launcher runs no clean-up: the kernel ends the daemons with it
             daemons.append(subprocess.Popen(node.command(["/usr/sbin/sshd", "-D", "-e"]), stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=log))
+                                            stdout=log, stderr=log, preexec_fn=ends_with_this_process(signal.SIGKILL)))
         for node, daemon in zip(made.nodes, daemons):
             _wait_for_port(node.address, 22, daemon, timeout_s, keys / f"sshd-{node.name}.log")
         yield

@@ -21,6 +21,7 @@ from gpt2dist.errors import Interrupted
 from gpt2dist.io import atomic_write_json
 from gpt2dist.system import environment
 from gpt2dist.system.gpu_telemetry import GpuTelemetry
+from gpt2dist.training import stops
 from gpt2dist.training.batches import BatchSampler
 from gpt2dist.training.checkpoint import load_checkpoint, save_checkpoint
 from gpt2dist.training.communication import traffic
@@ -162,18 +163,24 @@ class Trainer:
         val_loss = self.strategy.all_reduce_mean(total / count).item()
         return {"kind": "eval", "step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
 
-    def checkpoint(self, step: int) -> None:
+    def checkpoint(self, step: int, record: dict | None) -> None:
+        """Save the state after `step` and name it in run.json (rank 0's `record`), where a re-run
+        resumes, even after SIGKILL."""
         model_state, optim_state = self.strategy.full_state_dict(self.model, self.optimizer, self.precision)
         if self.rank0:
-            save_checkpoint(
-                self.out / "checkpoint.pt",
-                step=step,
-                fingerprint=self.spec.fingerprint(),
-                model=model_state,
-                optimizer=optim_state,
-                precision=self.precision.state_dict(self.optimizer),
-                metrics=self.metrics.history,
-            )
+            with stops.deferred():
+                save_checkpoint(
+                    self.out / "checkpoint.pt",
+                    step=step,
+                    fingerprint=self.spec.fingerprint(),
+                    model=model_state,
+                    optimizer=optim_state,
+                    precision=self.precision.state_dict(self.optimizer),
+                    metrics=self.metrics.history,
+                )
+                if record is not None:
+                    record.update(checkpoint_step=step, model_state_bytes=self.state_bytes)
+                    atomic_write_json(self.out / "run.json", record)
         self.strategy.barrier()
 
     def resume(self) -> tuple[int, list[dict]]:
@@ -215,10 +222,7 @@ class Trainer:
                 if done % t.eval_interval == 0 or done == t.max_steps:
                     metrics.write(self.evaluate(done))
                 if done % t.checkpoint_interval == 0 or done == t.max_steps:
-                    self.checkpoint(done)
-                    if record is not None:  # where a re-run resumes, even after SIGKILL
-                        record.update(checkpoint_step=done, model_state_bytes=self.state_bytes)
-                        atomic_write_json(self.out / "run.json", record)
+                    self.checkpoint(done, record)
         except Interrupted as stop:
             if record is not None:
                 record.update(status="interrupted", signal=stop.signal_name, interrupted_at_step=step,
