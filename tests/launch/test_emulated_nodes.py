@@ -97,7 +97,10 @@ def test_two_node_run_equals_the_one_machine_run(strategy, shards, params_file, 
     # the gradients crossed the links: each node sent at least the modelled bytes of every step
     modelled = record["communication"]["bytes_per_step"] * len(got)
     assert all(counts["tx_bytes"] >= modelled for counts in nodes["link_bytes"].values()), (nodes, modelled)
-    assert "error" not in result.stderr.lower()
+    # gpt2dist's own error lines and Python tracebacks; torchrun may warn on its way out (the node that
+    # closes the rendezvous last finds the first node's store gone), which is not the run's failure
+    assert "Traceback (most recent call last)" not in result.stderr, result.stderr[-3000:]
+    assert not [line for line in result.stderr.splitlines() if line.startswith("error:")], result.stderr[-3000:]
 
 
 def test_a_stopped_run_leaves_no_node_behind(shards, params_file, tmp_path):
