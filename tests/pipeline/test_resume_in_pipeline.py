@@ -71,7 +71,10 @@ def assert_resumed_to_the_same_end(run_dir: Path, whole: list[dict]) -> None:
     resumed = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # every line, the ones from before the kill included (the tool deleted the file; the checkpoint kept them)
     assert [(r["kind"], r["step"]) for r in resumed] == [(r["kind"], r["step"]) for r in whole]
-    assert [r.get("loss", r.get("val_loss")) for r in resumed] == [r.get("loss", r.get("val_loss")) for r in whole]
+    # to 1e-6, as every comparison of two processes' fp32 runs here: CI once saw the killed run's step 3,
+    # before any kill or resume, differ from the reference's by 8e-8 relative (6.1304908 against 6.1304913)
+    assert [r.get("loss", r.get("val_loss")) for r in resumed] == pytest.approx(
+        [r.get("loss", r.get("val_loss")) for r in whole], rel=1e-6)
     assert not (run_dir / "checkpoint.pt").exists()  # the pipeline drops it once the run completes
 
 
