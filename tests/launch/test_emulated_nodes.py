@@ -35,9 +35,9 @@ def can_emulate():
         pytest.skip(reason)
 
 
-def _ours() -> set[str]:
-    """Namespaces and links this process's emulation has made and not removed."""
-    tag = f"{emulated_nodes.PREFIX}{os.getpid():x}-"
+def _ours(owner: int | None = None) -> set[str]:
+    """Namespaces and links the emulation of `owner` (this process by default) has made and not removed."""
+    tag = f"{emulated_nodes.PREFIX}{owner or os.getpid():x}-"
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     names += subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.split()
     return {name.rstrip(":").split("@")[0] for name in names if name.startswith(tag)}
@@ -119,8 +119,7 @@ def test_a_stopped_run_leaves_no_node_behind(shards, params_file, tmp_path):
     assert train.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     assert stderr.strip().splitlines()[-1].startswith("error: interrupted by SIGTERM"), stderr[-2000:]
     assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
-    left = [line for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
-            if line.startswith(f"{emulated_nodes.PREFIX}{train.pid:x}-")]
+    left = _ours(train.pid)
     assert not left, left
 
 
@@ -152,8 +151,7 @@ def test_a_killed_launcher_leaves_no_rank_and_the_run_resumes(strategy, shards, 
     record = run_record(out)
     assert record["status"] == "completed" and record["resumed_from_step"] == saved
     assert [line["step"] for line in read_metrics(out)] == list(range(saved + 2))
-    left = [line for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
-            if line.startswith(f"{emulated_nodes.PREFIX}{launch.proc.pid:x}-")]
+    left = _ours(launch.proc.pid)
     assert not left, left
 
 
