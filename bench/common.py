@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
+import torch.nn.functional as F
 
 from gpt2dist.data.shards import write_shards
 from gpt2dist.launch.runner import build_spec
@@ -31,13 +34,54 @@ def random_shards(vocab: int, tokens: int = 2_000_000) -> Path:
 
 
 def single_trainer(preset: str, precision: str, overrides: list[str]) -> Trainer:
-    from gpt2dist.config import load_preset
+    from gpt2dist.config.presets import resolve_preset
 
-    vocab = load_preset(REPO / "params.yaml", preset, overrides).model.vocab_size
+    vocab = resolve_preset(REPO / "params.yaml", preset, overrides=overrides)[1].model.vocab_size
     data = random_shards(vocab)
     spec = build_spec(data=data, out=data / "run", strategy="single", precision=precision, nproc=1,
                       params=REPO / "params.yaml", preset=preset, overrides=overrides)
     return Trainer(spec, REGISTRY["single"](spec))
+
+
+def bare_loop(trainer, steps: int) -> float:
+    """The textbook loop over the trainer's model, optimizer and batch: forward, loss (the logits in full),
+    backward, clip, step, zero_grad, read the loss; tokens/s."""
+    model, optimizer, precision = trainer.model, trainer.optimizer, trainer.precision
+    spec, device = trainer.spec, trainer.place.device
+    accum = spec.grad_accum_steps
+    batches = [tuple(t.to(device) for t in b)
+               for b in trainer.train_batches.micro_batches(0, 0, 1, spec.train.micro_batch_size)]
+    scaler = precision.scaler
+    started = time.perf_counter()
+    for _ in range(steps):
+        for inputs, targets in batches:
+            with precision.autocast():
+                hidden = model(inputs)
+                logits = F.linear(hidden, model.lm_head.weight)  # the model leaves its tied head to the loss
+                loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1)) / accum
+            (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.train.grad_clip)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad()
+        loss.item()
+    return steps * trainer.tokens_per_step / (time.perf_counter() - started)
+
+
+def engine(trainer, first_step: int, steps: int, lines: list[dict] | None = None) -> float:
+    """`steps` optimizer steps of the trainer from `first_step`; tokens/s. Their metrics lines (GPU
+    telemetry included) go to `lines` when given."""
+    started = time.perf_counter()
+    for step in range(first_step, first_step + steps):
+        line = trainer.train_step(step)
+        if lines is not None:
+            lines.append(line)
+    return steps * trainer.tokens_per_step / (time.perf_counter() - started)
 
 
 def median(values: list[float]) -> float:

@@ -3,8 +3,8 @@ batch, run one after the other through the real `gpt2dist train` command.
 
     python bench/ddp_scaling.py [--nproc 2] [--preset cpu] [--steps 40] [--warmup 5] [--rounds 3]
 
-Scaling efficiency = ddp tokens/s / (N x single tokens/s), medians after warm-up steps, with a
-95% interval over interleaved rounds (single, ddp, single, ddp, ...; paired by round). Each run's
+Scaling efficiency = ddp tokens/s / (N x single tokens/s), each from the wall time between the
+ends of the steps after warm-up (so the host's work between steps counts too), with a 95% interval over interleaved rounds (single, ddp, single, ddp, ...; paired by round). Each run's
 record says how busy the machine was; a disturbed run is named. On a CPU the ranks share the
 cores that `single` used alone, so read it as the cost of communication and duplicated work,
 not as a GPU prediction.
@@ -21,19 +21,24 @@ from pathlib import Path
 
 from common import REPO, median, random_shards, ratio_interval
 
-from gpt2dist.config import load_preset
+from gpt2dist.config.presets import resolve_preset
 
 
 def throughput(data: Path, out: Path, strategy: str, nproc: int, args) -> tuple[float, float]:
-    """Median tokens/s after warm-up, and the share of the CPUs other processes used meanwhile."""
+    """Tokens/s over the wall time of the steps after warm-up, and the share of the CPUs other processes
+    used meanwhile. Evaluation and checkpoints only after the last step, and no step traced for the ledger:
+    nothing but training between the measured steps."""
     subprocess.run([sys.executable, "-m", "gpt2dist", "train", "--data", str(data), "--out", str(out),
                     "--strategy", strategy, "--nproc", str(nproc), "--preset", args.preset,
                     "--params", str(REPO / "params.yaml"), "--max-steps", str(args.steps),
-                    "--set", f"train.checkpoint_interval={args.steps}"],
+                    "--set", f"train.checkpoint_interval={args.steps}", "--set", f"train.eval_interval={args.steps}",
+                    "--set", "train.ledger_steps=0"],
                    check=True, stderr=subprocess.DEVNULL)
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    foreign = json.loads((out / "run.json").read_text())["conditions"]["foreign_cpu_share_mean"]
-    return median([line["tokens_per_s"] for line in lines if line["kind"] == "train"][args.warmup:]), foreign
+    record = json.loads((out / "run.json").read_text())
+    steps = [line for line in lines if line["kind"] == "train"][args.warmup:]
+    wall = steps[-1]["end_unix_s"] - steps[0]["end_unix_s"]  # from the end of the first to the end of the last
+    return record["tokens_per_step"] * (len(steps) - 1) / wall, record["conditions"]["foreign_cpu_share_mean"]
 
 
 def main() -> None:
@@ -44,7 +49,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    data = random_shards(load_preset(REPO / "params.yaml", args.preset).model.vocab_size)
+    data = random_shards(resolve_preset(REPO / "params.yaml", args.preset)[1].model.vocab_size)
     work = Path(tempfile.mkdtemp(prefix="gpt2dist-scaling-"))
     single, ddp, busy = [], [], []
     for r in range(args.rounds):
@@ -53,7 +58,7 @@ def main() -> None:
             rates.append(rate)
             if foreign is not None and foreign > 0.1:
                 busy.append(f"{name} round {r} ({foreign:.0%} of the CPUs used by other processes)")
-    print(f"preset={args.preset} steps={args.steps} (median after {args.warmup} warm-up steps), {args.rounds} rounds")
+    print(f"preset={args.preset} steps={args.steps} (wall time after {args.warmup} warm-up steps), {args.rounds} rounds")
     print(f"single        {median(single):10,.0f} tokens/s (median of rounds)")
     print(f"ddp x{args.nproc}        {median(ddp):10,.0f} tokens/s")
     speedup, low, high, pairs = ratio_interval(ddp, single)

@@ -1,7 +1,7 @@
 """GPU throughput and model FLOPs utilisation: GPT-2 small (paper preset), context 1024,
 bf16 by default, torch.compile on, one GPU, through the real Trainer.
 
-    python bench/mfu.py [--steps 30] [--warmup 10] [--precision P] [--peak-tflops T] [--set key=value ...]
+    python bench/mfu.py [--rounds 6] [--steps 5] [--warmup 10] [--precision P] [--peak-tflops T] [--set key=value ...]
 
 MFU = tokens/s x (6N + 12*L*H*Q*T) / peak, where the peak is that of the arithmetic --precision
 runs (fp32: non-tensor-core FP32; tf32: TF32 tensor cores; bf16/fp16/apex: 16-bit tensor cores),
@@ -9,6 +9,11 @@ from gpt2dist.system.hardware's table for known GPUs or --peak-tflops for others
 Target: >= 50% on H100/H200 for bf16. The MFU comes with a 95% interval over the measured steps
 (log scale) and a verdict on the target, and the GPU's SM clock and slowdown reasons during them
 (NVML), so a throttled GPU is named rather than averaged in.
+
+Beside it, in the same run and on the same model, batch and optimizer, a bare training loop
+(bench/common.py: forward, the full logits' cross-entropy, backward, clip, step), interleaved with the
+engine round by round: engine/bare with its 95% interval (target >= 0.97) says what the engine's own
+work costs, apart from what the GPU can do at all.
 """
 
 from __future__ import annotations
@@ -17,18 +22,26 @@ import argparse
 import sys
 
 import torch
-from common import against_target, median, single_trainer
+from common import (
+    against_target,
+    bare_loop,
+    engine,
+    median,
+    single_trainer,
+    verdict_line,
+)
 
-from gpt2dist.config import PRECISIONS
+from gpt2dist.config.schema import PRECISIONS
+from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.results.statistics import log_interval
 from gpt2dist.system.gpu_telemetry import DISTURBING_REASONS
 from gpt2dist.system.hardware import COMPUTE_DTYPE, mfu, peak_flops
-from gpt2dist.training.model import flops_per_token
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds of engine and bare loop")
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps per round and contender")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--precision", default="bf16", choices=PRECISIONS)
     parser.add_argument("--peak-tflops", type=float, default=None, help="override for GPUs not in the table")
@@ -41,17 +54,24 @@ def main() -> None:
     if peak is None:
         sys.exit(f"no peak FLOP/s known for '{name}'; pass --peak-tflops")
     trainer = single_trainer("paper", args.precision, ["train.compile=true", *args.overrides])
-    lines = [trainer.train_step(step) for step in range(args.warmup + args.steps)][args.warmup:]
-    rates = [line["tokens_per_s"] for line in lines]
-    rate, low, high = log_interval(rates)
+    engine(trainer, 0, args.warmup)  # compile, allocator, clocks
+    bare_loop(trainer, 2)
+    lines, ours, theirs = [], [], []
+    for r in range(args.rounds):  # interleaved so drift and clocks hit both alike
+        first = args.warmup + r * args.steps
+        ours.append(engine(trainer, first, args.steps, lines))
+        theirs.append(bare_loop(trainer, args.steps))
     per_token = flops_per_token(trainer.spec.model)
-    utilisation = [mfu(x, per_token, 1, peak) for x in (rate, low, high)]
     print(f"{name}: GPT-2 small, context {trainer.spec.model.n_positions}, {args.precision}, compile on, "
-          f"micro-batch {trainer.spec.train.micro_batch_size}, accumulation {trainer.spec.grad_accum_steps}")
-    print(f"tokens/s {rate:,.0f} (95% interval {low:,.0f} to {high:,.0f} over {len(rates)} steps; "
-          f"{per_token / 1e6:.0f} MFLOP/token, {COMPUTE_DTYPE[args.precision]} peak {peak / 1e12:.1f} TFLOP/s)")
-    print(f"MFU {utilisation[0]:.1%} ({utilisation[1]:.1%} to {utilisation[2]:.1%}): "
-          f"{against_target(utilisation[1], utilisation[2], 0.5)}")
+          f"micro-batch {trainer.spec.train.micro_batch_size}, accumulation {trainer.spec.grad_accum_steps}; "
+          f"{args.rounds} rounds x {args.steps} steps each; {per_token / 1e6:.0f} MFLOP/token, "
+          f"{COMPUTE_DTYPE[args.precision]} peak {peak / 1e12:.1f} TFLOP/s")
+    for label, rates in (("engine   ", ours), ("bare loop", theirs)):
+        rate, low, high = log_interval(rates)
+        utilisation = [mfu(x, per_token, 1, peak) for x in (rate, low, high)]
+        print(f"{label} tokens/s {rate:,.0f} ({low:,.0f} to {high:,.0f}); MFU {utilisation[0]:.1%} "
+              f"({utilisation[1]:.1%} to {utilisation[2]:.1%}): {against_target(utilisation[1], utilisation[2], 0.5)}")
+    print(verdict_line("engine/bare loop", ours, theirs, 0.97))
     clocks = [line["sm_clock_mhz"] for line in lines if "sm_clock_mhz" in line]
     slowed = sum(bool(line.get("clock_event_reasons", 0) & DISTURBING_REASONS) for line in lines)
     if clocks:

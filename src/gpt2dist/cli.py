@@ -14,6 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from gpt2dist.config.schema import PRECISIONS
+from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import Interrupted, UsageError, error_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
@@ -25,8 +27,17 @@ Gpus = Annotated[Optional[int], typer.Option(
 Overrides = Annotated[Optional[list[str]], typer.Option("--set", help="Override a preset key: model.n_layer=2.")]
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from gpt2dist import __version__
+
+        typer.echo(f"gpt2dist {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="Print gpt2dist's version and exit.")] = False) -> None:
     """Which data-parallel strategy trains GPT-2 fastest on this hardware, measured reproducibly."""
 
 
@@ -59,9 +70,9 @@ def one_line_errors(command: Callable) -> Callable:
 @one_line_errors
 def train(
     data: Annotated[Path, typer.Option(help="Token shard directory (train.bin, val.bin, meta.json).")],
-    strategy: Annotated[str, typer.Option(help="single | dp | ddp | horovod | fsdp")],
+    strategy: Annotated[str, typer.Option(help=" | ".join(STRATEGIES) + " (`gpt2dist strategies` says what each is)")],
     out: Annotated[Path, typer.Option(help="Run directory: metrics.jsonl, run.json, checkpoint.pt.")],
-    precision: Annotated[str, typer.Option(help="fp32 | tf32 | fp16 | bf16 | apex-O1 | apex-O2")] = "fp32",
+    precision: Annotated[str, typer.Option(help=" | ".join(PRECISIONS))] = "fp32",
     nproc: Annotated[int, typer.Option(help="Processes (devices for dp) on this machine.")] = 1,
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
@@ -90,7 +101,7 @@ def train(
     # other machines' commands: their GPUs are params.yaml's gpus_per_node, not this host's
     device = None
     if host_list:
-        from gpt2dist.config import planned_gpus
+        from gpt2dist.config.planning import planned_gpus
         from gpt2dist.system.hardware import visible_gpus
 
         device = "cuda" if planned_gpus(params, visible_gpus()) else "cpu"
@@ -113,6 +124,21 @@ def train(
 
 @app.command()
 @one_line_errors
+def strategies() -> None:
+    """List the strategies: how each starts its processes, what it is, and what the papers call it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="gpt2dist strategies")
+    for column in ("strategy", "launcher", "what it is", "in the papers"):
+        table.add_column(column)
+    for name, d in STRATEGIES.items():
+        table.add_row(name, d.launcher, d.summary, "; ".join(f"{paper}: {theirs}" for paper, theirs in d.papers.items()))
+    Console().print(table)
+
+
+@app.command()
+@one_line_errors
 def prepare(
     out: Annotated[Path, typer.Option(help="Shard directory to write (train.bin, val.bin, tokenizer.json, meta.json).")],
     params: Params = Path("params.yaml"),
@@ -121,10 +147,10 @@ def prepare(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Tokenize the preset's corpus into verified uint16 token shards."""
+    from gpt2dist.config.presets import resolve_preset
     from gpt2dist.data.prepare import prepare as run_prepare
-    from gpt2dist.launch.runner import chosen_preset
 
-    _, chosen = chosen_preset(params, preset, list(set_ or []))
+    _, chosen = resolve_preset(params, preset, cuda=_cuda_visible(), overrides=list(set_ or []))
     typer.echo(_summary(out, run_prepare(chosen.data, out, progress=progress), "written"))
 
 
@@ -137,6 +163,13 @@ def verify(data_dir: Annotated[Path, typer.Argument(help="Shard directory.")]) -
     typer.echo(_summary(data_dir, verify_shards(data_dir), "verified"))
 
 
+def _cuda_visible() -> bool:
+    """Whether CUDA GPUs are visible here (preset 'auto' picks paper then), without importing torch."""
+    from gpt2dist.system.hardware import visible_gpus
+
+    return visible_gpus() > 0
+
+
 def _summary(directory: Path, meta: dict, verb: str) -> str:
     splits = ", ".join(f"{name} {entry['tokens']:,} tokens" for name, entry in meta["splits"].items())
     return f"ok: {directory}: {splits}, vocabulary {meta['vocab_size']:,} ({meta['tokenizer'].get('name')}), sha256 {verb}"
@@ -144,7 +177,7 @@ def _summary(directory: Path, meta: dict, verb: str) -> str:
 
 def _study(params: Path, preset: str | None, gpus: int | None = None):
     """The study planned for `gpus` per node, else params.yaml's gpus_per_node, else the visible GPUs."""
-    from gpt2dist.config import planned_gpus
+    from gpt2dist.config.planning import planned_gpus
     from gpt2dist.pipeline.study import plan_study
     from gpt2dist.system.hardware import visible_gpus
 
@@ -234,22 +267,25 @@ def project_scaling(
     measurement: compute from FLOPs at an assumed MFU, communication from the traffic model)."""
     from tabulate import tabulate
 
-    from gpt2dist.launch.runner import chosen_preset
+    from gpt2dist.config.presets import resolve_preset
     from gpt2dist.results.link_model import projection
 
     try:
         counts = [int(part) for part in nodes.split(",")]
     except ValueError:
         raise UsageError(f"--nodes '{nodes}' is not a comma-separated list of node counts, e.g. 1,2,4,8") from None
-    name, chosen = chosen_preset(params, preset, [])
+    name, chosen = resolve_preset(params, preset, cuda=_cuda_visible())
     table = projection(name, chosen, gpu=gpu, precision=precision, mfu=mfu, gpus_per_node=gpus_per_node,
                        node_counts=counts)
-    shown = table[["strategy", "nodes", "gpus", "compute_ms", "communication_ms", "step_ms", "tokens_per_s",
-                   "scaling_efficiency", "note"]]
+    projected = table["note"] == "projection"
+    shown = table.loc[projected, ["strategy", "nodes", "gpus", "compute_ms", "communication_ms", "step_ms",
+                                  "tokens_per_s", "scaling_efficiency", "note"]]
     typer.echo(f"Projection (not a measurement) of preset {name}: {gpu} {precision} at an assumed MFU of {mfu:.0%}, "
                f"{gpus_per_node} GPUs per node on NVLink (450 GB/s), nodes on InfiniBand NDR (50 GB/s per GPU), "
                "each GPU at the preset's micro-batch, no overlap of communication with compute.\n")
     typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
+    for strategy, note in table.loc[~projected].drop_duplicates("strategy")[["strategy", "note"]].itertuples(index=False):
+        typer.echo(f"\n{strategy}: {note}")
 
 
 @app.command("dvc-yaml")
@@ -272,7 +308,7 @@ def dvc_yaml(
 @one_line_errors
 def schema(out: Annotated[Path, typer.Option(help="File to write.")] = Path("workflow/schemas/params.schema.json")) -> None:
     """Write the JSON schema of params.yaml (Snakemake validates against it) from the typed config."""
-    from gpt2dist.config import write_params_schema
+    from gpt2dist.config.schema import write_params_schema
 
     write_params_schema(out)
     typer.echo(f"ok: {out}")
@@ -321,8 +357,8 @@ def selftest(
     from rich.console import Console
     from rich.table import Table
 
-    from gpt2dist.config import check_plan_fits
-    from gpt2dist.launch.selftest import run_selftest
+    from gpt2dist.config.planning import check_plan_fits
+    from gpt2dist.selftest import run_selftest
     from gpt2dist.system.hardware import visible_gpus
 
     console = Console(highlight=False)

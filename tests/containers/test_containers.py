@@ -66,9 +66,10 @@ def test_doctor_lists_what_the_paper_study_misses():
                       check=False)
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and last.startswith("error: preset 'paper' needs what is missing here: ")
-    assert "NVIDIA Apex with apex.amp (the container image): needed by ddp-apex-O1-n1, " in last
+    assert "NVIDIA Apex (apex.amp), needed by ddp-apex-O1-n1, " in last
     assert "horovod-apex-O1-n8" in last
-    assert "NVIDIA Apex with apex.parallel (the container image): needed by apex-ddp-apex-O2-n1, " in last
+    assert "NVIDIA Apex (apex.parallel), needed by apex-ddp-apex-O2-n1, " in last
+    assert "apex-ddp-apex-O2-n8: run inside the gpt2dist container image (containers/), which builds it" in last
 
 
 def test_doctor_names_horovod_when_it_cannot_be_imported(tmp_path):
@@ -81,5 +82,5 @@ def test_doctor_names_horovod_when_it_cannot_be_imported(tmp_path):
     env["PYTHONPATH"] = f"{tmp_path}:{env.get('PYTHONPATH', '')}"
     result = gpt2dist("doctor", "--no-gpu", "--params", REPO / "params.yaml", "--preset", "cpu", check=False, env=env)
     assert result.returncode == 2
-    assert ("Horovod (containers/install_horovod.sh): needed by horovod-fp32-n1, horovod-fp32-n2, horovod-bf16-n1, "
-            "horovod-bf16-n2") in result.stderr
+    assert ("Horovod, needed by horovod-fp32-n1, horovod-fp32-n2, horovod-bf16-n1, horovod-bf16-n2: install it with "
+            "containers/install_horovod.sh") in result.stderr

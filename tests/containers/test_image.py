@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, require
 from reduced_study import assert_same_training_numbers, copy_workflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.image, pytest.mark.timeout(3600)]
@@ -53,11 +53,7 @@ class Image:
 
 @pytest.fixture(scope="module")
 def podman_env(tmp_path_factory) -> dict[str, str]:
-    reason = _unavailable()
-    if reason and os.environ.get("GPT2DIST_REQUIRE_IMAGE") == "1":
-        pytest.fail(f"GPT2DIST_REQUIRE_IMAGE=1 but {reason}")
-    if reason:
-        pytest.skip(reason)
+    require("GPT2DIST_REQUIRE_IMAGE", missing=_unavailable())
     conf = tmp_path_factory.mktemp("podman") / "containers.conf"
     conf.write_text(CONTAINERS_CONF)
     return {**os.environ, "CONTAINERS_CONF": str(conf)}

@@ -17,20 +17,25 @@ import pytest
 import yaml
 from tokenizers import Tokenizer
 
-from gpt2dist.config import DataConfig
+from gpt2dist.config.schema import DataConfig
 from gpt2dist.data.corpus import documents
 from gpt2dist.data.encoding import GPT2Encoder, gpt2_tiktoken
 from gpt2dist.data.shards import verify_shards
 from gpt2dist.data.tokenizer import GPT2_FILES, default_gpt2_dir, gpt2_from_files
 
-from conftest import TINY_PRESET, gpt2dist
+from conftest import TINY_PRESET, gpt2dist, require
 
 DOCS = [f"Document {i}: the quick brown fox jumps over the lazy dog {i} times.\nSecond line {i * 7}." for i in range(60)]
 GPT2_DIR = default_gpt2_dir()
-needs_gpt2 = pytest.mark.skipif(
-    not all((GPT2_DIR / f).is_file() for f in GPT2_FILES),
-    reason=f"GPT-2 tokenizer files not in {GPT2_DIR}; run containers/fetch_gpt2_tokenizer.sh",
-)
+
+
+@pytest.fixture
+def gpt2_files() -> Path:
+    """GPT-2's tokenizer files, as setup fetches them (a skip naming the script where they are missing)."""
+    missing = [name for name in GPT2_FILES if not (GPT2_DIR / name).is_file()]
+    require("GPT2DIST_REQUIRE_TOKENIZER", missing=missing and f"GPT-2 tokenizer files {missing} not in {GPT2_DIR}; "
+            "run containers/fetch_gpt2_tokenizer.sh")
+    return GPT2_DIR
 
 
 def params_with(tmp_path: Path, data: dict) -> Path:
@@ -111,8 +116,7 @@ def test_datasets_code_path_on_a_local_directory(tmp_path):
     assert decode_documents(tmp_path / "shards", "val") == DOCS[50:]
 
 
-@needs_gpt2
-def test_gpt2_vocabulary_matches_tiktoken():
+def test_gpt2_vocabulary_matches_tiktoken(gpt2_files):
     """The saved tokenizer (used to decode) and the tiktoken encoder (used to write) agree."""
     loaded = gpt2_from_files(GPT2_DIR)
     assert loaded.tokenizer.encode("Hello world").ids == [15496, 995] and loaded.eos_id == 50256
@@ -125,8 +129,7 @@ def test_gpt2_vocabulary_matches_tiktoken():
     assert written == [e.ids for e in loaded.tokenizer.encode_batch(texts)] == reference.encode_ordinary_batch(texts)
 
 
-@needs_gpt2
-def test_prepare_with_gpt2_files(tmp_path):
+def test_prepare_with_gpt2_files(gpt2_files, tmp_path):
     (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
     data = {"source": {"kind": "files", "paths": ["c.jsonl"]}, "tokenizer": {"kind": "gpt2", "path": str(GPT2_DIR)},
             "val_fraction": 0.2}

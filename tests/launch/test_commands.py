@@ -47,7 +47,7 @@ def test_horovod_two_nodes_by_eight_gpus():
 def test_torchrun_refuses_uneven_nodes_and_single_process_strategies():
     with pytest.raises(UsageError, match="same number of processes"):
         multinode_commands("torchrun", parse_hosts("a:8,b:4"), SPEC)
-    with pytest.raises(UsageError, match="needs ddp, fsdp or horovod"):
+    with pytest.raises(UsageError, match="--hosts needs one of ddp, horovod, fsdp, tp, pp, fsdp-tp, apex-ddp"):
         multinode_commands("python", parse_hosts("a:8,b:8"), SPEC)
 
 

@@ -12,9 +12,10 @@ import time
 
 import pytest
 
+from gpt2dist.launch.lifetime import ended
 from gpt2dist.launch.locks import RANKS_LOCK
 
-from conftest import Launch, gpt2dist, has_checkpoint, has_metrics, read_metrics, run_record, train_args
+from conftest import Launch, gpt2dist, has_checkpoint, has_metrics, rank_report, read_metrics, run_record, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -45,8 +46,9 @@ def test_a_signal_to_the_launcher_stops_every_rank(strategy, sig, shards, params
     assert not survivors, f"still running {NO_SURVIVORS_S} s after {sig.name}: {survivors}"
 
     record = run_record(out)
-    if sig == signal.SIGKILL:  # nothing could write; the same command resumes from the last checkpoint
-        saved = record["checkpoint_step"]
+    if sig == signal.SIGKILL:  # the record's writer died; the same command resumes from the last checkpoint
+        assert record["status"] == "running"
+        saved = rank_report(out)["checkpoint_step"]
         gpt2dist(*train_args(shards, params_file, out, strategy, "--max-steps", saved + 2,
                              "--set", "train.checkpoint_interval=2", nproc=2))
         record = run_record(out)
@@ -120,3 +122,34 @@ def test_ranks_of_an_earlier_launcher_keep_a_new_one_out(shards, params_file, tm
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: ranks of an earlier run still use {out}"), result.stderr
     assert not (out / "run.json").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_launcher_killed_at_the_record_hand_over_resumes_to_the_same_end(shards, params_file, tmp_path, launches):
+    """The moment between rank 0 reporting a completed run and its launcher writing run.json: the launcher is
+    stopped (SIGSTOP) while training, the ranks finish, then it is killed. run.json still says running, the
+    checkpoint the pipeline drops is still there (it goes only once run.json says completed), and the same
+    command completes the record without training again."""
+    steps = ["--max-steps", 6, "--set", "train.checkpoint_interval=2", "--no-keep-checkpoint"]
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    gpt2dist(*train_args(shards, params_file, whole, "ddp", *steps, nproc=2))
+    launch = Launch(train_args(shards, params_file, out, "ddp", *steps, nproc=2), out, tmp_path / "stderr.txt")
+    launches.append(launch)
+    launch.wait_for(has_metrics(out))
+    os.kill(launch.proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 120
+    others = [p for p in launch.family if p.pid != launch.proc.pid]  # torchrun and the ranks
+    while not (rank_report(out)["status"] == "completed" and all(ended(p) for p in others)):
+        assert time.monotonic() < deadline, f"the ranks did not finish: {launch.survivors(within_s=0)}"
+        time.sleep(0.1)
+    os.kill(launch.proc.pid, signal.SIGKILL)
+    launch.proc.wait(timeout=60)
+    assert run_record(out)["status"] == "running" and (out / "checkpoint.pt").exists()
+
+    gpt2dist(*train_args(shards, params_file, out, "ddp", *steps, nproc=2))
+    record = run_record(out)
+    assert record["status"] == "completed" and record["resumed_from_step"] == 6
+    numbers = [[(line["step"], line.get("loss"), line.get("val_loss")) for line in read_metrics(run)]
+               for run in (out, whole)]
+    assert numbers[0] == numbers[1]
+    assert not (out / "checkpoint.pt").exists()

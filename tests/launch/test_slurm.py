@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from gpt2dist.config import LAUNCHERS
+from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.slurm import launch_command, srun_command
 from gpt2dist.pipeline.study import Run
 from gpt2dist.system.allocation import Allocation, job_allocation, parse_show_job
 
-from conftest import gpt2dist
+from conftest import gpt2dist, require
 
 SPEC = Path("/scratch/results/runs/ddp-bf16-n16-r0/spec.json")
 ENV = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NTASKS": "16",
@@ -64,7 +64,7 @@ def test_horovod_over_two_nodes():
 def test_several_nodes_must_hold_exactly_the_ranks():
     with pytest.raises(UsageError, match="does not match the SLURM allocation of 2 nodes x 8 ranks"):
         launch_command("torchrun", 8, TWO_NODES, SPEC)
-    with pytest.raises(UsageError, match="several nodes need ddp, fsdp or horovod"):
+    with pytest.raises(UsageError, match="several nodes need one of ddp, horovod, fsdp, tp, pp, fsdp-tp, apex-ddp"):
         launch_command("python", 16, TWO_NODES, SPEC)
 
 
@@ -79,10 +79,10 @@ def test_one_node_whose_tasks_are_the_ranks():
     assert launch_command("horovodrun", 2, one_node, SPEC) is None
 
 
-@pytest.mark.parametrize("strategy", sorted(LAUNCHERS))
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_train_jobs_ask_for_one_task_per_process(strategy):
     # the train rule's `tasks` resource: dp drives its devices from one process, like single
-    expected = 1 if LAUNCHERS[strategy] == "python" else 4
+    expected = 1 if STRATEGIES[strategy].one_process else 4
     assert Run(strategy, "fp32", 4, 0).processes == expected
 
 
@@ -93,8 +93,9 @@ def _train_command_in_a_job(shards, params_file, out: Path, path: str) -> str:
                     "--nproc", "2", "--print-command", env=env).stdout
 
 
-@pytest.mark.skipif(shutil.which("srun") is None, reason="needs SLURM's srun (apt-get install slurm-client)")
 def test_train_in_a_two_task_job_starts_its_ranks_with_srun(shards, params_file, tmp_path):
+    require("GPT2DIST_REQUIRE_SLURM", missing=shutil.which("srun") is None and "needs SLURM's srun (apt-get install "
+            "slurm-client)")
     shown = _train_command_in_a_job(shards, params_file, tmp_path / "run", os.environ["PATH"])
     assert shown.startswith("srun --ntasks=2 --cpus-per-task=3 --kill-on-bad-exit=1 ") and "gpt2dist.launch.worker" in shown
 

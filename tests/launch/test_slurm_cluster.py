@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 import slurm_cluster
+from conftest import require
 from reduced_study import BIN, REPO, assert_same_training_numbers, copy_workflow, run
 
 pytestmark = pytest.mark.slow
@@ -35,11 +36,7 @@ def _unavailable() -> str | None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    reason = _unavailable()
-    if reason and os.environ.get("GPT2DIST_REQUIRE_SLURM") == "1":
-        pytest.fail(f"GPT2DIST_REQUIRE_SLURM=1 but {reason}")
-    if reason:
-        pytest.skip(reason)
+    require("GPT2DIST_REQUIRE_SLURM", missing=_unavailable())
     started = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
     yield started
     slurm_cluster.stop(started)

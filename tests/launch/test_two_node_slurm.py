@@ -10,16 +10,15 @@ of skipping.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from gpt2dist.system import emulated_nodes
+from gpt2dist.launch import emulated_nodes
 
 import slurm_cluster
-from conftest import gpt2dist, read_metrics, run_record, train_args
+from conftest import gpt2dist, read_metrics, require, run_record, train_args
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 300
@@ -34,12 +33,7 @@ def _unavailable() -> str | None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    reason = _unavailable()
-    required = [name for name in ("GPT2DIST_REQUIRE_SLURM", "GPT2DIST_REQUIRE_NODES") if os.environ.get(name) == "1"]
-    if reason and required:
-        pytest.fail(f"{required[0]}=1 but {reason}")
-    if reason:
-        pytest.skip(reason)
+    require("GPT2DIST_REQUIRE_SLURM", "GPT2DIST_REQUIRE_NODES", missing=_unavailable())
     with emulated_nodes.emulated_nodes(2) as made:
         started = slurm_cluster.start(tmp_path_factory.mktemp("slurm2"), emulated=made)
         try:

@@ -31,13 +31,19 @@ def workdir(tmp_path) -> Path:
 
 
 def test_snakemake_produces_everything_then_does_nothing(finished_study):
-    for name in ("throughput", "speedup", "efficiency", "loss_deviation", "loss_vs_time", "memory", "epoch_time"):
+    for name in ("throughput", "speedup", "efficiency", "loss_deviation", "loss_vs_time", "memory", "epoch_time",
+                 "time_ledger"):
         for ext in ("png", "svg"):
             assert (finished_study / "results" / "figures" / f"{name}.{ext}").stat().st_size > 1000
     summary = json.loads((finished_study / "results" / "summary.json").read_text())
     assert summary["preset"] == "cpu" and set(summary["configs"]) == {"single-fp32-n1", "ddp-fp32-n2"}
     assert summary["configs"]["single-fp32-n1"]["speedup"] == pytest.approx(1.0)
     assert "| ddp " in (finished_study / "results" / "summary.md").read_text()
+    # every configuration's traced steps, split by where the time went, with ddp's all-reduce in it
+    assert "## Where the time goes" in (finished_study / "results" / "summary.md").read_text()
+    ddp = summary["configs"]["ddp-fp32-n2"]
+    assert ddp["ledger_comm_hidden_s"] + ddp["ledger_comm_exposed_s"] > 0 and ddp["traced_collective_bytes_per_step"] > 0
+    assert summary["configs"]["single-fp32-n1"]["ledger_comm_exposed_s"] == 0
     log = (finished_study / "logs" / "train" / "ddp-fp32-n2-r1.log").read_text()
     assert "\r" not in log and "step 8/8" in log  # readable lines in a log file, no progress bar
     again = run(["snakemake", "--cores", "2"], finished_study)
@@ -212,6 +218,19 @@ def test_dvc_repro_push_pull_exp_run_and_metrics_diff(workdir, tmp_path_factory)
     assert re.findall(r"^Running stage '([^'@]+)", run(["dvc", "repro"], clone).stdout, re.M) == ["plot", "report"]
     forced = job_counts(run(["snakemake", "-n", "figures", "--forcerun", "plot"], clone).stdout)
     assert forced == {"plot": 1, "report": 1, "figures": 1}, forced
+    # stages depend on the code they import, found by reading imports (no list kept by hand): a change to a
+    # module only training imports makes the selftests and runs stale, and one to config every stage
+    code = clone / "src" / "gpt2dist"
+    stops = (code / "training" / "stops.py").read_text()
+    (code / "training" / "stops.py").write_text(stops + "# a change to code only training runs\n")
+    stale = set(re.findall(r"^(\S+):", run(["dvc", "status"], clone).stdout, re.M))
+    assert stale == {"selftest@single-fp32-n1", "selftest@ddp-fp32-n2", "train@single-fp32-n1-r0",
+                     "train@ddp-fp32-n2-r0"}, stale
+    (code / "training" / "stops.py").write_text(stops)
+    with open(code / "config" / "schema.py", "a") as handle:
+        handle.write("# a change to code every stage runs\n")
+    stale = set(re.findall(r"^(\S+):", run(["dvc", "status"], clone).stdout, re.M))
+    assert stale >= {"prepare", "train@single-fp32-n1-r0", "train@ddp-fp32-n2-r0", "collect", "plot", "report"}, stale
 
     # a training key changes every configuration's selftest and run (collect follows them); not prepare
     params["presets"]["cpu"]["train"]["lr"] = 1e-3
@@ -223,14 +242,14 @@ def test_dvc_repro_push_pull_exp_run_and_metrics_diff(workdir, tmp_path_factory)
 
     # an experiment on a results key: collect and what follows re-run, no training
     before = json.loads((workdir / "results" / "summary.json").read_text())
-    exp = run(["dvc", "exp", "run", "-S", "presets.cpu.study.warmup_steps=1"], workdir).stdout
+    exp = run(["dvc", "exp", "run", "-S", "presets.cpu.study.excluded_steps=1"], workdir).stdout
     ran = re.findall(r"^Running stage '([^'@]+)", exp, re.M)
     assert ran == ["collect", "plot", "report"], exp
     after = json.loads((workdir / "results" / "summary.json").read_text())
     assert after["configs"]["ddp-fp32-n2"]["tokens_per_s"] != before["configs"]["ddp-fp32-n2"]["tokens_per_s"]
     diff = run(["dvc", "metrics", "diff", "--all"], workdir).stdout
     assert re.search(r"headline/ddp-fp32-n2.json\s+tokens_per_s", diff)
-    assert "presets.cpu.study.warmup_steps" in run(["dvc", "params", "diff"], workdir).stdout
+    assert "presets.cpu.study.excluded_steps" in run(["dvc", "params", "diff"], workdir).stdout
     shown = run(["dvc", "metrics", "show"], workdir).stdout.splitlines()  # one row per configuration
     assert len([line for line in shown if "headline/" in line]) == 2 and max(map(len, shown)) < 120, shown
     run(["dvc", "plots", "show", "--json"], workdir)

@@ -71,7 +71,8 @@ def test_the_two_node_study_runs_each_link_on_emulated_nodes(tmp_path):
     work = copy_workflow(tmp_path)
     planned = run(["snakemake", "-n", "-p", "--config", "preset=two-node-cpu"], work).stdout
     jobs = resources(planned)
-    assert len(jobs) == (1 + 3 + 3 * 3) * 3
+    repeats = yaml.safe_load((work / "params.yaml").read_text())["presets"]["cpu"]["study"]["repeats"]
+    assert len(jobs) == (1 + 3 + 3 * 3) * repeats  # two-node-cpu extends cpu: the reduced cpu's repeats hold
     command = re.search(r"gpt2dist train [^\n]*--out results/runs/fsdp-fp32-n2-2nodes-50mbit-r1 [^\n]*", planned)[0]
     assert "--nproc 2" in command and "--emulate-nodes 2 --link-mbit 50" in command
     assert "--emulate-nodes" not in re.search(r"gpt2dist train [^\n]*--out results/runs/ddp-fp32-n2-r0 [^\n]*",
@@ -108,7 +109,7 @@ def test_gpus_per_node_in_params_reaches_dvc_yaml_and_train_hosts(params_file, s
     assert json.loads((tmp_path / "cpu-run" / "spec.json").read_text())["device"] == "cpu"
 
 
-@pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU-only torch")
+@pytest.mark.skipif(torch.version.cuda is not None, reason="torch here is a CUDA build; the check is of a CPU-only one")
 def test_doctor_names_a_cpu_only_torch_for_a_gpu_study():
     result = gpt2dist("doctor", "--gpus", "8", "--preset", "paper", "--params", REPO / "params.yaml", check=False)
     assert result.returncode == 2

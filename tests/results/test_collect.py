@@ -8,13 +8,13 @@ import math
 import pandas as pd
 import pytest
 
-from gpt2dist.config import StudyConfig
+from gpt2dist.config.schema import StudyConfig
 from gpt2dist.pipeline.study import parse_run_id, plan_study
 from gpt2dist.results.collect import SUMMARISED, baseline_of, summarise
 from gpt2dist.results.disturbance import conditions_of, disturbance, foreign_share_while_steady
 from gpt2dist.results.findings import CONTRADICTED, NOISE, SUPPORTED, UNTESTABLE, check_claims
 from gpt2dist.results.link_model import predicted_vs_measured
-from gpt2dist.results.statistics import log_interval, paired_ratio, verdict
+from gpt2dist.results.statistics import log_interval, paired_ratio, ratio_text, verdict
 
 from conftest import REPO
 
@@ -104,14 +104,14 @@ def test_disturbance_names_every_reason_and_ignores_what_was_not_recorded():
     limits = StudyConfig(runs=[{"strategies": ["single"], "precisions": ["fp32"], "nproc": [1]}])
     steady = pd.DataFrame({"step_time_s": [0.10, 0.10, 0.11, 0.30, 0.10], "cpu_time_s": [0.1] * 5,
                            "clock_event_reasons": [0, 0, 0x40, 0, 0]})
-    record = {"conditions": {"foreign_cpu_share": [0.45, 0.45]}, "threads": {"torch": 2},
+    record = {"strategy": "single", "conditions": {"foreign_cpu_share": [0.45, 0.45]}, "threads": {"torch": 2},
               "placement": {"device": "cpu"}}
     measures = conditions_of(record, steady)
     assert measures["cpu_share"] == pytest.approx(0.5)
     why = disturbance(measures, limits)
     assert "other processes used 45%" in why and "rank 0 got 50%" in why and "GPU slowed itself" in why
     # an old record without conditions, steady steps: nothing to flag, nothing invented
-    quiet = conditions_of({"placement": {"device": "cpu"}}, steady.assign(step_time_s=0.1).drop(columns=[
+    quiet = conditions_of({"strategy": "single", "placement": {"device": "cpu"}}, steady.assign(step_time_s=0.1).drop(columns=[
         "cpu_time_s", "clock_event_reasons"]))
     assert disturbance(quiet, limits) == ""
 
@@ -226,3 +226,10 @@ def test_a_link_model_far_off_leaves_communication_unproven(study):
     wrong = runs.assign(comm_bytes_per_step=runs["comm_bytes_per_step"] * 3)  # the model predicts 3x the link time
     found = findings(wrong, study)["bai-sublinear-nodes"]
     assert found["verdict"] == NOISE and "worst error" in found["statistic"], found
+
+
+def test_ratios_without_an_interval_are_said_in_words():
+    assert ratio_text(1.78, 1.5, 2.1) == "1.78 (1.50 to 2.10)"
+    assert ratio_text(1.78, math.nan, math.nan) == "1.78 (one undisturbed pair, so no interval; run more repeats)"
+    assert ratio_text(math.nan, math.nan, math.nan) == ("not measured (no undisturbed pair of runs; re-run the "
+                                                        "disturbed ones)")

@@ -8,12 +8,17 @@ import re
 
 import pandas as pd
 import pytest
-
-from gpt2dist.config import choose_preset
-from gpt2dist.errors import UsageError
-from gpt2dist.results.link_model import INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S, predicted_vs_measured, projection
-
 from conftest import REPO
+
+from gpt2dist.config.presets import resolve_preset
+from gpt2dist.errors import UsageError
+from gpt2dist.results.link_model import (
+    INFINIBAND_BYTES_PER_S,
+    NVLINK_BYTES_PER_S,
+    predicted_vs_measured,
+    projection,
+)
+from gpt2dist.system.hardware import peak_flops
 
 
 def summary_row(config: str, strategy: str, nodes: int, link: float, step: float, sent: float) -> dict:
@@ -44,7 +49,7 @@ def test_a_study_without_emulated_nodes_has_an_empty_model():
 
 
 def test_projection_crosses_infiniband_only_between_nodes():
-    name, preset = choose_preset(REPO / "params.yaml", "bai2022", True, [])
+    name, preset = resolve_preset(REPO / "params.yaml", "bai2022")
     table = projection(name, preset, gpu="NVIDIA H100 80GB HBM3", precision="bf16", mfu=0.4, gpus_per_node=8,
                        node_counts=[1, 2, 4]).set_index(["strategy", "nodes"])
     ddp = table.loc["ddp"]
@@ -53,18 +58,28 @@ def test_projection_crosses_infiniband_only_between_nodes():
     assert (ddp["compute_ms"] == ddp.loc[1, "compute_ms"]).all()  # weak scaling: each GPU's work is the same
     assert ddp.loc[1, "scaling_efficiency"] > ddp.loc[2, "scaling_efficiency"] > ddp.loc[4, "scaling_efficiency"]
     assert (table.loc["fsdp", "communication_ms"] > ddp["communication_ms"]).all()  # gathers in forward and backward
-    assert set(table["note"]) == {"projection"}
+    assert set(table.loc[["ddp", "horovod", "fsdp"], "note"]) == {"projection"}
+    assert table.loc["apex-ddp", "note"].str.startswith("not projected: strategy 'apex-ddp' pairs with Apex amp").all()
 
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"gpu": "a toaster"}, "no peak FLOP/s known for GPU 'a toaster'"),
     ({"mfu": 1.5}, "--mfu is a fraction of the peak in (0, 1], got 1.5"),
+    ({"precision": "fp64"}, "--precision 'fp64' is not one of fp32, tf32, bf16"),
+    ({"gpus_per_node": 0}, "--gpus-per-node and --nodes count at least 1, got 0 GPUs per node"),
+    ({"node_counts": [1, 0]}, "--gpus-per-node and --nodes count at least 1, got 8 GPUs per node and nodes 1,0"),
 ])
 def test_projection_refuses_what_it_cannot_know(kwargs, message):
-    name, preset = choose_preset(REPO / "params.yaml", "bai2022", True, [])
+    name, preset = resolve_preset(REPO / "params.yaml", "bai2022")
     settings = {"gpu": "H100", "precision": "bf16", "mfu": 0.4, "gpus_per_node": 8, "node_counts": [1]} | kwargs
     with pytest.raises(UsageError, match=re.escape(message)):
         projection(name, preset, **settings)
+
+
+def test_gpu_names_match_in_any_case():
+    assert peak_flops("a100", "bf16") == peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    assert peak_flops("h100 pcie", "bf16") == 756e12  # the longest fragment still wins
+    assert peak_flops("a toaster", "bf16") is None
 
 
 def test_project_scaling_prints_a_labelled_projection():
@@ -72,7 +87,7 @@ def test_project_scaling_prints_a_labelled_projection():
 
     shown = gpt2dist("project-scaling", "--params", REPO / "params.yaml", "--preset", "patwardhan2024", "--nodes", "1,2")
     assert shown.stdout.startswith("Projection (not a measurement) of preset patwardhan2024: H100 bf16")
-    assert shown.stdout.count("| projection |") == 6  # ddp, horovod, fsdp at 1 and 2 nodes
+    assert len(re.findall(r"\| projection +\|", shown.stdout)) == 6  # ddp, horovod, fsdp at 1 and 2 nodes
     wrong = gpt2dist("project-scaling", "--params", REPO / "params.yaml", "--nodes", "one,two", check=False)
     assert wrong.returncode == 2
     assert wrong.stderr.strip() == "error: --nodes 'one,two' is not a comma-separated list of node counts, e.g. 1,2,4,8"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpt2dist.config import PRECISIONS
+from gpt2dist.config.schema import PRECISIONS
 from gpt2dist.system.hardware import COMPUTE_DTYPE, PEAK_FLOPS, gpu_peaks, mfu, peak_flops
 
 # torch.cuda.get_device_name() strings as the drivers report them, and the datasheet column each is.

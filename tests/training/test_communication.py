@@ -13,8 +13,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_equivalence import _free_port
 
-from gpt2dist.config import ModelConfig, RunSpec, TrainConfig
-from gpt2dist.training.communication import parameter_count, split_parameter_count, traffic
+from gpt2dist.config.schema import ModelConfig, RunSpec, TrainConfig
+from gpt2dist.config.sizes import parameter_count, split_parameter_count
+from gpt2dist.config.strategies import traffic
 from gpt2dist.training.model import TokenLoss, build_model, lm_loss
 from gpt2dist.training.strategies.tensor_parallel import shard_blocks
 
@@ -73,7 +74,7 @@ def _count_rank(rank: int, port: int, results) -> None:
         model = build_model(MODEL, seed=0, eos_id=0)
         shard_blocks(model, init_device_mesh("cpu", (2,)))
         with CommDebugMode() as comm:
-            model(input_ids=inputs).logits.sum().backward()
+            lm_loss(TokenLoss(model, contextlib.nullcontext), inputs, inputs).backward()
         if rank == 0:
             results.put((sum(sent), comm.get_total_counts()))
     finally:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt2dist.config import ModelConfig
+from gpt2dist.config.schema import ModelConfig
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer
 from gpt2dist.training.model import TokenLoss, build_model, lm_loss, mean_loss
@@ -26,10 +26,11 @@ def dp_trainer(shards, params_file, out, precision: str) -> Trainer:
     return Trainer(spec, REGISTRY["dp"](spec))
 
 
-def record_logit_dtypes(model: torch.nn.Module) -> list[torch.dtype]:
-    """Logits dtypes seen by every forward of `model` (also of its DataParallel replicas, which share hooks)."""
+def record_matmul_dtypes(model: torch.nn.Module) -> list[torch.dtype]:
+    """Dtypes of the last block's last matrix product in every forward of `model` (also of its DataParallel
+    replicas, which share hooks): what autocast made of the replica's linear layers."""
     seen = []
-    model.register_forward_hook(lambda module, args, output: seen.append(output[0].dtype))
+    model.transformer.h[-1].mlp.c_proj.register_forward_hook(lambda module, args, output: seen.append(output.dtype))
     return seen
 
 
@@ -38,7 +39,7 @@ def test_dp_replica_computes_in_the_configured_dtype(precision, shards, params_f
     # fp16 as well as bf16: a replica that fell back to autocast's default dtype fails one of the two
     trainer = dp_trainer(shards, params_file, tmp_path, precision)
     assert isinstance(trainer.loss, torch.nn.DataParallel)
-    seen = record_logit_dtypes(trainer.model)
+    seen = record_matmul_dtypes(trainer.model)
     assert not torch.is_autocast_enabled("cpu")  # the loop enters no autocast around the replica
     line = trainer.train_step(0)
     assert seen == [DTYPES[precision]] * trainer.spec.grad_accum_steps
@@ -50,7 +51,8 @@ def test_loss_module_gathers_only_sums_and_counts(shards, params_file, tmp_path)
     inputs, targets = next(trainer.train_batches.micro_batches(0, 0, 1, trainer.rows))
     sums, counts = trainer.loss(inputs, targets)
     assert sums.shape == counts.shape == (1,) and counts.item() == targets.numel()
-    logits = trainer.model(input_ids=inputs, return_dict=False)[0]
+    hidden = trainer.model(inputs)
+    logits = hidden @ trainer.model.transformer.wte.weight.T
     textbook = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
     assert lm_loss(trainer.loss, inputs, targets).item() == pytest.approx(textbook.item(), rel=1e-6)
 

@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gpt2dist.config import RunSpec
+from gpt2dist.config.schema import RunSpec
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.batches import BatchSampler
 from gpt2dist.training.loop import Trainer
+from gpt2dist.launch.commands import horovodrun_bin
 from gpt2dist.training.strategies.ddp import DDP
+from gpt2dist.training.strategies.fsdp import FSDP
 
-from conftest import final_params, gpt2dist, read_metrics, run_record, train_args
+from conftest import REPO, final_params, gpt2dist, read_metrics, run_record, train_args
 
 RTOL = 1e-5  # per-step loss and grad norm, relative
 ATOL_PARAMS = 1e-5  # final parameters, absolute
@@ -108,6 +112,48 @@ class SummingDDP(DDP):
         return wrapped, optimizer
 
 
+class SummingFSDP(FSDP):
+    """FSDP2 told to divide reduced gradients by 1: every shard's gradient is the ranks' sum."""
+
+    def prepare(self, model, make_optimizer, precision):
+        wrapped, optimizer = super().prepare(model, make_optimizer, precision)
+        for module in wrapped.modules():
+            if hasattr(module, "set_gradient_divide_factor"):
+                module.set_gradient_divide_factor(1.0)
+        return wrapped, optimizer
+
+
+# Horovod's ranks need horovodrun's rendezvous, so its faulty subclass runs in a script horovodrun starts.
+SUMMING_HOROVOD = """
+import sys
+from gpt2dist.config.schema import RunSpec
+from gpt2dist.training.loop import Trainer
+from gpt2dist.training.strategies.horovod import Horovod
+
+class SummingHorovod(Horovod):
+    def wrap_optimizer(self, model, optimizer):
+        return self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             backward_passes_per_step=self.spec.grad_accum_steps, op=self.hvd.Sum)
+
+spec = RunSpec.model_validate_json(open(sys.argv[1]).read())
+strategy = SummingHorovod(spec)
+try:
+    Trainer(spec, strategy).run()
+finally:
+    strategy.teardown()
+"""
+
+
+def train_horovod_with_summed_gradients(shards, params_file, out) -> None:
+    spec = build_spec(data=shards, out=out, strategy="horovod", precision="fp32", nproc=2, params=params_file,
+                      preset=None, overrides=[])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fault.json").write_text(spec.model_dump_json())
+    (out / "fault.py").write_text(SUMMING_HOROVOD)
+    subprocess.run([horovodrun_bin(), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, out / "fault.py",
+                    out / "fault.json"], check=True, timeout=300, cwd=REPO)
+
+
 def _rank_with_fault(rank: int, spec_json: str, port: int, strategy_class, inject) -> None:
     """One of 2 ranks, in a process of its own: `inject()` plants the fault, then the loop trains."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
@@ -142,16 +188,23 @@ def _every_rank_reads_rank_0s_rows() -> None:
     BatchSampler.micro_batches = lambda self, step, _rank, world, rows: original(self, step, 0, world, rows)
 
 
-@pytest.mark.parametrize("fault", ["summed-gradients", "same-data"])
+FAULTS = {
+    "summed-gradients": lambda shards, params, out: train_with_fault(SummingDDP, shards, params, out),
+    "same-data": lambda shards, params, out: train_with_fault(DDP, shards, params, out,
+                                                              inject=_every_rank_reads_rank_0s_rows),
+    "fsdp-summed-gradients": lambda shards, params, out: train_with_fault(SummingFSDP, shards, params, out),
+    "horovod-summed-gradients": train_horovod_with_summed_gradients,
+}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("fault", FAULTS)
 def test_comparison_catches_injected_fault(fault, reference, shards, params_file, tmp_path):
-    if fault == "summed-gradients":
-        train_with_fault(SummingDDP, shards, params_file, tmp_path)
-    else:
-        train_with_fault(DDP, shards, params_file, tmp_path, inject=_every_rank_reads_rank_0s_rows)
+    FAULTS[fault](shards, params_file, tmp_path)
     with pytest.raises(AssertionError):
         assert_follows_reference(reference, tmp_path)
     first_ref, first_run = read_metrics(reference)[0], read_metrics(tmp_path)[0]
-    if fault == "summed-gradients":  # same weights at step 0: exactly twice the averaged norm
+    if fault.endswith("summed-gradients"):  # same weights at step 0: exactly twice the averaged norm
         assert first_run["grad_norm"] / first_ref["grad_norm"] == pytest.approx(2.0, rel=1e-4)
     else:  # half the batch seen twice: the step-0 loss is another sample's loss
         assert first_run["loss"] != pytest.approx(first_ref["loss"], rel=1e-4)

@@ -6,6 +6,7 @@ Skipped without CUDA; combinations the study itself refuses are skipped with its
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,8 @@ import pytest
 import torch
 from test_equivalence import assert_follows_reference
 
-from gpt2dist.config import PRECISIONS, STRATEGIES, ModelConfig, RunSpec, TrainConfig, check_combination
+from gpt2dist.config.schema import PRECISIONS, ModelConfig, RunSpec, TrainConfig
+from gpt2dist.config.strategies import STRATEGY_NAMES, check_run
 from gpt2dist.errors import UsageError
 
 from conftest import REPO, TINY_PRESET, gpt2dist, gpu, read_metrics, run_record, train_args
@@ -34,7 +36,7 @@ def refusal(strategy: str, precision: str, nproc: int) -> str | None:
                    device="cuda", model=ModelConfig(**TINY_PRESET["model"]),
                    train=TrainConfig(**{**TINY_PRESET["train"], "micro_batch_size": 1}))
     try:
-        check_combination(spec, GPUS)
+        check_run(spec, GPUS)
     except UsageError as exc:
         return str(exc)
     if (precision.startswith("apex") or strategy == "apex-ddp") and importlib.util.find_spec("apex") is None:
@@ -42,7 +44,7 @@ def refusal(strategy: str, precision: str, nproc: int) -> str | None:
     return None
 
 
-MATRIX = [(s, p, n) for s in STRATEGIES for p in PRECISIONS for n in sorted({1, max(GPUS, 1)})]
+MATRIX = [(s, p, n) for s in STRATEGY_NAMES for p in PRECISIONS for n in sorted({1, max(GPUS, 1)})]
 
 
 @pytest.mark.timeout(600)
@@ -85,7 +87,7 @@ def test_fsdp_tp_on_four_gpus_follows_single_in_fp32(gpu_reference, shards, para
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
 def test_every_strategy_resumes_on_gpu(strategy, gpu_reference, shards, params_file, tmp_path):
     nproc = {"single": 1, "fsdp-tp": 4}.get(strategy, min(GPUS, 2))
     reason = refusal(strategy, "fp32", nproc)
@@ -105,7 +107,10 @@ def test_every_strategy_resumes_on_gpu(strategy, gpu_reference, shards, params_f
 
 @pytest.mark.timeout(900)
 def test_mfu_benchmark_runs():
-    out = subprocess.run([sys.executable, "bench/mfu.py", "--steps", "5", "--warmup", "3", "--set",
+    """The engine and the bare loop both measured, each with an MFU that is a share of the peak, and their ratio."""
+    out = subprocess.run([sys.executable, "bench/mfu.py", "--rounds", "2", "--steps", "3", "--warmup", "3", "--set",
                           "train.micro_batch_size=4"], cwd=REPO, capture_output=True, text=True, timeout=850)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "MFU" in out.stdout and "tokens/s" in out.stdout
+    shares = [float(x) for x in re.findall(r"MFU (\d+\.\d)%", out.stdout)]
+    assert len(shares) == 2 and all(0 < x < 100 for x in shares), out.stdout
+    assert re.search(r"engine/bare loop = \d\.\d{3} \(95% interval", out.stdout), out.stdout

@@ -2,9 +2,10 @@
 
 import torch
 
-from gpt2dist.config import ModelConfig, TrainConfig
+from gpt2dist.config.schema import ModelConfig, TrainConfig
+from gpt2dist.config.sizes import flops_per_token, non_embedding_params
 from gpt2dist.training.loop import lr_at
-from gpt2dist.training.model import build_model, flops_per_token, non_embedding_params
+from gpt2dist.training.model import build_model
 
 from conftest import TINY_PRESET
 
@@ -31,6 +32,6 @@ def test_seeded_init_is_identical():
 
 
 def test_lr_schedule_warmup_then_cosine():
-    cfg = TrainConfig(**{**TINY_PRESET["train"], "max_steps": 110, "warmup_steps": 10, "lr": 1.0, "min_lr": 0.1})
+    cfg = TrainConfig(**{**TINY_PRESET["train"], "max_steps": 110, "lr_warmup_steps": 10, "lr": 1.0, "min_lr": 0.1})
     assert lr_at(0, cfg) == 0.1 and lr_at(9, cfg) == 1.0
     assert lr_at(10, cfg) == 1.0 and abs(lr_at(60, cfg) - 0.55) < 1e-12 and lr_at(110, cfg) == 0.1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -14,7 +15,12 @@ import psutil
 import pytest
 import torch
 
-from conftest import final_params, gpt2dist, read_metrics, run_record, train_args
+from gpt2dist.launch.runner import build_spec
+from gpt2dist.training.batches import BatchSampler
+from gpt2dist.training.loop import Trainer
+from gpt2dist.training.loop import run as train
+
+from conftest import final_params, gpt2dist, rank_report, read_metrics, run_record, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +79,41 @@ def _start(args):
 
 
 RESUME_STEPS = 12
+RESUME_EXTRA = ["--max-steps", str(RESUME_STEPS), "--set", "train.checkpoint_interval=2"]
+
+
+def kill_point(case: str) -> int:
+    """The checkpoint after which the case's run is killed: drawn over the run, seeded by the case's name so
+    a failure repeats, and printed so the log says which."""
+    step = random.Random(case).randrange(2, RESUME_STEPS, 2)
+    print(f"{case}: killed once the checkpoint of step {step} exists")
+    return step
+
+
+def kill_after_checkpoint(args, out, step: int) -> None:
+    proc = _start(args)
+    deadline = time.monotonic() + 120
+    while not checkpoint_at_least(out, step) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _kill_tree(proc)
+    # "running" if every process died at once; "interrupted" if a rank outlived the snapshot of the
+    # family, saw its launcher die and stopped cleanly. Either way the run did not finish.
+    assert run_record(out)["status"] in ("running", "interrupted"), "the run finished before it could be killed"
+
+
+def checkpoint_at_least(out, step: int) -> bool:
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return rank_report(out).get("checkpoint_step", 0) >= step
+    return False
+
+
+def assert_resumed_exactly(resumed_dir, whole_dir) -> None:
+    """Bitwise: every step's loss and the final parameters equal the uninterrupted run's."""
+    resumed, uninterrupted = read_metrics(resumed_dir), read_metrics(whole_dir)
+    assert [line["step"] for line in resumed] == list(range(RESUME_STEPS))
+    assert [line["loss"] for line in resumed] == [line["loss"] for line in uninterrupted]
+    a, b = final_params(resumed_dir), final_params(whole_dir)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.timeout(420)
@@ -82,28 +123,60 @@ RESUME_STEPS = 12
 ])
 def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision, shards, params_file, tmp_path):
     """Bitwise: data order and dropout are seeded per step, so a resumed run repeats the uninterrupted one."""
-    extra = ["--max-steps", str(RESUME_STEPS), "--set", "train.checkpoint_interval=4"]
     args = dict(nproc=nproc, precision=precision)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    gpt2dist(*train_args(shards, params_file, whole, strategy, *extra, **args))
-
-    proc = _start(train_args(shards, params_file, killed, strategy, *extra, **args))
-    deadline = time.monotonic() + 120
-    while not (killed / "checkpoint.pt").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    _kill_tree(proc)
-    # "running" if every process died at once; "interrupted" if a rank outlived the snapshot of the
-    # family, saw its launcher die and stopped cleanly. Either way the run did not finish.
-    assert run_record(killed)["status"] in ("running", "interrupted"), "the run finished before it could be killed"
-
-    gpt2dist(*train_args(shards, params_file, killed, strategy, *extra, **args))
+    gpt2dist(*train_args(shards, params_file, whole, strategy, *RESUME_EXTRA, **args))
+    kill_after_checkpoint(train_args(shards, params_file, killed, strategy, *RESUME_EXTRA, **args), killed,
+                          kill_point(f"{strategy}-{nproc}-{precision}"))
+    gpt2dist(*train_args(shards, params_file, killed, strategy, *RESUME_EXTRA, **args))
     record = run_record(killed)
     assert record["status"] == "completed" and 0 < record["resumed_from_step"] < RESUME_STEPS
-    resumed, uninterrupted = read_metrics(killed), read_metrics(whole)
-    assert [line["step"] for line in resumed] == list(range(RESUME_STEPS))
-    assert [line["loss"] for line in resumed] == [line["loss"] for line in uninterrupted]
-    a, b = final_params(killed), final_params(whole)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_resumed_exactly(killed, whole)
+
+
+def _optimizer_state_dropped(monkeypatch):
+    resume = Trainer.resume
+
+    def forgetful(self):
+        started = resume(self)
+        self.optimizer.state.clear()  # AdamW's moments start again from zero
+        return started
+
+    monkeypatch.setattr(Trainer, "resume", forgetful)
+
+
+def _step_off_by_one(monkeypatch):
+    resume = Trainer.resume
+    monkeypatch.setattr(Trainer, "resume", lambda self: (lambda step, lines: (step - 1, lines[:-1]))(*resume(self)))
+
+
+def _data_order_restarted(monkeypatch):
+    micro_batches = BatchSampler.micro_batches
+    monkeypatch.setattr(BatchSampler, "micro_batches",
+                        lambda self, step, rank, world, rows: micro_batches(self, step % 2, rank, world, rows))
+
+
+BROKEN_RESTORES = {"none": lambda monkeypatch: None, "optimizer-state-dropped": _optimizer_state_dropped, "step-off-by-one": _step_off_by_one,
+                   "data-order-restarted": _data_order_restarted}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("broken", BROKEN_RESTORES)
+def test_the_bitwise_check_catches_a_broken_restore(broken, shards, params_file, tmp_path, monkeypatch):
+    """The control for the resume test: the same kill, then a resume with one classic fault planted (in this
+    process, so the fault lives in the code that resumes), must leave the uninterrupted run."""
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    gpt2dist(*train_args(shards, params_file, whole, "single", *RESUME_EXTRA))
+    kill_after_checkpoint(train_args(shards, params_file, killed, "single", *RESUME_EXTRA), killed, 4)
+    BROKEN_RESTORES[broken](monkeypatch)
+    spec = build_spec(data=shards, out=killed, strategy="single", precision="fp32", nproc=1, params=params_file,
+                      preset=None, overrides=["train.max_steps=12", "train.checkpoint_interval=2"])
+    train(spec)
+    if broken == "none":  # the same resume without a fault is exact: what fails below is the fault
+        assert_resumed_exactly(killed, whole)
+        return
+    with pytest.raises(AssertionError):
+        assert_resumed_exactly(killed, whole)
 
 
 @pytest.mark.timeout(300)

@@ -16,7 +16,7 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpt2dist.config import DataConfig, EmbeddedSource, FilesSource, HFSource
+from gpt2dist.config.schema import DataConfig, EmbeddedSource, FilesSource, HFSource
 from gpt2dist.errors import UsageError
 
 Document = tuple[str, str]  # (split, text)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gpt2dist.config import DataConfig
+from gpt2dist.config.schema import DataConfig
 from gpt2dist.data.corpus import Document, describe_source, documents
 from gpt2dist.data.shards import SPLITS, ShardWriter, sha256_file
 from gpt2dist.data.tokenizer import load_tokenizer

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from gpt2dist.config import TokenizerConfig
+from gpt2dist.config.schema import TokenizerConfig
 from gpt2dist.data.encoding import EOS, GPT2Encoder, TokenizersEncoder
 from gpt2dist.data.shards import sha256_file
 from gpt2dist.errors import UsageError

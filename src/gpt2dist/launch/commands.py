@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt2dist.config import DEFAULT_PORT
+from gpt2dist.config.schema import DEFAULT_PORT
+from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
@@ -37,6 +38,11 @@ def parse_hosts(text: str) -> list[Host]:
     if not hosts:
         raise UsageError("--hosts is empty; give HOST:SLOTS entries, e.g. node1:8,node2:8")
     return hosts
+
+
+def multi_process() -> list[str]:
+    """The strategies whose ranks are processes of their own, which can spread over machines."""
+    return [name for name, d in STRATEGIES.items() if not d.one_process]
 
 
 def worker_args(spec_path: Path, python: str = sys.executable) -> list[str]:
@@ -92,7 +98,7 @@ def multinode_commands(launcher: str, hosts: list[Host], spec_path: Path, *, por
                 f"python -m gpt2dist.launch.worker {spec}"
             ),
         }
-    raise UsageError(f"strategy runs in one process ({launcher}); --hosts needs ddp, fsdp or horovod")
+    raise UsageError(f"strategy runs in one process ({launcher}); --hosts needs one of {', '.join(multi_process())}")
 
 
 def runnable(command: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Run a multi-node launch on nodes emulated on this machine (system.emulated_nodes): the same
+"""Run a multi-node launch on nodes emulated on this machine (launch.emulated_nodes): the same
 commands `gpt2dist train --hosts` prints for real machines, started on each emulated node, over
 links of a chosen bandwidth. What crossed each node's link is counted and kept in run.json."""
 
@@ -8,10 +8,10 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt2dist.config import LAUNCHERS, RunSpec
+from gpt2dist.config.schema import RunSpec
 from gpt2dist.errors import UsageError
 from gpt2dist.launch import commands, lifetime
-from gpt2dist.system import emulated_nodes
+from gpt2dist.launch import emulated_nodes
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,7 @@ class Emulation:
         reason = emulated_nodes.unavailable()
         if reason:
             raise UsageError(f"--emulate-nodes: {reason}")
-        launcher = LAUNCHERS[spec.strategy]
-        if launcher not in ("torchrun", "horovodrun"):
+        if spec.description.one_process:
             raise UsageError(f"--emulate-nodes needs a multi-process strategy; {spec.strategy} runs in one process")
         if self.nodes < 2 or spec.nproc % self.nodes:
             raise UsageError(f"--emulate-nodes {self.nodes} must be 2 or more and divide --nproc {spec.nproc}")
@@ -34,7 +33,7 @@ class Emulation:
 def run(spec: RunSpec, emulation: Emulation) -> tuple[int, int | None, dict]:
     """Start the run's ranks on `emulation.nodes` emulated nodes; return the launchers' exit code, the
     stop signal forwarded to them (if any) and what run.json records of the nodes."""
-    launcher = LAUNCHERS[spec.strategy]
+    launcher = spec.description.launcher
     out = Path(spec.out_dir)
     with contextlib.ExitStack() as stack:
         made = stack.enter_context(emulated_nodes.emulated_nodes(emulation.nodes, emulation.link_mbit))

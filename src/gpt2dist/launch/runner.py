@@ -1,43 +1,37 @@
-"""Plan and start one training run from the command line's choices: resolve the RunSpec,
-check it, then train in this process or hand it to the strategy's launcher."""
+"""Plan and start one training run from the command line's choices: resolve the RunSpec, check it,
+then run its ranks in one of four ways (in this process, a local launcher, emulated nodes, or srun in a
+SLURM job), and write the run's record (run.json), whose one writer this process is."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
 import shutil
-import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from gpt2dist.config import (
-    LAUNCHERS,
-    PRECISIONS,
-    STRATEGIES,
-    Preset,
-    RunSpec,
-    check_combination,
-    choose_preset,
-    write_spec,
-)
+from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.schema import PRECISIONS, RunSpec, write_spec
+from gpt2dist.config.strategies import STRATEGY_NAMES, check_run, describe
 from gpt2dist.errors import Interrupted, UsageError
-from gpt2dist.io import atomic_write_json
 from gpt2dist.launch import commands, emulated, lifetime, locks, slurm
 from gpt2dist.logs import setup_logging
 from gpt2dist.system.allocation import Allocation, job_allocation
 from gpt2dist.system.conditions import LoadMonitor, wait_for_quiet
 from gpt2dist.training import preflight
 from gpt2dist.training.metrics import now_iso
+from gpt2dist.training.run_record import (
+    Outcome,
+    finish_record,
+    new_attempt,
+    start_record,
+)
 
 log = logging.getLogger(__name__)
-
-
-def chosen_preset(params: Path, preset: str | None, overrides: list[str]) -> tuple[str, Preset]:
-    return choose_preset(params, preset, torch.cuda.is_available(), overrides)
 
 
 def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
@@ -50,19 +44,19 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
                preset: str | None, overrides: list[str], check_devices: bool = True,
                device: str | None = None, keep_checkpoint: bool = True, stale_checkpoint: str = "fail") -> RunSpec:
     """The validated RunSpec; `device` defaults to what this machine has (cuda when visible)."""
-    _choice(strategy, STRATEGIES, "--strategy")
+    _choice(strategy, STRATEGY_NAMES, "--strategy")
     _choice(precision, PRECISIONS, "--precision")
     _choice(stale_checkpoint, ("fail", "restart"), "--stale-checkpoint")
     if nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {nproc}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    name, chosen = choose_preset(params, preset, device == "cuda", overrides)
+    name, chosen = resolve_preset(params, preset, cuda=device == "cuda", overrides=overrides)
     spec = RunSpec(data_dir=str(Path(data).resolve()), out_dir=str(Path(out).resolve()), preset=name,
                    strategy=strategy, precision=precision, nproc=nproc, device=device, model=chosen.model,
                    train=chosen.train, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint)
     preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
     if check_devices:
-        check_combination(spec, torch.cuda.device_count())
+        check_run(spec, torch.cuda.device_count())
     return spec
 
 
@@ -70,26 +64,19 @@ def print_multinode(spec: RunSpec, hosts: list[commands.Host]) -> list[str]:
     """Write the spec and return the commands that start it on several machines."""
     out = Path(spec.out_dir)
     write_spec(spec, out / "spec.json")
-    lines = commands.multinode_commands(LAUNCHERS[spec.strategy], hosts, out / "spec.json", run_id=out.name,
+    lines = commands.multinode_commands(spec.description.launcher, hosts, out / "spec.json", run_id=out.name,
                                           cuda=spec.device == "cuda")
     return [f"# on {where}\n{command}" for where, command in lines.items()]
+
+
+Launch = Callable[[RunSpec], Outcome]
 
 
 def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulation | None = None) -> str | None:
     """Verify the data, then run (a failure raises). Returns the launcher command line, if one is used."""
     preflight.check_data(spec)
     out = Path(spec.out_dir)
-    launcher = LAUNCHERS[spec.strategy]
-    if emulation is not None:
-        emulation.check(spec)
-        command, allocation = None, None
-        shown = f"{launcher} on {emulation.nodes} emulated nodes"
-    else:
-        # without srun (an image run by `snakemake --sdm apptainer` has no SLURM commands) the
-        # ranks start on this node with its own launcher
-        allocation = job_allocation() if shutil.which("srun") else None
-        command = _command(spec, launcher, out, allocation)
-        shown = " ".join(command) if command else f"(in this process) {spec.strategy}"
+    launch, shown = _launch_mode(spec, emulation)
     if print_only:
         write_spec(spec, out / "spec.json")
         return shown
@@ -97,86 +84,84 @@ def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulat
     # a selftest's checks measure nothing: they need not wait for the machine to calm down
     measured = not locks.held_by_parent()
     with locks.own_run_directory(out), locks.hold_the_machine():
+        spec = spec.model_copy(update={"attempt": new_attempt()})
         write_spec(spec, out / "spec.json")
         quiet_after_s = wait_for_quiet() if measured else 0.0
-        started = now_iso()
+        launched_at = now_iso()
+        start_record(spec, launched_at=launched_at, command_line=shlex.join(sys.argv), launch_command=shown)
         monitor = LoadMonitor(out / "spec.json")
-        nodes_record = None
+        outcome = Outcome(exit_code=1)  # what an exception out of the launch leaves in the record
         try:
             with monitor:
-                if emulation is not None:
+                if launch is not _in_process:
                     log.info("starting the ranks: %s", shown)
-                    code, stopped_by, nodes_record = emulated.run(spec, emulation)
-                elif command is None:
-                    _train_here(spec, started)
-                    return None
-                else:
-                    log.info("starting the ranks: %s", shown)
-                    several_nodes = allocation is not None and len(allocation.nodes) > 1
-                    ranks_here = allocation.ranks_per_node if several_nodes else spec.nproc
-                    code, stopped_by = lifetime.run_launchers([command], commands.launch_env(ranks_here))
+                outcome = launch(spec)
         finally:  # whatever the outcome, the record says how busy the machine was meanwhile
-            extra = {"emulated_nodes": nodes_record} if nodes_record else {}
-            _add_to_record(out, started, conditions={**monitor.summary(), "waited_for_quiet_s": round(quiet_after_s, 1)},
-                           launched_at=started,
-                           command_line=shlex.join(sys.argv), launch_command=shown, **extra)
-        if stopped_by is not None:
-            _stop(out, stopped_by, started)
-            return shown  # the signal came after the last step
-        if code:
-            _mark_failed(out, code, started)
-            raise UsageError(f"training failed ({launcher} exited with {code}); the ranks' messages are above")
-    return shown
+            record = finish_record(spec, outcome, launched_at=launched_at, command_line=shlex.join(sys.argv),
+                                   launch_command=shown, conditions={**monitor.summary(),
+                                                                     "waited_for_quiet_s": round(quiet_after_s, 1)})
+    if record["status"] == "interrupted":
+        where = (f" at step {record['interrupted_at_step']}" if "interrupted_at_step" in record
+                 else "" if "started_at" in record else " before training started")
+        resume = (f"re-run the same command to resume from step {record['checkpoint_step']}"
+                  if "checkpoint_step" in record else "re-run the same command")
+        raise Interrupted(outcome.stopped_by, f"interrupted by {record['signal']}{where}; {resume}")
+    if record["status"] == "failed":
+        raise UsageError(f"training failed ({describe(spec.strategy).launcher} exited with {outcome.exit_code}); "
+                         "the ranks' messages are above")
+    return None if launch is _in_process else shown
 
 
-def _add_to_record(out: Path, started: str, **fields) -> None:
-    """Merge `fields` into this run's run.json (not a record left by an earlier run)."""
-    record_path = out / "run.json"
-    record = json.loads(record_path.read_text()) if record_path.exists() else None
-    if record is not None and record["started_at"] >= started:
-        atomic_write_json(record_path, record | fields)
-
-
-def _train_here(spec: RunSpec, started: str) -> None:
-    from gpt2dist.training import loop  # here: a launcher of other processes never loads the strategies
-
-    lifetime.stop_on_signals()
-    try:
-        loop.run(spec)
-    except Interrupted as stop:
-        _stop(Path(spec.out_dir), stop.signum, started)
-    except Exception:
-        _mark_failed(Path(spec.out_dir), 1, started)
-        raise
-
-
-def _command(spec: RunSpec, launcher: str, out: Path, allocation: Allocation | None) -> list[str] | None:
-    """srun inside a SLURM job that holds the ranks as tasks or nodes; else the local launcher."""
+def _launch_mode(spec: RunSpec, emulation: emulated.Emulation | None) -> tuple[Launch, str]:
+    """How this run's ranks start, and the line that says so."""
+    launcher = spec.description.launcher
+    out = Path(spec.out_dir)
+    if emulation is not None:
+        emulation.check(spec)
+        return (lambda s: _on_emulated_nodes(s, emulation)), f"{launcher} on {emulation.nodes} emulated nodes"
+    # without srun (an image run by `snakemake --sdm apptainer` has no SLURM commands) the
+    # ranks start on this node with its own launcher
+    allocation = job_allocation() if shutil.which("srun") else None
     if allocation is not None:
         # GPT2DIST_IMAGE: run every task inside this image (when the job itself runs on the host)
         command = slurm.launch_command(launcher, spec.nproc, allocation, out / "spec.json",
                                        image=os.environ.get("GPT2DIST_IMAGE"), run_id=out.name)
         if command is not None:
-            return command
-    return commands.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
+            return (lambda s: _with_srun(s, command, allocation)), " ".join(command)
+    command = commands.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
+    if command is None:
+        return _in_process, f"(in this process) {spec.strategy}"
+    return (lambda s: _with_local_launcher(s, command)), " ".join(command)
 
 
-def _stop(out: Path, signum: int, started: str) -> None:
-    """End an interrupted run: run.json says so, with the signal this process got (ranks may have seen
-    the SIGTERM their launcher turned it into, or been too blocked to write at all)."""
-    name = signal.Signals(signum).name
-    record_path = out / "run.json"
-    record = json.loads(record_path.read_text()) if record_path.exists() else None
-    if record is None or record["started_at"] < started:  # no rank got as far as writing this run's record
-        raise Interrupted(signum, f"interrupted by {name} before training started; re-run the same command")
-    if record["status"] == "completed":
-        return  # the signal came after the last step
-    record.update(status="interrupted", signal=name, finished_at=record.get("finished_at") or now_iso())
-    atomic_write_json(record_path, record)
-    where = f" at step {record['interrupted_at_step']}" if "interrupted_at_step" in record else ""
-    raise Interrupted(signum, f"interrupted by {name}{where}; re-run the same command to resume from step "
-                              f"{record['checkpoint_step']}")
+def _in_process(spec: RunSpec) -> Outcome:
+    """single and dp: this process is the one rank."""
+    from gpt2dist.training import (
+        loop,  # here: a launcher of other processes never loads the strategies
+    )
+
+    lifetime.stop_on_signals()
+    try:
+        loop.run(spec)
+    except Interrupted as stop:
+        return Outcome(stopped_by=stop.signum)
+    return Outcome()
 
 
-def _mark_failed(out: Path, code: int, started: str) -> None:
-    _add_to_record(out, started, status="failed", exit_code=code)
+def _with_local_launcher(spec: RunSpec, command: list[str]) -> Outcome:
+    """torchrun or horovodrun on this machine."""
+    code, stopped_by = lifetime.run_launchers([command], commands.launch_env(spec.nproc))
+    return Outcome(code, stopped_by)
+
+
+def _with_srun(spec: RunSpec, command: list[str], allocation: Allocation) -> Outcome:
+    """srun inside a SLURM job that holds the ranks as tasks or nodes."""
+    ranks_here = allocation.ranks_per_node if len(allocation.nodes) > 1 else spec.nproc
+    code, stopped_by = lifetime.run_launchers([command], commands.launch_env(ranks_here))
+    return Outcome(code, stopped_by)
+
+
+def _on_emulated_nodes(spec: RunSpec, emulation: emulated.Emulation) -> Outcome:
+    """The multi-node commands on nodes emulated on this machine."""
+    code, stopped_by, nodes = emulated.run(spec, emulation)
+    return Outcome(code, stopped_by, {"emulated_nodes": nodes})

@@ -12,8 +12,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpt2dist.config import DEFAULT_PORT
+from gpt2dist.config.schema import DEFAULT_PORT
 from gpt2dist.errors import UsageError
+from gpt2dist.launch import commands
 from gpt2dist.system.allocation import Allocation
 
 
@@ -65,4 +66,5 @@ def srun_command(launcher: str, allocation: Allocation, spec_path: Path, *, imag
     if launcher == "horovodrun":
         return ["srun", "--mpi=pmix", f"--nodes={n}", f"--ntasks-per-node={g}",
                 f"--cpus-per-task={allocation.cpus_per_task}", "--kill-on-bad-exit=1", *_python(image), *worker]
-    raise UsageError(f"a {launcher} strategy runs in one process; several nodes need ddp, fsdp or horovod")
+    raise UsageError(f"a {launcher} strategy runs in one process; several nodes need one of "
+                     f"{', '.join(commands.multi_process())}")

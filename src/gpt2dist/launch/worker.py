@@ -5,11 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpt2dist.config import read_spec
+from gpt2dist.config.schema import read_spec
 from gpt2dist.errors import UsageError, error_line
 from gpt2dist.launch import lifetime, locks
 from gpt2dist.logs import setup_logging
 from gpt2dist.training import loop
+from gpt2dist.training.run_record import Outcome, finish_record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +23,9 @@ def main(argv: list[str] | None = None) -> int:
         lifetime.stop_on_signals()  # may stop at once: the launcher can be gone already
         spec = read_spec(Path(args[0]))
         with locks.hold_as_rank(Path(spec.out_dir)):
-            loop.run(spec)
+            reported = loop.run(spec)
+        if spec.attempt is None and reported:  # started by hand: no launcher writes the record, so rank 0 does
+            finish_record(spec, Outcome())
     except UsageError as exc:
         print(error_line(exc), file=sys.stderr)
         return 2

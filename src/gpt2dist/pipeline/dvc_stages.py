@@ -21,7 +21,6 @@ from gpt2dist.pipeline.study import (
     RESULTS_DIR,
     RUNS_DIR,
     SELFTEST_DIR,
-    STAGE_CODE,
     Study,
     collect_command,
     configurations,
@@ -31,6 +30,7 @@ from gpt2dist.pipeline.study import (
     report_command,
     selftest_command,
     selftest_file,
+    stage_code,
     stage_outputs,
     train_command,
 )
@@ -51,10 +51,10 @@ def dvc_stages(study: Study) -> dict:
         # the settings or code change, which re-train the run anyway.
         "selftest": {
             "foreach": {run.config_id: {"cmd": selftest_command(study, run)} for run in configurations(study)},
-            "do": {"cmd": "${item.cmd}", "deps": STAGE_CODE["selftest"], "params": [f"{keys}.model", f"{keys}.train"],
+            "do": {"cmd": "${item.cmd}", "deps": stage_code("selftest"), "params": [f"{keys}.model", f"{keys}.train"],
                    "outs": [f"{SELFTEST_DIR}/${{key}}.json"]},
         },
-        "prepare": {"cmd": prepare_command(study), "deps": STAGE_CODE["prepare"], "params": [f"{keys}.data"],
+        "prepare": {"cmd": prepare_command(study), "deps": stage_code("prepare"), "params": [f"{keys}.data"],
                     "outs": outs["prepare"]},
         "train": {
             "foreach": {run.run_id: {"cmd": train_command(study, run), "selftest": selftest_file(run)}
@@ -62,7 +62,7 @@ def dvc_stages(study: Study) -> dict:
             "do": {
                 "cmd": "${item.cmd}",
                 "deps": ["${item.selftest}", f"{DATA_DIR}/meta.json", f"{DATA_DIR}/train.bin", f"{DATA_DIR}/val.bin",
-                         *STAGE_CODE["train"]],
+                         *stage_code("train")],
                 "params": [f"{keys}.model", f"{keys}.train"],
                 # no checkpoint.pt: DVC deletes outs before running a stage, and an interrupted run
                 # resumes from it (the metrics so far travel inside it)
@@ -72,7 +72,7 @@ def dvc_stages(study: Study) -> dict:
         },
         "collect": {
             "cmd": collect_command(study),
-            "deps": [*run_files, f"{DATA_DIR}/meta.json", *STAGE_CODE["collect"]],
+            "deps": [*run_files, f"{DATA_DIR}/meta.json", *stage_code("collect")],
             "params": [f"{keys}.study", f"{keys}.model"],
             "outs": [*(path for path in outs["collect"] if path not in git_versioned),
                      {f"{RESULTS_DIR}/loss_curves.csv": {"cache": False}}],
@@ -82,12 +82,12 @@ def dvc_stages(study: Study) -> dict:
         },
         "plot": {
             "cmd": plot_command(),
-            "deps": [*outs["collect"], *STAGE_CODE["plot"]],
+            "deps": [*outs["collect"], *stage_code("plot")],
             "plots": [path for path in outs["plot"] if path.endswith(".png")],
             "outs": [path for path in outs["plot"] if path.endswith(".svg")],
         },
         # the figures too, as Snakemake's report rule: `dvc repro report` is then the whole of `snakemake figures`
-        "report": {"cmd": report_command(), "deps": ["results/summary.json", *outs["plot"], *STAGE_CODE["report"]],
+        "report": {"cmd": report_command(), "deps": ["results/summary.json", *outs["plot"], *stage_code("report")],
                    "outs": outs["report"]},
     }, "plots": [
         # one line per configuration (a stage-level plot of a file draws one field only)

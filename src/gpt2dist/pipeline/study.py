@@ -13,31 +13,39 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt2dist.config import LAUNCHERS, PRECISIONS, STRATEGIES, Preset, RunSpec, check_combination, choose_preset
+from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.schema import PRECISIONS, Preset, RunSpec
+from gpt2dist.config.strategies import STRATEGY_NAMES, check_run, describe
 from gpt2dist.errors import UsageError
+from gpt2dist.pipeline.imports import PACKAGE, code_closure
 
 DATA_DIR = "data/tokens"
 RUNS_DIR = "results/runs"
 RESULTS_DIR = "results"
 SELFTEST_DIR = f"{RESULTS_DIR}/selftest"
-FIGURES = ("throughput", "speedup", "efficiency", "loss_deviation", "loss_vs_time", "memory", "epoch_time")
+FIGURES = ("throughput", "speedup", "efficiency", "loss_deviation", "loss_vs_time", "memory", "epoch_time",
+           "time_ledger")
 LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links
-ONE_PROCESS = tuple(strategy for strategy, launcher in LAUNCHERS.items() if launcher == "python")
-RUN_ID = re.compile(rf"^(?P<strategy>{'|'.join(map(re.escape, STRATEGIES))})-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
+RUN_ID = re.compile(rf"^(?P<strategy>{'|'.join(map(re.escape, STRATEGY_NAMES))})-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
                     r"-n(?P<nproc>\d+)(?:-(?P<nodes>\d+)nodes(?:-(?P<link>\d+(?:\.\d+)?)mbit)?)?-r(?P<repeat>\d+)$")
-# The code each stage runs, by subpackage: a new module in training/ is a dependency of every
-# train stage without anyone editing this. Results stages list their own module, so a change
-# to one figure re-runs only plot and report.
-STAGE_CODE = {
-    "prepare": ["src/gpt2dist/data"],
-    "selftest": ["src/gpt2dist/training", "src/gpt2dist/launch"],
-    "train": ["src/gpt2dist/training", "src/gpt2dist/launch", "src/gpt2dist/data/shards.py",
-              "src/gpt2dist/system/conditions.py", "src/gpt2dist/system/gpu_telemetry.py"],
-    "collect": ["src/gpt2dist/results/collect.py", "src/gpt2dist/results/statistics.py", "src/gpt2dist/results/compact.py",
-                "src/gpt2dist/results/disturbance.py", "src/gpt2dist/results/findings.py"],
-    "plot": ["src/gpt2dist/results/plots.py"],
-    "report": ["src/gpt2dist/results/report.py"],
+# The modules each stage's command runs (ranks start as gpt2dist.launch.worker; a selftest runs
+# `gpt2dist train`). A stage's code is every module these can import (pipeline.imports), so a change
+# anywhere in what a stage runs re-runs it, and nobody keeps that list by hand.
+TRAINING = ["gpt2dist.launch.runner", "gpt2dist.launch.worker"]
+STAGE_ENTRIES = {
+    "prepare": ["gpt2dist.data.prepare"],
+    "selftest": ["gpt2dist.selftest", *TRAINING],
+    "train": TRAINING,
+    "collect": ["gpt2dist.results.collect"],
+    "plot": ["gpt2dist.results.plots"],
+    "report": ["gpt2dist.results.report"],
 }
+
+
+def stage_code(stage: str) -> list[str]:
+    """The source files a stage's command can run, as paths from the repository's root."""
+    return [(Path("src/gpt2dist") / path.relative_to(PACKAGE)).as_posix()
+            for path in code_closure(STAGE_ENTRIES[stage])]
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,7 @@ class Run:
     @property
     def processes(self) -> int:
         """Processes (SLURM tasks) the run starts: single and dp drive every device from one."""
-        return 1 if self.strategy in ONE_PROCESS else self.nproc
+        return describe(self.strategy).processes(self.nproc)
 
 
 def parse_run_id(text: str) -> Run:
@@ -97,7 +105,7 @@ class Study:
 
 def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
     """Every run of the preset's study that this machine can hold; impossible runs are errors."""
-    name, chosen = choose_preset(params, preset, gpus > 0)
+    name, chosen = resolve_preset(params, preset, cuda=gpus > 0)
     device = "cuda" if gpus else "cpu"
     runs, dropped, labels = [], [], {}
     for group in chosen.study.runs:
@@ -115,8 +123,8 @@ def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
             spec = RunSpec(data_dir="", out_dir="", preset=name, strategy=strategy, precision=precision, nproc=nproc,
                            device=device, model=chosen.model, train=chosen.train)
             try:
-                check_combination(spec, gpus)
-                if group.nodes > 1 and strategy in ONE_PROCESS:
+                check_run(spec, gpus)
+                if group.nodes > 1 and describe(strategy).one_process:
                     raise UsageError(f"{strategy} runs in one process, which cannot spread over nodes")
             except UsageError as exc:
                 raise UsageError(f"presets.{name}.study.runs: {config}: {exc}") from None

@@ -23,6 +23,9 @@ import zlib
 from importlib.metadata import version
 from pathlib import Path, PurePosixPath
 
+import yaml
+
+from gpt2dist.config.presets import upgraded
 from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open
@@ -139,6 +142,9 @@ def rebuild(bundle: Path, out: Path) -> dict:
             target = source / PurePosixPath(name)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+        # the bundle's own params.yaml, its keys renamed to today's where an older version wrote it
+        params = yaml.safe_load(files["params.yaml"])
+        (source / "params.yaml").write_text(yaml.safe_dump(upgraded(params), sort_keys=False))
         study = plan_study(source / "params.yaml", description["preset"], description["gpus"])
         summary = collect(study, source / "runs", source / "data", built)
         plot(built)

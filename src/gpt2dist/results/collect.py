@@ -4,7 +4,7 @@ metrics.csv has one row per run and step (train metrics, and the validation loss
 steps where it was measured); runs.csv one row per run, with the conditions it was measured in
 and whether it was disturbed (results.disturbance); summary.csv/json one row per configuration
 (strategy, precision, nproc): the geometric mean over its undisturbed repeats of each run's
-steady-state numbers (which leave out the first `study.warmup_steps` steps), with a 95%
+steady-state numbers (which leave out the first `study.excluded_steps` steps), with a 95%
 interval on the log scale, and its speedup over the baseline paired by repeat round
 (results.statistics). A run that failed or is missing does not stop the others from being
 summarised: summary.json lists it, and the report says so first. headline.json and
@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpt2dist.config import PRECISIONS, STRATEGIES
+from gpt2dist.config.schema import PRECISIONS
+from gpt2dist.config.sizes import flops_per_token
+from gpt2dist.config.strategies import STRATEGY_NAMES
 from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
@@ -32,9 +34,10 @@ from gpt2dist.results.disturbance import conditions_of, disturbance
 from gpt2dist.results.findings import check_claims
 from gpt2dist.results.inputs import read_json, read_jsonl
 from gpt2dist.results.link_model import predicted_vs_measured
+from gpt2dist.results.ranking import rank
 from gpt2dist.results.statistics import log_interval, paired_ratio, verdict
+from gpt2dist.results.time_ledger import LEDGER
 from gpt2dist.system.hardware import mfu, peak_flops
-from gpt2dist.training.model import flops_per_token
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +57,8 @@ def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
     record = read_json(record_path, "gpt2dist train")
     if record.get("status") != "completed":
         raise UsageError(f"run {run_dir.name} is not completed (status '{record.get('status')}'); re-run it")
-    return record, pd.DataFrame(read_jsonl(run_dir / "metrics.jsonl", "gpt2dist train"))
+    lines = read_jsonl(run_dir / "metrics.jsonl", "gpt2dist train")
+    return record, pd.DataFrame([line for line in lines if line.get("kind") != "ledger"])  # run.json has the ledger
 
 
 def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, dict], dict[str, str]]:
@@ -100,15 +104,27 @@ def _link_bytes_per_step(record: dict, steps: int) -> float:
     return max(counts["tx_bytes"] for counts in links.values()) / steps
 
 
+def _ledger_of(ledger: dict | None) -> dict:
+    """The run's time ledger as columns: seconds per step by part, and the collectives' traced payload."""
+    if not ledger:
+        return {}
+    parts = {f"{LEDGER}{name}": value for name, value in ledger.items() if name.endswith("_s")}
+    traced = ledger.get("collectives") or {}
+    return parts | {"traced_collective_bytes_per_step": sum(c["bytes"] for c in traced.values()) if traced
+                    else math.nan}
+
+
 def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_tokens: int) -> pd.DataFrame:
     """One row per run: steady-state medians after warm-up, percentiles, memory, the final validation
     loss, the conditions it ran in, and whether they disturbed it."""
-    warmup_steps = study.preset.study.warmup_steps
+    excluded_steps = study.preset.study.excluded_steps
     rows = []
     for run_id, run in table.groupby("run_id", sort=True):
-        steady = run[run["step"] >= warmup_steps].dropna(subset=["tokens_per_s"])
+        # steps profiled for the ledger ran slowed: not throughput samples
+        traced = run["traced"].eq(True) if "traced" in run.columns else pd.Series(False, index=run.index)
+        steady = run[(run["step"] >= excluded_steps) & ~traced].dropna(subset=["tokens_per_s"])
         if steady.empty:
-            raise UsageError(f"run {run_id} has no step after study.warmup_steps={warmup_steps}; lower it")
+            raise UsageError(f"run {run_id} has no step after study.excluded_steps={excluded_steps}; lower it")
         record = records[run_id]
         evals = run.dropna(subset=["val_loss"])
         tokens_per_s = steady["tokens_per_s"].median()
@@ -138,6 +154,7 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
             "final_val_ppl": evals["val_ppl"].iloc[-1] if len(evals) else math.nan,
             "grad_accum_steps": record.get("grad_accum_steps"),
             "backend": (record.get("placement") or {}).get("backend"),
+            **_ledger_of(record.get("ledger")),
             **measures,
             "disturbed": disturbance(measures, study.preset.study),
         })
@@ -147,7 +164,7 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
 def in_study_order(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows ordered single, dp, ddp, horovod, fsdp; then precision; then process count; then one
     machine before emulated nodes, fastest link first."""
-    key = frame["strategy"].map(STRATEGIES.index) * 1000 + frame["precision"].map(PRECISIONS.index) * 100 + frame["nproc"]
+    key = frame["strategy"].map(STRATEGY_NAMES.index) * 1000 + frame["precision"].map(PRECISIONS.index) * 100 + frame["nproc"]
     nodes = frame["nodes"] if "nodes" in frame else 1
     link = -frame["link_mbit"].fillna(math.inf) if "link_mbit" in frame else 0
     ordered = frame.assign(_order=key, _nodes=nodes, _link=link).sort_values(["_order", "_nodes", "_link"], kind="stable")
@@ -177,7 +194,7 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
         for metric in SUMMARISED:
             centre, low, high = log_interval(chosen[metric])
             row |= {metric: centre, f"{metric}_ci_low": low, f"{metric}_ci_high": high}
-        for part in PER_CONFIGURATION:
+        for part in PER_CONFIGURATION + [c for c in chosen if c.startswith(LEDGER) or c.startswith("traced_")]:
             row[part] = chosen[part].median()
         row["grad_accum_steps"] = chosen["grad_accum_steps"].iloc[0]
         row["backend"] = chosen["backend"].iloc[0]
@@ -257,11 +274,12 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path) -> dict
         "preset": study.preset_name,
         "hardware": hardware,
         "device": study.device,
-        "warmup_steps": study.preset.study.warmup_steps,
+        "excluded_steps": study.preset.study.excluded_steps,
         "versions": first["versions"],
         "dropped_configurations": study.dropped,
         "missing_runs": missing,
         "disturbed_runs": dict(zip(disturbed["run_id"], disturbed["disturbed"])),
+        "answer": rank(runs, summary),
         "configs": _json_rows(summary, "config_id"),
         "findings": check_claims(runs, summary, model),
         "link_model": json.loads(model.to_json(orient="records")),

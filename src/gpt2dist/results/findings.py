@@ -16,15 +16,19 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from gpt2dist.config import MODEL_PARALLEL
+from gpt2dist.config.strategies import BAI, PATWARDHAN, REFERENCE, STRATEGIES, called
 from gpt2dist.results.link_model import worst_error
-from gpt2dist.results.statistics import log_interval, paired_ratio, verdict
+from gpt2dist.results.statistics import log_interval, paired_ratio, ratio_text, verdict
 
 SUPPORTED, CONTRADICTED = "supported", "contradicted"
 NOISE, UNTESTABLE = "not distinguishable from noise", "not testable here"
 APEX = ("apex-O1", "apex-O2")
 SAME_LOSS_TOLERANCE = 0.01  # relative difference of final validation loss that still counts as "the same loss"
 MODEL_TOLERANCE = 0.25  # the link model "explains" a slow-down when it predicts every step time within this
+# The papers' strategies in their own words; config.strategies says which of ours each one is.
+DP, DDP, HOROVOD = (called(BAI, name) for name in ("Single Parameter Server", "Distributed Parameter Server", "Horovod"))
+DDP_APEX = called(BAI, "Distributed Parameter Server + Apex")
+FSDP, TP = called(PATWARDHAN, "FSDP"), called(PATWARDHAN, "tensor parallelism")
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ def _fastest(t: Tables, favourite: str, rivals: list[str]) -> Finding:
     parts, verdicts = [], []
     for rival in rivals:
         value, low, high, which = t.ratio(favourite, rival)
-        parts.append(f"{favourite}/{rival} = {value:.2f} ({low:.2f} to {high:.2f})")
+        parts.append(f"{favourite}/{rival} = {ratio_text(value, low, high)}")
         verdicts.append(which)
     statistic = "; ".join(parts)
     if "slower" in verdicts:
@@ -86,16 +90,20 @@ def _fastest(t: Tables, favourite: str, rivals: list[str]) -> Finding:
     return Finding(NOISE, statistic)
 
 
-def _configs(t: Tables, precisions, nproc: int, exclude=("single", *MODEL_PARALLEL)) -> list[str]:
-    """Configurations at `nproc` in these precisions; Bai 2022's rivals are data-parallel only."""
+def _data_parallel(strategies: pd.Series) -> pd.Series:
+    return strategies.map(lambda name: STRATEGIES[name].data_parallel).astype(bool)
+
+
+def _configs(t: Tables, precisions, nproc: int) -> list[str]:
+    """Data-parallel configurations at `nproc` in these precisions: Bai 2022's rivals."""
     s = t.summary
-    chosen = s[s["precision"].isin(precisions) & (s["nproc"] == nproc) & ~s["strategy"].isin(exclude)]
+    chosen = s[s["precision"].isin(precisions) & (s["nproc"] == nproc) & _data_parallel(s["strategy"])]
     return list(chosen.index)
 
 
 def _ddp_with_apex(t: Tables, n: int) -> list[str]:
     """DDP + Apex runs at n: Bai's own (Apex's DDP wrapper with O2) first, then torch DDP with amp."""
-    return [c for prefix in ("apex-ddp-", "ddp-") for c in _configs(t, APEX, n) if c.startswith(prefix)]
+    return [c for prefix in (f"{DDP_APEX}-", f"{DDP}-") for c in _configs(t, APEX, n) if c.startswith(prefix)]
 
 
 def ddp_apex_fastest(t: Tables) -> Finding:
@@ -111,18 +119,18 @@ def ddp_fastest_without_apex(t: Tables) -> Finding:
     n = t.one_node_max()
     if n < 2:
         return _untestable("the study has no multi-process runs")
-    return _fastest(t, f"ddp-fp32-n{n}", _configs(t, ["fp32"], n))
+    return _fastest(t, f"{DDP}-fp32-n{n}", _configs(t, ["fp32"], n))
 
 
 def apex_multiplies_horovod(t: Tables) -> Finding:
     n = t.one_node_max()
-    ddp_apex = next((c for c in _ddp_with_apex(t, n) if t.usable(c)), f"ddp-apex-O1-n{n}")
-    pairs = {"horovod": (f"horovod-apex-O1-n{n}", f"horovod-fp32-n{n}"), "ddp": (ddp_apex, f"ddp-fp32-n{n}")}
+    ddp_apex = next((c for c in _ddp_with_apex(t, n) if t.usable(c)), f"{DDP}-apex-O1-n{n}")
+    pairs = {HOROVOD: (f"{HOROVOD}-apex-O1-n{n}", f"{HOROVOD}-fp32-n{n}"), DDP: (ddp_apex, f"{DDP}-fp32-n{n}")}
     if not all(t.usable(a) and t.usable(b) for a, b in pairs.values()):
-        return _untestable(f"needs horovod and ddp at n={n} with Apex and in fp32 (Apex needs CUDA GPUs)")
+        return _untestable(f"needs {HOROVOD} and {DDP} at n={n} with Apex and in fp32 (Apex needs CUDA GPUs)")
     gains = {s: t.ratio(a, b) for s, (a, b) in pairs.items()}
-    statistic = "; ".join(f"{s} apex/fp32 = {g[0]:.2f} ({g[1]:.2f} to {g[2]:.2f})" for s, g in gains.items())
-    horovod, ddp = gains["horovod"], gains["ddp"]
+    statistic = "; ".join(f"{s} apex/fp32 = {ratio_text(g[0], g[1], g[2])}" for s, g in gains.items())
+    horovod, ddp = gains[HOROVOD], gains[DDP]
     if any(math.isnan(x) for x in (horovod[1], ddp[2])):
         return Finding(NOISE, statistic + " (too few repeats)")
     if horovod[1] > ddp[2]:
@@ -134,13 +142,13 @@ def apex_multiplies_horovod(t: Tables) -> Finding:
 
 def dp_slower_than_ddp(t: Tables) -> Finding:
     n = t.one_node_max()
-    dp, ddp = f"dp-fp32-n{n}", f"ddp-fp32-n{n}"
+    dp, ddp = f"{DP}-fp32-n{n}", f"{DDP}-fp32-n{n}"
     if n < 2 or not (t.usable(dp) and t.usable(ddp)):
-        return _untestable(f"needs dp and ddp at n={n}, fp32")
+        return _untestable(f"needs {DP} and {DDP} at n={n}, fp32")
     if t.runs.loc[t.runs["config_id"] == dp, "backend"].fillna("none").eq("none").all():
         return _untestable("DataParallel without CUDA runs on one device, so it cannot be slower for DDP's reasons")
     value, low, high, which = t.ratio(dp, ddp)
-    statistic = f"{dp}/{ddp} = {value:.2f} ({low:.2f} to {high:.2f})"
+    statistic = f"{dp}/{ddp} = {ratio_text(value, low, high)}"
     return Finding({"slower": SUPPORTED, "faster": CONTRADICTED}.get(which, NOISE), statistic)
 
 
@@ -174,16 +182,18 @@ def horovod_most_robust(t: Tables) -> Finding:
         return _untestable(LINKS_NEEDED)
     slowest, kept = _kept_on_slowest_link(t)
     name = {c: f"{t.everything.loc[c, 'strategy']} {t.everything.loc[c, 'precision']}" for c in kept}
-    horovod = sorted((c for c in kept if name[c].startswith("horovod ")), key=lambda c: "apex" not in c)
-    rivals = [c for c in kept if name[c].split()[0] in ("ddp", "apex-ddp", "fsdp")]
+    strategy = {c: t.everything.loc[c, "strategy"] for c in kept}
+    horovod = sorted((c for c in kept if strategy[c] == HOROVOD), key=lambda c: "apex" not in c)
+    rivals = [c for c in kept if strategy[c] != HOROVOD and STRATEGIES[strategy[c]].data_parallel]
     if not horovod or not rivals:
-        return _untestable("needs undisturbed horovod and ddp or fsdp runs on the slowest link and on one machine")
+        return _untestable(f"needs undisturbed {HOROVOD} runs and another data-parallel strategy's on the slowest "
+                           "link and on one machine")
     favourite = horovod[0]
     shares = "; ".join(f"{name[c]} {log_interval(kept[c])[0]:.2f}" for c in [favourite, *rivals])
     parts, verdicts = [], []
     for rival in rivals:
         value, low, high, pairs = paired_ratio(kept[favourite], kept[rival])
-        parts.append(f"{name[favourite]}/{name[rival]} = {value:.2f} ({low:.2f} to {high:.2f})")
+        parts.append(f"{name[favourite]}/{name[rival]} = {ratio_text(value, low, high)}")
         verdicts.append(verdict(low, high, pairs))
     statistic = (f"throughput kept at {slowest:g} Mbit/s against one machine: {shares}; ratios of what is kept: "
                  + "; ".join(parts) + ("" if "apex" in favourite else "; without Apex (needs CUDA)"))
@@ -208,7 +218,7 @@ def communication_makes_nodes_sublinear(t: Tables) -> Finding:
         if not (t.usable(wide) and t.usable(narrow)):
             continue
         value, low, high, pairs = paired_ratio(t.per_round(narrow), t.per_round(wide))
-        parts.append(f"{strategy} {precision} {slowest:g}/{fastest:g} Mbit/s = {value:.2f} ({low:.2f} to {high:.2f})")
+        parts.append(f"{strategy} {precision} {slowest:g}/{fastest:g} Mbit/s = {ratio_text(value, low, high)}")
         verdicts.append(verdict(low, high, pairs))
     if not parts:
         return _untestable("no configuration has undisturbed runs at both the fastest and the slowest link")
@@ -225,10 +235,11 @@ def communication_makes_nodes_sublinear(t: Tables) -> Finding:
 def fsdp_least_memory(t: Tables) -> Finding:
     s = t.summary
     n = t.one_node_max()
-    fsdp = [c for c in _configs(t, s["precision"].unique(), n) if c.startswith("fsdp-") and t.usable(c)]
+    fsdp = [c for c in s.index[(s["strategy"] == FSDP) & (s["nproc"] == n)] if t.usable(c)]
     if not fsdp or s["model_state_bytes"].isna().any():
         return _untestable(f"needs FSDP at n={n} and every run's model-state bytes")
-    others = s[(s["nproc"] == n) & ~s["strategy"].isin(["fsdp", "fsdp-tp"])]  # FSDP, alone or with TP
+    sharded = s["strategy"].map(lambda name: STRATEGIES[name].shards_state).astype(bool)  # FSDP, alone or with TP
+    others = s[(s["nproc"] == n) & ~sharded]
     if others.empty:
         return _untestable(f"needs another strategy at n={n}")
     fsdp_most = s.loc[fsdp, "model_state_bytes"].max()
@@ -243,7 +254,7 @@ def same_loss(t: Tables) -> Finding:
     s = t.everything
     worst, where = -1.0, None
     for config, row in s.iterrows():
-        reference = f"single-{row['precision']}-n1"
+        reference = f"{REFERENCE}-{row['precision']}-n1"
         if config == reference or reference not in s.index:
             continue
         mine, theirs = t.per_round(config, "final_val_loss"), t.per_round(reference, "final_val_loss")
@@ -260,12 +271,12 @@ def same_loss(t: Tables) -> Finding:
 
 def ddp_between_single_and_fsdp(t: Tables) -> Finding:
     n = t.one_node_max()
-    ddp, fsdp, single = f"ddp-fp32-n{n}", f"fsdp-fp32-n{n}", "single-fp32-n1"
+    ddp, fsdp, single = f"{DDP}-fp32-n{n}", f"{FSDP}-fp32-n{n}", f"{REFERENCE}-fp32-n1"
     if n < 2 or not all(t.usable(c) for c in (ddp, fsdp, single)):
-        return _untestable(f"needs single, ddp and fsdp in fp32 (ddp and fsdp at n={n})")
+        return _untestable(f"needs {REFERENCE}, {DDP} and {FSDP} in fp32 ({DDP} and {FSDP} at n={n})")
     over_single, over_fsdp = t.ratio(ddp, single), t.ratio(ddp, fsdp)
-    statistic = (f"ddp/single = {over_single[0]:.2f} ({over_single[1]:.2f} to {over_single[2]:.2f}); "
-                 f"ddp/fsdp = {over_fsdp[0]:.2f} ({over_fsdp[1]:.2f} to {over_fsdp[2]:.2f})")
+    statistic = (f"{DDP}/{REFERENCE} = {ratio_text(over_single[0], over_single[1], over_single[2])}; "
+                 f"{DDP}/{FSDP} = {ratio_text(over_fsdp[0], over_fsdp[1], over_fsdp[2])}")
     if {over_single[3], over_fsdp[3]} == {"faster", "slower"}:
         return Finding(SUPPORTED, statistic)
     if over_single[3] == over_fsdp[3] and over_single[3] in ("faster", "slower"):
@@ -276,16 +287,16 @@ def ddp_between_single_and_fsdp(t: Tables) -> Finding:
 def tp_trades_throughput_for_memory(t: Tables) -> Finding:
     """tp against ddp at the same precision and the most processes both have."""
     s = t.summary
-    pairs = [(f"tp-{p}-n{n}", f"ddp-{p}-n{n}") for n in sorted(s["nproc"].unique(), reverse=True)
+    pairs = [(f"{TP}-{p}-n{n}", f"{DDP}-{p}-n{n}") for n in sorted(s["nproc"].unique(), reverse=True)
              for p in s["precision"].unique()]
     usable = [(tp, ddp) for tp, ddp in pairs if t.usable(tp) and t.usable(ddp)]
     if not usable:
-        return _untestable("needs tp and ddp at the same precision and process count, undisturbed")
+        return _untestable(f"needs {TP} and {DDP} at the same precision and process count, undisturbed")
     tp, ddp = usable[0]
     memory = s.loc[tp, "model_state_bytes"] / s.loc[ddp, "model_state_bytes"]
     value, low, high, which = t.ratio(tp, ddp)
     statistic = (f"model state per rank {tp}/{ddp} = {memory:.2f} (from the tensors); "
-                 f"throughput {tp}/{ddp} = {value:.2f} ({low:.2f} to {high:.2f})")
+                 f"throughput {tp}/{ddp} = {ratio_text(value, low, high)}")
     if memory < 1 and which == "slower":
         return Finding(SUPPORTED, statistic)
     if memory >= 1 or which == "faster":

@@ -14,16 +14,17 @@ import math
 
 import pandas as pd
 
-from gpt2dist.config import Preset, RunSpec, check_combination
+from gpt2dist.config.schema import Preset, RunSpec
+from gpt2dist.config.sizes import flops_per_token
+from gpt2dist.config.strategies import STRATEGIES, check_run, traffic
 from gpt2dist.errors import UsageError
-from gpt2dist.system.hardware import peak_flops
-from gpt2dist.training.communication import traffic
-from gpt2dist.training.model import flops_per_token
+from gpt2dist.system.hardware import COMPUTE_DTYPE, peak_flops
 
 # Per GPU and direction (reference facts): NVLink 4 inside a node; one InfiniBand NDR port per GPU across nodes
 NVLINK_BYTES_PER_S = 450e9
 INFINIBAND_BYTES_PER_S = 50e9
-PROJECTED_STRATEGIES = ("ddp", "horovod", "fsdp")  # whose rings span every GPU, so nodes' links carry them
+# Data-parallel strategies of a process per GPU, whose collectives span every GPU, so nodes' links carry them
+PROJECTED_STRATEGIES = tuple(name for name, d in STRATEGIES.items() if d.data_parallel and not d.one_process)
 
 
 def link_seconds(bytes_per_step: float, link_mbit: float) -> float:
@@ -59,6 +60,11 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mf
     """Projected tokens/s of the data-parallel strategies at `gpus_per_node` x each node count, weak
     scaling (each GPU keeps the preset's micro-batch, no accumulation): compute at `mfu` of the GPU's
     peak, the ring over NVLink inside one node and over InfiniBand across nodes, no overlap."""
+    if precision not in COMPUTE_DTYPE:
+        raise UsageError(f"--precision '{precision}' is not one of {', '.join(COMPUTE_DTYPE)}")
+    if gpus_per_node < 1 or not node_counts or min(node_counts) < 1:
+        raise UsageError(f"--gpus-per-node and --nodes count at least 1, got {gpus_per_node} GPUs per node and nodes "
+                         f"{','.join(map(str, node_counts))}")
     peak = peak_flops(gpu, precision)
     if peak is None:
         raise UsageError(f"no peak FLOP/s known for GPU '{gpu}' (known: H100, H100 NVL, H100 PCIe, H200, A100)")
@@ -75,7 +81,7 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mf
             spec = RunSpec(data_dir="", out_dir="", preset=preset_name, strategy=strategy, precision=precision,
                            nproc=n, device="cuda", model=m, train=train)
             try:
-                check_combination(spec, n)
+                check_run(spec, n)
             except UsageError as exc:
                 rows.append({"strategy": strategy, "nodes": nodes, "gpus": n, "note": f"not projected: {exc}"})
                 continue

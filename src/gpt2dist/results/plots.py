@@ -23,12 +23,14 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from gpt2dist.config import PRECISIONS  # noqa: E402
+from gpt2dist.config.schema import PRECISIONS  # noqa: E402
+from gpt2dist.config.strategies import REFERENCE  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
 from gpt2dist.pipeline.study import LINK_FIGURE  # noqa: E402
 from gpt2dist.results.collect import in_study_order  # noqa: E402
 from gpt2dist.results.inputs import read_csv, read_json  # noqa: E402
 from gpt2dist.results.link_model import predicted_vs_measured  # noqa: E402
+from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns  # noqa: E402
 
 EXACT_FLOOR = 1e-9  # where the deviation figure draws an exact match (a log axis has no zero)
 
@@ -145,9 +147,9 @@ def deviation_from_single(metrics: pd.DataFrame) -> pd.DataFrame:
     """|loss - single's loss| / single's loss per step and repeat, against `single` at the same precision
     (fp32's where the study has no single run at that precision): the equivalence claim, made visible."""
     train = metrics.dropna(subset=["loss"])
-    single = train[train["strategy"] == "single"].set_index(["precision", "repeat", "step"])["loss"]
+    single = train[train["strategy"] == REFERENCE].set_index(["precision", "repeat", "step"])["loss"]
     rows = []
-    for config, group in train[train["strategy"] != "single"].groupby("config_id", sort=False):
+    for config, group in train[train["strategy"] != REFERENCE].groupby("config_id", sort=False):
         precision = group["precision"].iloc[0]
         reference = precision if precision in single.index.get_level_values(0) else "fp32"
         keys = pd.MultiIndex.from_arrays([[reference] * len(group), group["repeat"], group["step"]])
@@ -173,7 +175,7 @@ def loss_deviation(runs, summary, metrics, title):
             ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_yscale("log")
-        reference = panel["reference"].iloc[0] if len(panel) else "single"
+        reference = panel["reference"].iloc[0] if len(panel) else REFERENCE
         ax.set(xlabel="optimizer step", ylabel=f"|loss - {reference}| / {reference}",
                title=f"{precision} (exact matches at {EXACT_FLOOR:g})")
     fig.suptitle(f"Deviation from the single-process loss, median over repeats\n{title}")
@@ -230,9 +232,39 @@ def links(runs, summary, metrics, title):
     return fig
 
 
+def time_ledger(runs, summary, metrics, title):
+    """Each configuration's traced step stacked by where its time went; the parts sum to the step."""
+    data = in_study_order(summary)
+    columns = ledger_columns(data)
+    if columns:
+        data = data.dropna(subset=columns, how="all")
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * max(len(data), 1) + 5), 5.2))
+    if not columns or data.empty:
+        ax.text(0.5, 0.5, "No run recorded a time ledger\n(made before gpt2dist traced steps, or train.ledger_steps: 0)",
+                ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        ax.set_title(f"Where a step's time goes\n{title}")
+        return fig
+    x = np.arange(len(data))
+    bottom = np.zeros(len(data))
+    colours = sns.color_palette("colorblind", 10)  # compute blue, hidden under it light blue, exposed red, idle grey
+    palette = dict(zip(PART_WORDS, (colours[0], colours[9], colours[3], colours[8], colours[7])))
+    for column in columns:
+        part = column.removeprefix(LEDGER)
+        values = data[column].fillna(0).to_numpy() * 1e3
+        ax.bar(x, values, bottom=bottom, color=palette[part], label=PART_WORDS[part],
+               hatch="//" if part == "comm_exposed_s" else None, edgecolor="white")
+        bottom += values
+    ax.set_xticks(x, _label(data), fontsize="small")
+    ax.set(xlabel="strategy, precision, processes", ylabel="ms per traced step (median over repeats)",
+           title=f"Where a step's time goes (torch.profiler)\n{title}")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
 FIGURES: dict[str, Callable[..., plt.Figure]] = {
     "throughput": throughput, "speedup": speedup, "efficiency": efficiency, "loss_deviation": loss_deviation,
-    "loss_vs_time": loss_vs_time, "memory": memory, "epoch_time": epoch_time,
+    "loss_vs_time": loss_vs_time, "memory": memory, "epoch_time": epoch_time, "time_ledger": time_ledger,
 }
 
 

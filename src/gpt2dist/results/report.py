@@ -14,6 +14,8 @@ from gpt2dist.pipeline.study import FIGURES, LINK_FIGURE
 from gpt2dist.results.collect import in_study_order
 from gpt2dist.results.inputs import read_json
 from gpt2dist.results.link_model import worst_error
+from gpt2dist.results.ranking import answer_markdown
+from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns
 
 
 def _missing(value) -> bool:
@@ -102,6 +104,39 @@ Worst error of the model on these links: {_num(worst, '.0%')}.
 """
 
 
+def ledger_markdown(configs: pd.DataFrame) -> str:
+    """'Where the time goes': each configuration's traced step split into the ledger's parts."""
+    columns = ledger_columns(configs)
+    rows = []
+    for row in configs.to_dict("records"):
+        if any(_missing(row.get(c)) for c in columns):
+            continue
+        step = sum(row[c] for c in columns)
+        rows.append([row["strategy"], row["precision"], row["nproc"], _num(step * 1e3, ",.1f"),
+                     *(_num(row[c] / step, ".0%") for c in columns),
+                     _num(row.get("traced_collective_bytes_per_step"), ",.2f", 2**20),
+                     _num(row.get("comm_bytes_per_step"), ",.2f", 2**20)])
+    if not rows:
+        return ""
+    table = tabulate(rows, headers=["strategy", "precision", "processes", "traced step ms",
+                                    *(PART_WORDS[c.removeprefix(LEDGER)] for c in columns),
+                                    "collective payload MiB/step (traced)", "sent MiB/step (model)"],
+                     tablefmt="github")
+    return f"""## Where the time goes
+
+The last steps of each run, traced with torch.profiler (median over the repeats; these steps are left out of
+the throughput numbers above, since the profiler slows them). The parts add up to the traced step: compute;
+communication that ran while compute did (hidden) and while nothing else did (exposed); building batches; and
+idle time, when the rank neither computed nor communicated (Python and launch overhead, waiting for another
+rank, a pipeline's bubble). Horovod's collectives run on its own thread, which the profiler does not trace: its
+waits for them count as exposed communication, and its hidden part reads 0. The traced payload is what the
+torch.distributed collectives carried per step; the model column is what the busiest rank sends by the traffic
+model (for a ring all-reduce over n ranks, 2(n-1)/n of the payload).
+
+{table}
+"""
+
+
 def summary_markdown(summary: dict) -> str:
     configs = in_study_order(pd.DataFrame(summary["configs"].values())).to_dict("records")
     named = any(row.get("label") for row in configs)  # a paper preset: its names for the rows come first
@@ -126,6 +161,7 @@ def summary_markdown(summary: dict) -> str:
                      tablefmt="github")
     versions = ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v)
     dropped = ", ".join(summary["dropped_configurations"]) or "none"
+    ledger = ledger_markdown(in_study_order(pd.DataFrame(summary["configs"].values())))
     drawn = FIGURES + ((LINK_FIGURE,) if summary.get("link_model") else ())
     figures = "\n".join(f"![{name}](figures/{name}.png)" for name in drawn)
     return f"""# gpt2dist results: preset `{summary['preset']}`
@@ -133,7 +169,10 @@ def summary_markdown(summary: dict) -> str:
 Hardware: {summary['hardware']}. Software: {versions}.
 
 {warnings_markdown(summary)}
-Each run's throughput is its median after {summary['warmup_steps']} warm-up steps. The table gives the geometric
+{answer_markdown(summary["answer"]) if summary.get("answer") else ""}
+## Every configuration
+
+Each run's throughput is its median after its first {summary['excluded_steps']} steps. The table gives the geometric
 mean over a configuration's undisturbed repeats with a 95% t-interval on the log scale (it cannot leave the
 positive numbers; with two or three repeats it is wide, as it should be). Speedup is over the one-process run
 of the same precision (`single`'s, else the strategy's own), paired by repeat round, and says whether its
@@ -144,6 +183,7 @@ the strategy's traffic model (ring collectives, activations at pipeline boundari
 
 {table}
 
+{ledger}
 ## The papers' claims on this study's data
 
 {findings_markdown(summary)}

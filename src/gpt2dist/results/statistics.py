@@ -50,6 +50,15 @@ def paired_ratio(numerator: pd.Series, denominator: pd.Series) -> tuple[float, f
     return (*log_interval(ratios), len(rounds))
 
 
+def ratio_text(value: float, low: float, high: float) -> str:
+    """A ratio with its interval, in words where the data gives no number: a reader never sees 'nan'."""
+    if math.isnan(value):
+        return "not measured (no undisturbed pair of runs; re-run the disturbed ones)"
+    if math.isnan(low) or math.isnan(high):
+        return f"{value:.2f} (one undisturbed pair, so no interval; run more repeats)"
+    return f"{value:.2f} ({low:.2f} to {high:.2f})"
+
+
 def verdict(low: float, high: float, pairs: int) -> str:
     """Whether a ratio's interval excludes 1: 'faster', 'slower', or says why it cannot tell."""
     if pairs < 2 or math.isnan(low) or math.isnan(high):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from gpt2dist.config.strategies import extras_needed
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import Study
 from gpt2dist.system import environment
@@ -77,9 +78,10 @@ def _allocation() -> Fact:
 
 
 def missing_for(study: Study, no_gpu: bool) -> list[str]:
-    """Each piece the study's runs need that this environment lacks, with the runs needing it."""
-    needs: dict[str, list[str]] = {}
+    """Each piece the study's runs need that this environment lacks: which runs need it, and the fix."""
+    needs: dict[tuple[str, str], list[str]] = {}  # (what, how to get it) -> configurations
     hvd, apex = environment.horovod_build(), environment.apex_features()
+    available = {"horovod.torch": hvd is not None, "apex.amp": apex["amp"], "apex.parallel": apex["parallel"]}
     gpu_study = study.device == "cuda" and not no_gpu
     versions = environment.versions()
     for run in study.runs:
@@ -87,17 +89,16 @@ def missing_for(study: Study, no_gpu: bool) -> list[str]:
             continue
         # even with --no-gpu (an image built on a host without GPUs): a CPU-only torch never runs a GPU study
         if study.device == "cuda" and versions["cuda"] is None:
-            needs.setdefault(f"a CUDA build of torch (torch {versions['torch']} is CPU-only)",
+            needs.setdefault(("a CUDA build of torch", f"torch {versions['torch']} is CPU-only"), []).append(
+                run.config_id)
+        extras = extras_needed(run.strategy, run.precision)
+        for extra in extras:
+            if not available[extra.module]:
+                needs.setdefault((extra.name, extra.source), []).append(run.config_id)
+        if gpu_study and hvd is not None and not hvd["nccl"] and any(e.module == "horovod.torch" for e in extras):
+            needs.setdefault(("Horovod built with NCCL", "rebuild it with containers/install_horovod.sh --gpu"),
                              []).append(run.config_id)
-        if run.strategy == "horovod" and hvd is None:
-            needs.setdefault("Horovod (containers/install_horovod.sh)", []).append(run.config_id)
-        if run.strategy == "horovod" and gpu_study and hvd is not None and not hvd["nccl"]:
-            needs.setdefault("Horovod built with NCCL (install_horovod.sh --gpu)", []).append(run.config_id)
-        if run.precision.startswith("apex") and not apex["amp"]:
-            needs.setdefault("NVIDIA Apex with apex.amp (the container image)", []).append(run.config_id)
-        if run.strategy == "apex-ddp" and not apex["parallel"]:
-            needs.setdefault("NVIDIA Apex with apex.parallel (the container image)", []).append(run.config_id)
     configurations = sum(1 for run in study.runs if not run.repeat)
-    return [f"{piece}: needed by "
+    return [f"{what}, needed by "
             + (f"all {len(runs)} configurations" if len(runs) == configurations else ", ".join(runs))
-            for piece, runs in needs.items()]
+            + f": {fix}" for (what, fix), runs in needs.items()]

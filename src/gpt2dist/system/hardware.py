@@ -36,7 +36,7 @@ COMPUTE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16",
 
 def gpu_peaks(device_name: str) -> dict[str, float] | None:
     """The per-dtype peaks of the most specific table entry naming this GPU, None when unknown."""
-    matches = [fragment for fragment in PEAK_FLOPS if fragment in device_name]
+    matches = [fragment for fragment in PEAK_FLOPS if fragment.lower() in device_name.lower()]  # "a100" too
     return PEAK_FLOPS[max(matches, key=len)] if matches else None
 
 

@@ -15,21 +15,28 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from gpt2dist.config import RunSpec, TrainConfig
+from gpt2dist.config.schema import RunSpec, TrainConfig
+from gpt2dist.config.strategies import gradient_bytes, traffic
 from gpt2dist.data.shards import open_shards
 from gpt2dist.errors import Interrupted
-from gpt2dist.io import atomic_write_json
 from gpt2dist.system import environment
 from gpt2dist.system.gpu_telemetry import GpuTelemetry
 from gpt2dist.training import stops
 from gpt2dist.training.batches import BatchSampler
 from gpt2dist.training.checkpoint import load_checkpoint, save_checkpoint
-from gpt2dist.training.communication import traffic
+from gpt2dist.training.ledger import StepTracer, building_batch, timed_step
 from gpt2dist.training.matmul_precision import pin_fp32_arithmetic
-from gpt2dist.training.metrics import MetricsLog, model_state_bytes, now_iso, peak_memory_bytes, peak_reserved
-from gpt2dist.training.model import build_model, compile_blocks
+from gpt2dist.training.metrics import (
+    MetricsLog,
+    model_state_bytes,
+    now_iso,
+    peak_memory_bytes,
+    peak_reserved,
+)
+from gpt2dist.training.model import build_model, compile_blocks, compiled_head_loss, head_loss
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
+from gpt2dist.training.run_record import RankReport
 from gpt2dist.training.strategies import REGISTRY, Strategy
 
 log = logging.getLogger(__name__)
@@ -37,10 +44,10 @@ log = logging.getLogger(__name__)
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up to lr, then cosine decay to min_lr at max_steps (a pure function of step)."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(1, cfg.max_steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    if step < cfg.lr_warmup_steps:
+        return cfg.lr * (step + 1) / cfg.lr_warmup_steps
+    span = max(1, cfg.max_steps - cfg.lr_warmup_steps)
+    progress = min(1.0, (step - cfg.lr_warmup_steps) / span)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
@@ -85,6 +92,8 @@ class Trainer:
         self.compiled = t.compile and conflict is None
         self.compile_skipped = conflict if t.compile else None  # run.json says why a requested compile did not apply
         if self.compiled:
+            # past the recompile limit, dynamo would run eager code without a word; stop the run instead
+            torch._dynamo.config.fail_on_recompile_limit_hit = True
             compile_blocks(model)
         elif t.compile:
             log.warning("train.compile ignored: %s", conflict)
@@ -92,7 +101,8 @@ class Trainer:
         make_optimizer = optimizer_factory(t, fused=self.precision.fused_optimizer and uniform,
                                            foreach=None if uniform else False)
         self.model, self.optimizer = strategy.prepare(model, make_optimizer, self.precision)
-        self.loss = strategy.loss_module(self.model, self.precision)
+        self.loss = strategy.loss_module(self.model, self.precision,
+                                         compiled_head_loss() if self.compiled else head_loss)
         self.rows = spec.rows_per_pass
         self.tokens_per_step = t.global_batch_size * spec.model.n_positions
         self.telemetry = GpuTelemetry(self.place.device) if self.rank0 else None
@@ -107,37 +117,42 @@ class Trainer:
         lr = lr_at(step, spec.train)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        started, cpu_started = time.perf_counter(), time.process_time()
-        data_time = 0.0
-        loss_sum = torch.zeros((), device=device)
-        place = self.place
-        batches = self.train_batches.micro_batches(step, place.data_rank, place.data_world, self.rows)
-        for micro in range(accum):
-            fetch = time.perf_counter()
-            inputs, targets = next(batches)
-            data_time += time.perf_counter() - fetch  # host work only: from pinned memory the copy is queued
-            inputs = inputs.to(device, non_blocking=True)
-            targets = targets.to(device, non_blocking=True)
-            last = micro == accum - 1
-            backward = functools.partial(precision.backward, optimizer=self.optimizer, last=last,
-                                         sync_grads=lambda: strategy.sync_grads(self.optimizer))
-            with strategy.accumulate(self.model, last):
-                loss_sum += strategy.forward_backward(self.loss, inputs, targets, accum, backward).float()
-        clip = spec.train.grad_clip or math.inf
-        grad_norm = strategy.clip_grad_norm(precision.master_params(self.model, self.optimizer), clip)
-        with strategy.step_context(self.optimizer):
-            precision.step(self.optimizer)
-        if self.state_bytes is None and self.rank0:  # gradients and optimizer state both exist only here
-            self.state_bytes = model_state_bytes(self.model, self.optimizer)
-        self.optimizer.zero_grad()  # set_to_none is the default; Horovod rejects the kwarg
-        loss_value = strategy.all_reduce_mean(loss_sum).item()  # .item() also waits for the device
-        elapsed, cpu_time = time.perf_counter() - started, time.process_time() - cpu_started
+        with timed_step():  # the ledger's window is the one the step time measures
+            started, cpu_started = time.perf_counter(), time.process_time()
+            data_time = 0.0
+            loss_sum = torch.zeros((), device=device)
+            place = self.place
+            batches = self.train_batches.micro_batches(step, place.data_rank, place.data_world, self.rows)
+            for micro in range(accum):
+                fetch = time.perf_counter()
+                with building_batch():
+                    inputs, targets = next(batches)
+                data_time += time.perf_counter() - fetch  # host work only: from pinned memory the copy is queued
+                inputs = inputs.to(device, non_blocking=True)
+                targets = targets.to(device, non_blocking=True)
+                last = micro == accum - 1
+                backward = functools.partial(precision.backward, optimizer=self.optimizer, last=last,
+                                             sync_grads=lambda: strategy.sync_grads(self.optimizer))
+                with strategy.accumulate(self.model, last):
+                    loss_sum += strategy.forward_backward(self.loss, inputs, targets, accum, backward).float()
+            clip = spec.train.grad_clip or math.inf
+            grad_norm = strategy.clip_grad_norm(precision.master_params(self.model, self.optimizer), clip)
+            with strategy.step_context(self.optimizer):
+                precision.step(self.optimizer)
+            if self.state_bytes is None and self.rank0:  # gradients and optimizer state both exist only here
+                self.state_bytes = model_state_bytes(self.model, self.optimizer)
+            self.optimizer.zero_grad()  # set_to_none is the default; Horovod rejects the kwarg
+            # The step's one wait for the device: loss and gradient norm come back to the host together; the
+            # micro-steps above queue work without reading anything back (tests/training/test_engine_structure.py).
+            loss_mean = strategy.all_reduce_mean(loss_sum)
+            loss_value, norm_value = torch.stack([loss_mean.float(), grad_norm.float().to(loss_mean.device)]).tolist()
+            elapsed, cpu_time = time.perf_counter() - started, time.process_time() - cpu_started
         return {
             "kind": "train",
             "step": step,
             "loss": loss_value,
             "lr": lr,
-            "grad_norm": float(grad_norm),
+            "grad_norm": norm_value,
             "step_time_s": elapsed,
             "data_time_s": data_time,
             "cpu_time_s": cpu_time,  # this process, all its threads: far below step_time_s x threads = starved
@@ -163,9 +178,9 @@ class Trainer:
         val_loss = self.strategy.all_reduce_mean(total / count).item()
         return {"kind": "eval", "step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
 
-    def checkpoint(self, step: int, record: dict | None) -> None:
-        """Save the state after `step` and name it in run.json (rank 0's `record`), where a re-run
-        resumes, even after SIGKILL."""
+    def checkpoint(self, step: int, report: RankReport | None) -> None:
+        """Save the state after `step` and name it in rank 0's report, where a re-run resumes, even after
+        SIGKILL."""
         model_state, optim_state = self.strategy.full_state_dict(self.model, self.optimizer, self.precision)
         if self.rank0:
             with stops.deferred():
@@ -178,9 +193,7 @@ class Trainer:
                     precision=self.precision.state_dict(self.optimizer),
                     metrics=self.metrics.history,
                 )
-                if record is not None:
-                    record.update(checkpoint_step=step, model_state_bytes=self.state_bytes)
-                    atomic_write_json(self.out / "run.json", record)
+                report.update(checkpoint_step=step, model_state_bytes=self.state_bytes)
         self.strategy.barrier()
 
     def resume(self) -> tuple[int, list[dict]]:
@@ -198,9 +211,9 @@ class Trainer:
     def run(self) -> None:
         t = self.spec.train
         start, history = self.resume()
-        record = self._run_record(start) if self.rank0 else None  # capture() runs git, mpirun, nvidia-smi
-        if record is not None:
-            atomic_write_json(self.out / "run.json", record)
+        report = RankReport(self.out, self.spec.attempt) if self.rank0 else None
+        if report is not None:  # capture() runs git, mpirun, nvidia-smi
+            report.update(status="running", **self._run_facts(start))
         self.metrics = metrics = MetricsLog(self.out / "metrics.jsonl", enabled=self.rank0, history=history)
         # A bar at a terminal; in a log file (every pipeline job) one readable line per 5% of the run,
         # not a carriage-return bar that `less` shows as one endless line.
@@ -208,11 +221,22 @@ class Trainer:
         progress = tqdm(total=t.max_steps, initial=start, disable=not (self.rank0 and interactive),
                         desc=self.spec.strategy, unit="step")
         log_every = max(1, t.max_steps // 20)
+        tracer = StepTracer(range(max(0, t.max_steps - t.ledger_steps), t.max_steps), self.place.device,
+                            list_element_bytes=gradient_bytes(self.spec.precision))
+        ledger = next(({k: v for k, v in line.items() if k not in ("kind", "step")}  # traced before a resume
+                       for line in history if line.get("kind") == "ledger"), None)
         step = start
         try:
             for step in range(start, t.max_steps):
-                line = self.train_step(step)
+                with tracer.step(step):
+                    line = self.train_step(step)
+                if step in tracer.steps:
+                    line["traced"] = True  # the profiler slows it: not a throughput sample
                 metrics.write(line)
+                if tracer.finished(step):
+                    ledger = tracer.ledger(summarise=self.rank0)
+                    if ledger is not None:
+                        metrics.write({"kind": "ledger", "step": step + 1, **ledger})
                 progress.set_postfix(loss=f"{line['loss']:.4f}", tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
                 progress.update()
                 done = step + 1
@@ -222,32 +246,21 @@ class Trainer:
                 if done % t.eval_interval == 0 or done == t.max_steps:
                     metrics.write(self.evaluate(done))
                 if done % t.checkpoint_interval == 0 or done == t.max_steps:
-                    self.checkpoint(done, record)
+                    self.checkpoint(done, report)
         except Interrupted as stop:
-            if record is not None:
-                record.update(status="interrupted", signal=stop.signal_name, interrupted_at_step=step,
+            if report is not None:
+                report.update(status="interrupted", signal=stop.signal_name, interrupted_at_step=step,
                               finished_at=now_iso())
-                atomic_write_json(self.out / "run.json", record)
             raise
         finally:
             progress.close()
             metrics.close()
-        if record is not None:
-            record.update(status="completed", finished_at=now_iso())
-            if not self.spec.keep_checkpoint:
-                record["checkpoint_step"] = None  # deleted below, once the record says the run is complete
-            atomic_write_json(self.out / "run.json", record)  # written last, only on success
-            if not self.spec.keep_checkpoint:
-                (self.out / "checkpoint.pt").unlink(missing_ok=True)
+        if report is not None:
+            report.update(status="completed", finished_at=now_iso(), ledger=ledger)
 
-    def _run_record(self, resumed_from: int) -> dict:
+    def _run_facts(self, resumed_from: int) -> dict:
         spec = self.spec
-        placement = {"world_size": self.place.world_size, "device": str(self.place.device),
-                     "backend": self.strategy.backend}
-        if spec.strategy == "dp":
-            placement["degenerate"] = self.place.device.type == "cpu"
         return {
-            "status": "running",
             "run_id": self.out.name,
             "strategy": spec.strategy,
             "precision": spec.precision,
@@ -258,7 +271,7 @@ class Trainer:
             "compiled": self.compiled,
             "compile_skipped": self.compile_skipped,
             "tokens_per_step": self.tokens_per_step,
-            "placement": placement,
+            "placement": self.strategy.placement_record(),
             "wrapping": self.strategy.wrapping,
             "communication": dataclasses.asdict(traffic(spec)),  # modelled bytes per step, not measured
             "matmul": self.matmul,
@@ -273,11 +286,14 @@ class Trainer:
         }
 
 
-def run(spec: RunSpec) -> None:
-    """Train one rank of `spec` (the launcher starts one call per process)."""
+def run(spec: RunSpec) -> bool:
+    """Train one rank of `spec` (the launcher starts one call per process); returns whether this
+    process was rank 0, the one that reports."""
     strategy = REGISTRY[spec.strategy](spec)
     try:
-        Trainer(spec, strategy).run()
+        trainer = Trainer(spec, strategy)
+        trainer.run()
+        return trainer.rank0
     finally:
         if strategy.placement is not None:
             strategy.teardown()

@@ -1,4 +1,4 @@
-"""GPT-2 from transformers, built from our ModelConfig, plus the numbers MFU needs."""
+"""GPT-2 from transformers, built from our ModelConfig, and its next-token loss."""
 
 from __future__ import annotations
 
@@ -10,17 +10,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt2dist.config import ModelConfig
+from gpt2dist.config.schema import ModelConfig
 
 if TYPE_CHECKING:
-    from transformers import GPT2LMHeadModel
+    from gpt2dist.training.gpt2 import GPT2
 
 
-def build_model(cfg: ModelConfig, *, seed: int, eos_id: int) -> GPT2LMHeadModel:
+# The head's matrix product runs over the vocabulary rounded up to this (50257 -> 50304): the tensor cores'
+# tiles and 16-byte aligned rows want it; the extra logits are cut off before the loss, never predicted.
+VOCAB_MULTIPLE = 64
+
+
+def build_model(cfg: ModelConfig, *, seed: int, eos_id: int) -> GPT2:
     """Seeded init on CPU, so every rank and every strategy starts from identical weights."""
     # Imported here: transformers takes seconds to import, and the launcher, which imports this
     # module through the strategies, never builds a model.
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config
+
+    from gpt2dist.training.gpt2 import GPT2
 
     config = GPT2Config(
         n_layer=cfg.n_layer,
@@ -37,9 +44,36 @@ def build_model(cfg: ModelConfig, *, seed: int, eos_id: int) -> GPT2LMHeadModel:
         attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
-    model = GPT2LMHeadModel(config)
+    model = GPT2(config)
     linearize(model)
+    model.lm_head = DeferredHead(model.transformer.wte.weight)
     return model
+
+
+class DeferredHead(nn.Module):
+    """GPT-2's head, tied to the token embedding, whose product with the hidden states is left to the loss
+    (head_loss): the model's forward returns the final hidden states, and the logits exist only inside the
+    loss, which can then run as one compiled graph that never keeps a float32 copy of them. Its parameter
+    keeps the name `lm_head.weight`, so checkpoints stay those of transformers' GPT-2."""
+
+    def __init__(self, weight: nn.Parameter):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+
+def head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum over these positions of the next-token cross-entropy of the tied head's logits, in float32.
+
+    The product runs over the vocabulary padded with zero rows to a multiple of VOCAB_MULTIPLE; the
+    padding's logits are cut off before the softmax. Compiled (train.compile), the upcast, softmax and
+    their backward fuse into the reads of the 16-bit logits: no float32 copy of them is stored."""
+    vocab = weight.shape[0]
+    padding = -vocab % VOCAB_MULTIPLE
+    logits = F.linear(hidden, F.pad(weight, (0, 0, 0, padding)) if padding else weight)[..., :vocab]
+    return F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="sum")
 
 
 def linearize(model: nn.Module) -> None:
@@ -59,14 +93,20 @@ def linearize(model: nn.Module) -> None:
                 setattr(parent, name, linear)
 
 
-def transformer_blocks(model: GPT2LMHeadModel) -> list[nn.Module]:
+def transformer_blocks(model: GPT2) -> list[nn.Module]:
     return list(model.transformer.h)
 
 
-def compile_blocks(model: GPT2LMHeadModel) -> None:
-    """Compile each block in place: works the same before DDP, Horovod or FSDP2 wrapping."""
+def compile_blocks(model: GPT2) -> None:
+    """Compile each block in place, whole (fullgraph: a graph break is an error, not a silent return to
+    eager code); works the same before DDP, Horovod or FSDP2 wrapping."""
     for block in transformer_blocks(model):
-        block.compile()
+        block.compile(fullgraph=True)
+
+
+def compiled_head_loss() -> Callable[..., torch.Tensor]:
+    """head_loss as one compiled graph."""
+    return torch.compile(head_loss, fullgraph=True)
 
 
 class TokenLoss(nn.Module):
@@ -79,16 +119,22 @@ class TokenLoss(nn.Module):
     would otherwise compute in fp16 without a loss scaler.
     """
 
-    def __init__(self, model: nn.Module, autocast: Callable[[], AbstractContextManager]):
+    def __init__(self, model: nn.Module, autocast: Callable[[], AbstractContextManager],
+                 loss: Callable[..., torch.Tensor] = head_loss):
         super().__init__()
-        self.model, self.autocast = model, autocast
+        self.model, self.autocast, self.loss = model, autocast, loss
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with self.autocast():
-            logits = self.model(input_ids=inputs, use_cache=False, return_dict=False)[0]
-            total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum")
+            hidden = self.model(inputs)
+            total = self.loss(hidden, head_weight(self.model), targets)
         # shape [1], not a scalar: DataParallel's gather concatenates these without a warning
-        return total.float().reshape(1), targets.new_full((1,), targets.numel())
+        return total.reshape(1), targets.new_full((1,), targets.numel())
+
+
+def head_weight(model: nn.Module) -> torch.Tensor:
+    """The tied head's weight as the model holds it now (through a DDP-style wrapper's `module`)."""
+    return getattr(model, "module", model).lm_head.weight
 
 
 def mean_loss(loss_sums: torch.Tensor, token_counts: torch.Tensor) -> torch.Tensor:
@@ -100,15 +146,3 @@ def lm_loss(loss: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> tor
     """Mean next-token cross-entropy of a batch through a TokenLoss (or DataParallel over one)."""
     return mean_loss(*loss(inputs, targets))
 
-
-def non_embedding_params(cfg: ModelConfig) -> int:
-    """N in 6N + 12LHQT: all parameters except position embeddings (the head is tied to wte)."""
-    d, layers = cfg.n_embd, cfg.n_layer
-    per_block = 12 * d * d + 13 * d  # qkv + proj + 2 MLP matmuls with biases, 2 LayerNorms
-    return cfg.vocab_size * d + layers * per_block + 2 * d  # token embedding, blocks, final LayerNorm
-
-
-def flops_per_token(cfg: ModelConfig) -> float:
-    """Training FLOPs per token (forward + backward), nanoGPT/PaLM estimate: 6N + 12*L*H*Q*T."""
-    head_dim = cfg.n_embd // cfg.n_head
-    return 6 * non_embedding_params(cfg) + 12 * cfg.n_layer * cfg.n_head * head_dim * cfg.n_positions

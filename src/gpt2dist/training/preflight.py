@@ -5,19 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpt2dist.config import RunSpec
+from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.strategies import extras_needed
 from gpt2dist.data.shards import verify_shards
 from gpt2dist.errors import UsageError
-from gpt2dist.training.optional import import_horovod, require_apex, require_apex_parallel
+from gpt2dist.training.optional import require
 
 
 def check_dependencies(spec: RunSpec) -> None:
-    if spec.strategy == "horovod":
-        import_horovod()
-    if spec.strategy == "apex-ddp":
-        require_apex_parallel()
-    if spec.precision.startswith("apex-"):
-        require_apex()
+    """Every optional dependency the run's strategy and precision need imports here."""
+    for extra in extras_needed(spec.strategy, spec.precision):
+        require(extra)
 
 
 def check_data(spec: RunSpec) -> dict:

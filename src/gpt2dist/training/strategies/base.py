@@ -1,6 +1,6 @@
-"""What a strategy decides: process placement, how model and optimizer are wrapped, and
-how gradients meet. The training loop calls only these methods, so it never branches on
-the strategy's name."""
+"""What a strategy does at run time: process placement, how model and optimizer are wrapped, and
+how gradients meet. The training loop calls only these methods and never names a strategy; what a
+strategy is before it runs (launcher, layout, rules) is its description in config.strategies."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from gpt2dist.config import RunSpec
+from gpt2dist.config.schema import RunSpec
 from gpt2dist.system.hardware import device_index
 from gpt2dist.training.model import TokenLoss, lm_loss
 from gpt2dist.training.precision import Precision
@@ -49,9 +49,6 @@ class Strategy:
     # (zero_grad(set_to_none=True), step()); a strategy whose optimizer rejects that keeps
     # torch's positional optimizer.state_dict() instead, which every rank then holds whole.
     optimizer_state_by_name: bool = True
-    # Whether a rank's gradients are only part of the model's (shards, stages, layer slices): a loss
-    # scaler must then agree with the other ranks on skipping a step (ShardedGradScaler).
-    sharded_grads: bool = False
     # Whether all parameters are tensors of one kind (plain, or DTensors on one mesh), as AdamW's
     # foreach and fused kernels need: they take all parameters as one list.
     uniform_parameters: bool = True
@@ -61,6 +58,12 @@ class Strategy:
         self.placement: Placement | None = None
         self.wrapping: dict = {}  # what prepare() applied, beyond the strategy's name, for run.json
         self.backend = "none"  # how gradients travel between processes, once setup() has run
+
+    @property
+    def sharded_grads(self) -> bool:
+        """Whether a rank's gradients are only part of the model's (shards, stages, layer slices): a loss
+        scaler must then agree with the other ranks on skipping a step (ShardedGradScaler)."""
+        return self.spec.description.shards_state or self.spec.description.splits_model
 
     def setup(self) -> Placement:
         device = claim_gpu(0) if self.spec.device == "cuda" else torch.device("cpu")
@@ -78,9 +81,10 @@ class Strategy:
         """The optimizer training steps, for strategies whose gradients meet inside it (Horovod)."""
         return optimizer
 
-    def loss_module(self, model: nn.Module, precision: Precision) -> nn.Module:
-        """What the loop calls with (inputs, targets) to get (loss sums, token counts)."""
-        return TokenLoss(model, precision.autocast)
+    def loss_module(self, model: nn.Module, precision: Precision, loss: Callable[..., torch.Tensor]) -> nn.Module:
+        """What the loop calls with (inputs, targets) to get (loss sums, token counts); `loss` is
+        model.head_loss, compiled or not."""
+        return TokenLoss(model, precision.autocast, loss)
 
     def accumulate(self, model: nn.Module, last: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-step's forward and backward; skips gradient sync unless last."""
@@ -144,6 +148,10 @@ class Strategy:
             set_optimizer_state_dict(module, optimizer, optim_state, options=options)
         else:
             precision.load_optimizer_state_dict(optimizer, optim_state)
+
+    def placement_record(self) -> dict:
+        """Where the run's processes ran and how their gradients travelled, for run.json."""
+        return {"world_size": self.placement.world_size, "device": str(self.placement.device), "backend": self.backend}
 
     def barrier(self) -> None:
         """Wait for every rank."""

@@ -18,9 +18,9 @@ class DataParallel(Strategy):
     compile_conflict = ("DataParallel copies the module onto each device at every forward, and a block compiled "
                         "in place would still call the original's compiled code on GPU 0")
 
-    def loss_module(self, model, precision):
+    def loss_module(self, model, precision, loss):
         # the replica enters the run's autocast itself: worker threads would default to fp16
-        loss = TokenLoss(model, precision.autocast)
+        loss = TokenLoss(model, precision.autocast, loss)
         if self.spec.device == "cuda":
             devices = list(range(self.spec.nproc))
             self.backend = "DataParallel scatter/gather in one process"
@@ -28,3 +28,6 @@ class DataParallel(Strategy):
             return nn.DataParallel(loss, device_ids=devices)
         describe(self, "DataParallel without CUDA: degenerate one-device case on CPU")
         return nn.DataParallel(loss)
+
+    def placement_record(self):
+        return {**super().placement_record(), "degenerate": self.placement.device.type == "cpu"}

@@ -19,10 +19,12 @@ from gpt2dist.training.strategies.torch_distributed import TorchDistributed, sha
 
 def shard_fully(model: nn.Module, mesh: DeviceMesh | None, policy: MixedPrecisionPolicy = MixedPrecisionPolicy()) -> int:
     """fully_shard each transformer block, then the root, over `mesh` (None: all ranks); returns the
-    number of sharded modules."""
-    modules = (*transformer_blocks(model), model)
+    number of sharded modules. The last block keeps its gathered parameters after forward: backward
+    needs them at once, so resharding would only gather them again (the root keeps its own by default)."""
+    blocks = transformer_blocks(model)
+    modules = (*blocks, model)
     for module in modules:
-        fully_shard(module, mesh=mesh, mp_policy=policy)
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=False if module is blocks[-1] else None)
         if dist.get_backend() == "gloo":
             # torch 2.8's gloo reduce_scatter takes ReduceOp.AVG but sums, doubling FSDP's gradients
             # with 2 ranks; SUM plus FSDP's own division is right on every torch.
@@ -32,7 +34,6 @@ def shard_fully(model: nn.Module, mesh: DeviceMesh | None, policy: MixedPrecisio
 
 class FSDP(TorchDistributed):
     name = "fsdp"
-    sharded_grads = True
 
     def prepare(self, model, make_optimizer, precision):
         # Shard first: the optimizer must be built over the sharded (DTensor) parameters.

@@ -16,6 +16,7 @@ gradient after backward: the same result, without overlap.
 
 import torch
 
+from gpt2dist.training.ledger import comm_wait
 from gpt2dist.training.optional import import_horovod
 from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu, describe
 
@@ -54,13 +55,15 @@ class Horovod(Strategy):
         return model, optimizer
 
     def sync_grads(self, optimizer):
-        optimizer.synchronize()
+        with comm_wait():
+            optimizer.synchronize()
 
     def step_context(self, optimizer):
         return optimizer.skip_synchronize()
 
     def all_reduce_mean(self, value):
-        return self.hvd.allreduce(value, op=self.hvd.Average)
+        with comm_wait():
+            return self.hvd.allreduce(value, op=self.hvd.Average)
 
     def barrier(self):
         self.hvd.barrier()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -25,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from gpt2dist.training.model import head_loss
 from gpt2dist.training.strategies.base import describe
 from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
@@ -74,13 +74,11 @@ class Stage(nn.Module):
     def mean_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The last stage's head and mean next-token cross-entropy of these rows."""
         with self.autocast():
-            logits = self.lm_head(hidden)
-        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+            return head_loss(hidden, self.lm_head.weight, targets) / targets.numel()
 
 
 class PipelineParallel(TorchDistributed):
     name = "pp"
-    sharded_grads = True
     compile_conflict = "the pipeline schedule drives each stage's forward and backward itself"
 
     def prepare(self, model, make_optimizer, precision):
@@ -110,7 +108,7 @@ class PipelineParallel(TorchDistributed):
         times the hidden states (26 GB in fp32 for GPT-2 small at 128 x 1024 tokens)."""
         return self.stage.mean_loss(hidden, targets) / self.micro_batches
 
-    def loss_module(self, model, precision):
+    def loss_module(self, model, precision, loss):
         return model  # the schedule computes the loss on the last stage
 
     def _tied_copy(self) -> torch.Tensor | None:

@@ -77,7 +77,6 @@ def _permute_rows(tensor: torch.Tensor, tp: int, to_gpt2: bool) -> torch.Tensor:
 
 class TensorParallel(TorchDistributed):
     name = "tp"
-    sharded_grads = True
     compile_conflict = ("the attention code is compiled with the block; under DTensor it would trace the "
                         "collectives too, which this study has not validated")
     uniform_parameters = False  # DTensors on the tensor-parallel mesh next to plain (or other-mesh) ones

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
-from gpt2dist.config import DEFAULT_PORT
+from gpt2dist.config.schema import DEFAULT_PORT
 from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu
 
 

@@ -86,6 +86,13 @@ def unavailable() -> str | None:
     return None
 
 
+def ssh_unavailable() -> str | None:
+    """Why horovodrun cannot reach emulated nodes here (it needs an sshd on each), or None."""
+    if shutil.which("sshd", path=f"{os.environ.get('PATH', '')}:/usr/sbin") is None or shutil.which("ssh-keygen") is None:
+        return "sshd not installed (apt-get install openssh-server)"
+    return None
+
+
 def _run(*argv: str) -> str:
     result = subprocess.run(argv, capture_output=True, text=True)
     if result.returncode:
@@ -204,8 +211,9 @@ def ssh_between(made: EmulatedNodes, timeout_s: float = 30.0) -> Iterator[None]:
     """An sshd on every node that lets root in with a key made here, and an ssh client configuration
     that uses it: what `horovodrun -H` needs to start ranks on other hosts. Both live in each node's
     /etc/ssh (mounted by Node.command), so neither the machine's sshd nor root's known_hosts change."""
-    if shutil.which("sshd", path="/usr/sbin:/usr/bin") is None or shutil.which("ssh-keygen") is None:
-        raise UsageError("sshd not installed (apt-get install openssh-server): horovodrun reaches other nodes over ssh")
+    missing = ssh_unavailable()
+    if missing:
+        raise UsageError(f"{missing}: horovodrun reaches other nodes over ssh")
     keys = Path(tempfile.mkdtemp(prefix="gpt2dist-ssh-"))
     privilege_separation = Path("/run/sshd")  # sshd refuses to start without it; Debian makes it at boot
     made_privilege_separation = not privilege_separation.exists()

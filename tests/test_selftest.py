@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpt2dist.launch.selftest import one_line
+from gpt2dist.selftest import one_line
 from gpt2dist.pipeline.study import plan_study, resume_cases
 
 from conftest import gpt2dist

@@ -1,44 +1,27 @@
-"""Typed configuration: params.yaml -> chosen preset -> --set overrides -> validated RunSpec.
-
-params.yaml is the only parameter file (Snakemake and DVC read it too). Everything a
-training rank needs is resolved here once, in the launching process, and handed to the
-ranks as a JSON RunSpec, so every rank and every launcher sees the same values and bad
-input fails before any process group exists.
-"""
+"""The typed schema of params.yaml and of one resolved run (RunSpec), with the one-line messages that bad
+values get. A RunSpec is resolved once, in the launching process, and handed to every rank as JSON, so every
+rank and every launcher sees the same values and bad input fails before any process group exists."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpt2dist.errors import UsageError
+from gpt2dist.config.strategies import STRATEGY_NAMES, Description, describe
 from gpt2dist.io import atomic_write_text
 
 # torch.distributed's rendezvous port: launchers pass it, and ranks that SLURM starts derive theirs from it.
 DEFAULT_PORT = 29500
 
-Strategy = Literal["single", "dp", "ddp", "horovod", "fsdp", "tp", "pp", "fsdp-tp", "apex-ddp"]
-# Strategies that split the model itself over their processes; each such group trains one replica.
-MODEL_PARALLEL = ("tp", "pp", "fsdp-tp")
-# What starts a strategy's processes: known here, before torch loads, so that `gpt2dist train` can plan its
-# launch without importing every strategy (a second of start-up per run). "python": one process drives
-# every device (single, and dp's one process that scatters over GPUs).
-LAUNCHERS: dict[str, str] = {"single": "python", "dp": "python", "ddp": "torchrun", "apex-ddp": "torchrun",
-                             "fsdp": "torchrun", "tp": "torchrun", "pp": "torchrun", "fsdp-tp": "torchrun",
-                             "horovod": "horovodrun"}
-# A pipeline stage idles while the others compute (the bubble): its CPU share says nothing of the machine.
-IDLE_BY_DESIGN = ("pp",)
+StrategyName = Literal[STRATEGY_NAMES]
 # fp32 is IEEE fp32 everywhere; tf32 is fp32 with TF32 tensor-core matmuls (NVIDIA containers' default).
-Precision = Literal["fp32", "tf32", "fp16", "bf16", "apex-O1", "apex-O2"]
+PrecisionName = Literal["fp32", "tf32", "fp16", "bf16", "apex-O1", "apex-O2"]
 DeviceType = Literal["cpu", "cuda"]
-STRATEGIES: tuple[str, ...] = get_args(Strategy)
-PRECISIONS: tuple[str, ...] = get_args(Precision)
+PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
 
 
 class _Strict(BaseModel):
@@ -70,7 +53,7 @@ class TrainConfig(_Strict):
     max_steps: int = Field(gt=0, description="Optimizer steps.")
     lr: float = Field(gt=0, description="Peak learning rate (AdamW).")
     min_lr: float = Field(ge=0, description="Learning rate at the end of the cosine decay.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps before the cosine decay.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Steps of linear learning-rate warm-up before the cosine decay.")
     weight_decay: float = Field(0.1, ge=0)
     beta1: float = Field(0.9, gt=0, lt=1)
     beta2: float = Field(0.95, gt=0, lt=1)
@@ -79,6 +62,9 @@ class TrainConfig(_Strict):
     eval_batches: int = Field(gt=0, description="Global batches per evaluation.")
     checkpoint_interval: int = Field(gt=0, description="Write a resumable checkpoint every this many steps.")
     compile: bool = Field(False, description="torch.compile each transformer block.")
+    ledger_steps: int = Field(2, ge=0, description="The run's last steps traced with torch.profiler for the time "
+                              "ledger (compute, hidden and exposed communication, data, idle); they are left out of "
+                              "throughput statistics. 0: no ledger.")
     fsdp_mixed_precision: bool = Field(
         False,
         description="fsdp with bf16 or fp16 only: FSDP2's MixedPrecisionPolicy, parameters all-gathered and "
@@ -150,8 +136,8 @@ class DataConfig(_Strict):
 class RunGroup(_Strict):
     """A cross product of runs: every strategy x precision x process count listed."""
 
-    strategies: list[Strategy] = Field(min_length=1)
-    precisions: list[Precision] = Field(min_length=1)
+    strategies: list[StrategyName] = Field(min_length=1)
+    precisions: list[PrecisionName] = Field(min_length=1)
     nproc: list[int] = Field(min_length=1, description="Processes (GPUs on CUDA machines) per run.")
     label: str | None = Field(None, description="What a paper calls these runs (e.g. 'Horovod + Apex'), shown "
                               "beside the configuration in tables and figures.")
@@ -177,7 +163,8 @@ class StudyConfig(_Strict):
     """Which runs the pipeline trains and how their numbers are summarised."""
 
     repeats: int = Field(3, ge=1, description="Repeats per configuration (3 or more give confidence intervals).")
-    warmup_steps: int = Field(5, ge=0, description="Leading steps left out of throughput statistics.")
+    excluded_steps: int = Field(5, ge=0, description="Leading steps of each run left out of throughput statistics "
+                                "(compilation, allocator and cache warm-up).")
     train_runtime_min: int = Field(60, gt=0, description="Time limit of one train job on a cluster (SLURM "
                                    "--time), minutes; a job that hits it is retried and resumes from its checkpoint.")
     max_foreign_cpu_share: float = Field(0.1, ge=0, le=1, description="A run is disturbed when other processes "
@@ -202,6 +189,17 @@ class Preset(_Strict):
     study: StudyConfig
 
 
+class ExtendingPreset(_Strict):
+    """A preset written as another one plus changes: its sections are laid over those of the preset it
+    extends (mappings merge key by key; lists and values replace), then validated as a whole."""
+
+    extends: str = Field(description="The preset this one starts from.")
+    data: dict = Field({}, description="Changes to the data section.")
+    model: dict = Field({}, description="Changes to the model section.")
+    train: dict = Field({}, description="Changes to the train section.")
+    study: dict = Field({}, description="Changes to the study section.")
+
+
 class ParamsFile(_Strict):
     """The whole params.yaml; its JSON schema (workflow/schemas/) is generated from this."""
 
@@ -210,7 +208,7 @@ class ParamsFile(_Strict):
         None, ge=0, description="GPUs per node the study is planned for; null: the GPUs visible where it is "
         "planned. Set it (or `snakemake --config gpus_per_node=8`) when planning on a login node without GPUs.")
     container: str = Field(description="Image every pipeline rule runs in under --sdm apptainer.")
-    presets: dict[str, Preset] = Field(min_length=1)
+    presets: dict[str, Preset | ExtendingPreset] = Field(min_length=1)
 
 
 class RunSpec(_Strict):
@@ -219,8 +217,8 @@ class RunSpec(_Strict):
     data_dir: str
     out_dir: str
     preset: str
-    strategy: Strategy
-    precision: Precision
+    strategy: StrategyName
+    precision: PrecisionName
     nproc: int = Field(gt=0)
     device: DeviceType
     model: ModelConfig
@@ -230,34 +228,37 @@ class RunSpec(_Strict):
     stale_checkpoint: Literal["fail", "restart"] = Field(
         "fail", description="A checkpoint of other settings: fail (by hand: the directory is another run's) or "
         "restart (a workflow tool re-runs the job because its settings changed).")
+    attempt: str | None = Field(None, description="The launch this spec belongs to, set by `gpt2dist train`, "
+                                "which writes the run's record; None for ranks started by hand from printed "
+                                "commands, whose rank 0 then writes it.")
+
+    @property
+    def description(self) -> Description:
+        return describe(self.strategy)
 
     @property
     def world_size(self) -> int:
         """Processes the run starts (dp is one process driving nproc devices)."""
-        return 1 if self.strategy in ("single", "dp") else self.nproc
+        return self.description.processes(self.nproc)
 
     @property
     def tensor_parallel_size(self) -> int:
-        """Processes that split each layer: all of them under tp, train.tensor_parallel_size under fsdp-tp."""
-        return {"tp": self.nproc, "fsdp-tp": self.train.tensor_parallel_size}.get(self.strategy, 1)
+        """Processes that split each layer."""
+        return self.description.tensor_parallel_size(self.nproc, self.train)
 
     @property
     def replicas(self) -> int:
         """Data-parallel groups, each reading its own share of the global batch."""
-        if self.strategy in ("single", "dp", "tp", "pp"):
-            return 1
-        return self.nproc // self.tensor_parallel_size
+        return self.description.replicas(self.nproc, self.train)
 
     @property
     def rows_per_pass(self) -> int:
-        """Sequences one replica feeds to one forward pass: dp scatters nproc micro-batches at once,
-        and pp's one pipeline step takes the whole global batch as its micro-batches."""
-        t = self.train
-        return {"dp": t.micro_batch_size * self.nproc, "pp": t.global_batch_size}.get(self.strategy, t.micro_batch_size)
+        """Sequences one replica feeds to one forward pass."""
+        return self.description.rows_per_pass(self.nproc, self.train)
 
     @property
     def pipeline_micro_batches(self) -> int:
-        """Micro-batches pp's one pipeline step per optimizer step splits the global batch into."""
+        """Micro-batches a pipeline step per optimizer step splits the global batch into."""
         return self.train.global_batch_size // self.train.micro_batch_size
 
     @property
@@ -266,13 +267,15 @@ class RunSpec(_Strict):
 
     def fingerprint(self) -> str:
         """Identity of the computation; a checkpoint from another fingerprint is not resumed."""
-        identity = self.model_dump(exclude={"out_dir", "data_dir", "keep_checkpoint", "stale_checkpoint"})
+        identity = self.model_dump(exclude={"out_dir", "data_dir", "keep_checkpoint", "stale_checkpoint", "attempt"})
         identity["train"].pop("max_steps")  # extending a run is a resume, not a new run
+        identity["train"].pop("ledger_steps")  # tracing changes no number the run computes
         blob = json.dumps(identity, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _format_validation_error(err: ValidationError, model: type[BaseModel], prefix: str) -> str:
+def validation_message(err: ValidationError, model: type[BaseModel], prefix: str) -> str:
+    """pydantic's errors as one line: each bad key with what is wrong, unknown keys with what is allowed."""
     parts = []
     for e in err.errors():
         loc = [str(p) for p in e["loc"]]
@@ -290,167 +293,6 @@ def _format_validation_error(err: ValidationError, model: type[BaseModel], prefi
             msg = e["msg"].removeprefix("Value error, ")
             parts.append(f"{key}: {msg}")
     return "; ".join(parts)
-
-
-def _apply_override(tree: dict, assignment: str) -> None:
-    key, sep, raw_value = assignment.partition("=")
-    if not sep or not key:
-        raise UsageError(f"--set '{assignment}' is not of the form key=value (e.g. model.n_layer=2)")
-    *parents, leaf = key.split(".")
-    node = tree
-    for name in parents:
-        child = node.setdefault(name, {})
-        if not isinstance(child, dict):
-            raise UsageError(f"--set '{assignment}': '{name}' is a value, not a section")
-        node = child
-    node[leaf] = yaml.safe_load(raw_value)
-
-
-def read_params(path: Path) -> dict:
-    """The raw params.yaml mapping, with one-line errors for a missing or malformed file."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"params file {path} not found (pass --params FILE)") from None
-    except yaml.YAMLError as exc:
-        raise UsageError(f"params file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("presets"), dict):
-        raise UsageError(f"params file {path} has no 'presets' mapping")
-    return raw
-
-
-def resolve_preset_name(raw: dict, requested: str | None, cuda_available: bool) -> str:
-    """'auto' picks the GPU-scale preset when CUDA is visible and the CPU-scale one otherwise."""
-    name = requested or raw.get("preset", "auto")
-    if name == "auto":
-        name = "paper" if cuda_available else "cpu"
-    if name not in raw["presets"]:
-        raise UsageError(f"unknown preset '{name}' (available: {', '.join(raw['presets'])})")
-    return name
-
-
-def planned_gpus(path: Path, visible: int) -> int:
-    """GPUs per node to plan a study for: params.yaml's gpus_per_node, else those visible here."""
-    gpus = read_params(path).get("gpus_per_node")
-    if gpus is None:
-        return visible
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
-        raise UsageError(f"gpus_per_node in {path} must be a whole number of GPUs per node, 0 or more (not {gpus!r})")
-    return gpus
-
-
-def check_plan_fits(path: Path, planned: int, visible: int) -> None:
-    """Refuse a CPU plan (--gpus 0, as the committed dvc.yaml has) on a machine with GPUs: it would
-    train the CPU study on CUDA, or fail at its first 2-process run. A CPU study on a GPU machine
-    stays possible by saying so in params.yaml."""
-    if planned == 0 and visible > 0 and read_params(path).get("gpus_per_node") is None:
-        raise UsageError(
-            f"this study was planned for CPU (--gpus 0, as in the committed dvc.yaml) but this machine has {visible} "
-            f"CUDA GPUs; regenerate the plan with `gpt2dist dvc-yaml` (or set gpus_per_node: 0 in {path} to run "
-            f"the CPU study here)"
-        )
-
-
-def load_preset(path: Path, name: str, overrides: list[str] | tuple[str, ...] = ()) -> Preset:
-    return _preset_from(read_params(path), path, name, overrides)
-
-
-def choose_preset(path: Path, requested: str | None, cuda_available: bool,
-                  overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Preset]:
-    """Resolve the preset's name ('auto' included) and load it, reading params.yaml once."""
-    raw = read_params(path)
-    name = resolve_preset_name(raw, requested, cuda_available)
-    return name, _preset_from(raw, path, name, overrides)
-
-
-def _preset_from(raw: dict, path: Path, name: str, overrides: list[str] | tuple[str, ...]) -> Preset:
-    if name not in raw["presets"]:
-        raise UsageError(f"unknown preset '{name}' (available: {', '.join(raw['presets'])})")
-    tree = copy.deepcopy(raw["presets"][name])
-    for assignment in overrides:
-        _apply_override(tree, assignment)
-    try:
-        return Preset.model_validate(tree)
-    except ValidationError as err:
-        raise UsageError(f"{path} preset '{name}': {_format_validation_error(err, Preset, '')}") from None
-
-
-def check_combination(spec: RunSpec, visible_gpus: int) -> None:
-    """Reject combinations that cannot run, naming the key and what is allowed."""
-    t = spec.train
-    if spec.strategy == "single" and spec.nproc != 1:
-        raise UsageError(f"strategy 'single' runs one process; got --nproc {spec.nproc} (use ddp, fsdp or horovod)")
-    if spec.strategy == "dp":
-        limit = max(visible_gpus, 1)
-        if spec.nproc > limit:
-            raise UsageError(
-                f"strategy 'dp' drives one device per --nproc; {spec.nproc} requested but "
-                f"{visible_gpus} CUDA GPUs are visible (use --nproc {limit})"
-            )
-    _check_model_parallel(spec)
-    if spec.strategy == "apex-ddp":
-        if spec.device != "cuda":
-            raise UsageError("strategy 'apex-ddp' (apex.parallel.DistributedDataParallel) needs CUDA GPUs; on CPU "
-                             "use ddp")
-        if spec.precision in ("fp16", "bf16"):
-            raise UsageError(f"strategy 'apex-ddp' pairs with Apex amp (apex-O1, apex-O2) or fp32, not torch.amp's "
-                             f"{spec.precision}; use ddp for {spec.precision}")
-    if spec.precision.startswith("apex"):
-        if spec.strategy in ("fsdp", *MODEL_PARALLEL):
-            raise UsageError(f"precision 'apex-*' cannot wrap {spec.strategy}'s sharded or split parameters; use "
-                             f"{spec.strategy} with bf16 or fp16")
-        if spec.strategy == "dp" and spec.precision == "apex-O2":
-            # O2 patches forward on the model object; DataParallel's replicas copy that bound
-            # method and so all run the cuda:0 model.
-            raise UsageError("precision 'apex-O2' patches the model's forward, which DataParallel replicas would "
-                             "share with cuda:0; use dp with apex-O1, or ddp with apex-O2")
-        if spec.device != "cuda":
-            raise UsageError(f"precision '{spec.precision}' needs CUDA; on CPU use bf16 or fp16 (torch.amp)")
-    if t.fsdp_mixed_precision and (spec.strategy != "fsdp" or spec.precision not in ("bf16", "fp16")):
-        raise UsageError(
-            f"train.fsdp_mixed_precision applies to --strategy fsdp with --precision bf16 or fp16, not "
-            f"{spec.strategy} with {spec.precision}; set train.fsdp_mixed_precision=false"
-        )
-    per_step = spec.replicas * t.micro_batch_size * (spec.nproc if spec.strategy == "dp" else 1)
-    if t.global_batch_size % per_step:
-        share = "nproc" if spec.replicas > 1 or spec.strategy == "dp" else "1 (one replica)"
-        if spec.strategy == "fsdp-tp":
-            share = "nproc / train.tensor_parallel_size"
-        raise UsageError(
-            f"train.global_batch_size ({t.global_batch_size}) must be divisible by {share} x "
-            f"train.micro_batch_size ({per_step // t.micro_batch_size} x {t.micro_batch_size} = {per_step})"
-        )
-    if spec.device == "cuda" and spec.strategy != "dp" and spec.nproc > visible_gpus:
-        raise UsageError(f"--nproc {spec.nproc} exceeds the {visible_gpus} visible CUDA GPUs")
-
-
-def _check_model_parallel(spec: RunSpec) -> None:
-    """How far the model itself can be split: heads and MLP columns over tensor-parallel ranks,
-    blocks over pipeline stages."""
-    m, tp = spec.model, spec.tensor_parallel_size
-    if spec.strategy == "fsdp-tp" and spec.nproc % tp:
-        raise UsageError(f"strategy 'fsdp-tp' needs nproc ({spec.nproc}) divisible by train.tensor_parallel_size "
-                         f"({tp}), e.g. --nproc {2 * tp}")
-    if tp > 1 and m.n_head % tp:
-        raise UsageError(f"{spec.strategy} splits attention heads over {tp} ranks, but model.n_head ({m.n_head}) is "
-                         f"not divisible by {tp}; use a process count that divides {m.n_head}")
-    if spec.strategy in ("tp", "fsdp-tp") and spec.precision == "fp16" and spec.device == "cuda":
-        # seen on an H100 (torch 2.11): aten._amp_foreach_non_finite_check_and_unscale_ got mixed Tensor and DTensor
-        raise UsageError(f"strategy '{spec.strategy}' with fp16 on CUDA: the loss scaler checks all gradients in one "
-                         "fused kernel, which refuses tensor parallelism's mix of DTensor and plain gradients; use "
-                         f"{spec.strategy} with bf16")
-    if spec.strategy == "pp" and spec.precision == "fp16":
-        raise UsageError("strategy 'pp' runs backward inside the pipeline schedule, where fp16's loss scaler cannot "
-                         "wrap it; use pp with bf16")
-    if spec.strategy == "pp" and spec.nproc > m.n_layer:
-        raise UsageError(f"strategy 'pp' puts at least one block on each of its {spec.nproc} stages, but the model "
-                         f"has {m.n_layer} (model.n_layer); use --nproc {m.n_layer} or fewer")
-    micro_batches = spec.pipeline_micro_batches
-    if spec.strategy == "pp" and spec.train.pipeline_schedule == "1f1b" and micro_batches < spec.nproc:
-        # torch's Schedule1F1B fills the pipeline with one micro-batch per stage before its first backward
-        raise UsageError(f"train.pipeline_schedule '1f1b' needs at least one micro-batch per stage, but "
-                         f"global_batch_size / micro_batch_size is {micro_batches} for {spec.nproc} stages; use a "
-                         f"smaller train.micro_batch_size, or train.pipeline_schedule=gpipe")
 
 
 def write_spec(spec: RunSpec, path: Path) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2dist.config.strategies import describe
 from gpt2dist.data.shards import write_shards
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_write_json
@@ -48,13 +49,13 @@ class Check:
 def overrides(study: Study, steps: int) -> list[str]:
     """A tiny version of the study's model and a global batch that every process count divides."""
     batch = math.lcm(*(run.nproc for run in study.runs))
-    stages = max([2, *(run.nproc for run in study.runs if run.strategy == "pp")])  # a block per pipeline stage
+    stages = max([2, *(describe(run.strategy).pipeline_stages(run.nproc) for run in study.runs)])  # a block per stage
     return [
         f"model.n_layer={stages}",
         f"train.global_batch_size={batch}",
         "train.micro_batch_size=1",
         f"train.max_steps={steps}",
-        "train.warmup_steps=1",
+        "train.lr_warmup_steps=1",
         f"train.eval_interval={steps}",
         "train.eval_batches=1",
     ]

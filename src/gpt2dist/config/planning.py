@@ -1,0 +1,31 @@
+"""How many GPUs per node a study is planned for: what the user said (params.yaml's gpus_per_node, or the
+command line) over what the planning host happens to see, since plans are often made on a login node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpt2dist.config.presets import read_params
+from gpt2dist.errors import UsageError
+
+
+def planned_gpus(path: Path, visible: int) -> int:
+    """GPUs per node to plan a study for: params.yaml's gpus_per_node, else those visible here."""
+    gpus = read_params(path).get("gpus_per_node")
+    if gpus is None:
+        return visible
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise UsageError(f"gpus_per_node in {path} must be a whole number of GPUs per node, 0 or more (not {gpus!r})")
+    return gpus
+
+
+def check_plan_fits(path: Path, planned: int, visible: int) -> None:
+    """Refuse a CPU plan (--gpus 0, as the committed dvc.yaml has) on a machine with GPUs: it would
+    train the CPU study on CUDA, or fail at its first 2-process run. A CPU study on a GPU machine
+    stays possible by saying so in params.yaml."""
+    if planned == 0 and visible > 0 and read_params(path).get("gpus_per_node") is None:
+        raise UsageError(
+            f"this study was planned for CPU (--gpus 0, as in the committed dvc.yaml) but this machine has {visible} "
+            f"CUDA GPUs; regenerate the plan with `gpt2dist dvc-yaml` (or set gpus_per_node: 0 in {path} to run "
+            f"the CPU study here)"
+        )

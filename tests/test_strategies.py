@@ -1,0 +1,91 @@
+"""The strategy registry (config.strategies) is the one home of what a strategy is: nothing else in the
+package names a strategy, the CLI lists what it lists, and the papers' names map to the strategies the
+presets label with them."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.strategies import BAI, STRATEGIES, called
+from gpt2dist.pipeline.imports import PACKAGE
+
+from conftest import REPO, gpt2dist
+
+# Where a strategy may be named: its description, its runtime class, and the runtime registry.
+HOMES = ("config/strategies.py", "training/strategies/")
+# The Horovod package (its version, its build), which shares the strategy's name
+PACKAGE_NAMES = {("system/environment.py", "horovod"), ("system/doctor.py", "horovod")}
+
+
+def named_strategies(path: Path) -> list[tuple[int, str]]:
+    """String constants in a module's code (not its docstrings or messages' prose) that are a strategy's name."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in STRATEGIES
+            and id(node) not in docstrings]
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_outside_the_registry_names_a_strategy(path):
+    relative = path.relative_to(PACKAGE).as_posix()
+    if relative.startswith(HOMES):
+        return
+    named = [(line, name) for line, name in named_strategies(path) if (relative, name) not in PACKAGE_NAMES]
+    assert not named, f"{relative} names strategies {named}: ask config.strategies"
+
+
+def test_the_check_finds_a_named_strategy(tmp_path):
+    """Negative control: a comparison with a strategy's name, as the code had before the registry."""
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""Mentions ddp in prose."""\nif spec.strategy == "ddp":\n    pass\n')
+    assert named_strategies(probe) == [(2, "ddp")]
+
+
+def test_the_cli_lists_every_strategy_from_the_registry():
+    wide = {**os.environ, "COLUMNS": "400"}
+    assert " | ".join(STRATEGIES) in gpt2dist("train", "--help", env=wide).stdout
+    table = gpt2dist("strategies", env=wide).stdout
+    for name, description in STRATEGIES.items():
+        row = next(line for line in table.splitlines() if line.strip("│ ").startswith(f"{name} "))
+        assert description.launcher in row and description.summary in row, row
+
+
+def test_the_paper_presets_label_runs_with_the_registrys_names_for_them():
+    """bai2022's labels are the paper's names; where one names a strategy alone, the registry agrees."""
+    _, preset = resolve_preset(REPO / "params.yaml", "bai2022")
+    labelled = {group.label: group.strategies for group in preset.study.runs if group.label}
+    papers_names = {d.papers[BAI] for d in STRATEGIES.values() if BAI in d.papers}
+    checked = [label for label in labelled if label in papers_names]
+    assert len(checked) == 5, labelled  # single, dp, ddp, horovod, apex-ddp; "Horovod + Apex" is a precision
+    for label in checked:
+        assert labelled[label] == [called(BAI, label)], label
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_a_description_divides_its_processes_consistently(name):
+    """processes, replicas and the model-splitting degrees multiply up to the devices used."""
+    from gpt2dist.config.schema import TrainConfig
+
+    from conftest import TINY_PRESET
+
+    train = TrainConfig(**{**TINY_PRESET["train"], "tensor_parallel_size": 2})
+    d = STRATEGIES[name]
+    for nproc in (2, 4):
+        if name == "single":
+            continue
+        replicas = d.replicas(nproc, train)
+        split = d.tensor_parallel_size(nproc, train) * d.pipeline_stages(nproc)
+        assert d.processes(nproc) == (1 if d.one_process else nproc)
+        if d.one_process:
+            assert replicas == 1
+        else:
+            assert replicas * split == nproc, (nproc, replicas, split)
+        assert d.data_parallel == (split == 1), (nproc, split)

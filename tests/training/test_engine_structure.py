@@ -1,0 +1,159 @@
+"""The engine's step has the shape a fast step needs, checked by counting what it does rather than by
+timing it (timings belong to bench/): one read-back from the device per optimizer step, attention through
+the fused SDPA kernel with a causal flag instead of a mask, compiled blocks that are whole graphs and
+compile once, and a loss that never keeps a float32 copy of the logits. Each check has its fault beside it."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gpt2dist.launch.runner import build_spec
+from gpt2dist.training.loop import Trainer
+from gpt2dist.training.model import VOCAB_MULTIPLE, compiled_head_loss, head_loss
+from gpt2dist.training.strategies import REGISTRY
+
+# The ops through which the host waits for a value the device computed: .item(), float(t), bool(t), `if t`.
+READ_BACKS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default}
+
+
+class ReadBacks(TorchDispatchMode):
+    """Counts host read-backs of tensor values, outside the optimizer: on CPU nothing waits, but the same
+    ops on CUDA each stall the queue, so a count here is the count of stalls there. torch's unfused AdamW
+    reads its step counters, which it keeps on the host by design (the fused one, used on CUDA, does not)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in READ_BACKS:
+            stack = traceback.extract_stack()
+            if not any("torch/optim/" in frame.filename for frame in stack):
+                self.seen.append(f"{func} from {stack[-3].filename}:{stack[-3].lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+def trainer(shards, params_file, out, *, precision="fp32", overrides=()) -> Trainer:
+    spec = build_spec(data=shards, out=out, strategy="single", precision=precision, nproc=1, params=params_file,
+                      preset=None, overrides=list(overrides))
+    return Trainer(spec, REGISTRY["single"](spec))
+
+
+def test_the_micro_steps_read_nothing_back(shards, params_file, tmp_path):
+    engine = trainer(shards, params_file, tmp_path)
+    assert engine.spec.grad_accum_steps >= 2  # several micro-steps, so a read-back in their loop would show
+    engine.train_step(0)
+    with ReadBacks() as counted:
+        line = engine.train_step(1)
+    # the step's single read-back is one .tolist() of [loss, grad norm], which goes around the dispatcher
+    assert counted.seen == []
+    assert line["loss"] > 0 and line["grad_norm"] > 0
+
+
+def test_a_loss_read_back_every_micro_step_is_counted(shards, params_file, tmp_path, monkeypatch):
+    """The control: the fault an engine most often carries, the loss read per micro-step for a log line."""
+    engine = trainer(shards, params_file, tmp_path)
+    forward_backward = engine.strategy.forward_backward
+
+    def logging_each_micro_step(*args, **kwargs):
+        loss = forward_backward(*args, **kwargs)
+        print(f"micro-step loss {loss.item():.4f}")
+        return loss
+
+    monkeypatch.setattr(engine.strategy, "forward_backward", logging_each_micro_step)
+    with ReadBacks() as counted:
+        engine.train_step(0)
+    assert len(counted.seen) == engine.spec.grad_accum_steps >= 2
+
+
+def test_attention_runs_causal_sdpa_without_a_mask(shards, params_file, tmp_path, monkeypatch):
+    """The flash and memory-efficient kernels take is_causal; a materialised mask sends SDPA to the slow
+    math path (and a 16-bit run must reach it in 16 bits, not upcast)."""
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        calls.append((query.dtype, attn_mask is None, is_causal))
+        return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    engine = trainer(shards, params_file, tmp_path, precision="bf16")
+    engine.train_step(0)
+    layers = engine.spec.model.n_layer
+    assert len(calls) == layers * engine.spec.grad_accum_steps
+    assert set(calls) == {(torch.bfloat16, True, True)}
+
+
+def test_the_loss_pads_the_vocabulary_and_predicts_only_real_tokens():
+    torch.manual_seed(0)
+    vocab, width = 500, 16
+    hidden, weight = torch.randn(2, 8, width), torch.randn(vocab, width)
+    targets = torch.randint(0, vocab, (2, 8))
+    logits = hidden @ weight.T
+    textbook = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), reduction="sum")
+    assert head_loss(hidden, weight, targets).item() == pytest.approx(textbook.item(), rel=1e-6)
+    assert -vocab % VOCAB_MULTIPLE == 12  # padded to 512: the control that the padding path ran
+    # a softmax over the padded rows too (the fault the slice prevents) gives another number
+    padded = F.pad(weight, (0, 0, 0, 12))
+    wrong = F.cross_entropy((hidden @ padded.T).reshape(-1, vocab + 12), targets.reshape(-1), reduction="sum")
+    assert wrong.item() != pytest.approx(textbook.item(), rel=1e-6)
+
+
+def saved_float32_logits(loss_fn, hidden, weight, targets) -> list[tuple[int, ...]]:
+    """Shapes of the float32 tensors of logits' size that autograd keeps for backward."""
+    rows, vocab = targets.numel(), weight.shape[0]
+    kept = []
+
+    def pack(tensor):
+        if tensor.dtype == torch.float32 and tensor.numel() >= rows * vocab:
+            kept.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss_fn(hidden, weight, targets)
+    return kept
+
+
+@pytest.mark.slow
+def test_the_compiled_loss_keeps_no_float32_logits():
+    """Under bf16 the eager loss upcasts the logits and keeps the float32 copy (the control); compiled, the
+    upcast fuses into the softmax and only 16-bit tensors are saved. Needs a C++ compiler, as inductor does."""
+    torch.manual_seed(0)
+    hidden = torch.randn(4, 64, 32, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(1000, 32, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 1000, (4, 64))
+    assert saved_float32_logits(head_loss, hidden, weight, targets)  # eager: the copy is kept
+    assert saved_float32_logits(compiled_head_loss(), hidden, weight, targets) == []
+
+
+@pytest.mark.slow
+def test_compiled_blocks_are_whole_graphs_compiled_once(shards, params_file, tmp_path):
+    """fullgraph=True turns a graph break into an error; fail_on_recompile_limit_hit turns an endless
+    recompile into one. Here: after the first step, further steps compile nothing new, and evaluation compiles
+    its inference graphs once."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    engine = trainer(shards, params_file, tmp_path, overrides=["train.compile=true"])
+    assert engine.compiled
+    engine.train_step(0)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 2  # the blocks (one code object, so one graph) and the loss
+    engine.train_step(1)
+    assert counters["stats"]["unique_graphs"] == graphs
+    engine.evaluate(2)  # no_grad: inference graphs of the same two, once
+    assert counters["stats"]["unique_graphs"] == 2 * graphs
+    engine.train_step(2)
+    engine.evaluate(3)
+    assert counters["stats"]["unique_graphs"] == 2 * graphs
+    assert not counters["graph_break"]
+    # the control: micro-batches of another shape would compile again, and the counter sees it
+    inputs, targets = next(engine.train_batches.micro_batches(3, 0, 1, engine.rows // 2 + 1))
+    engine.loss(inputs, targets)
+    assert counters["stats"]["unique_graphs"] > graphs

@@ -1,0 +1,88 @@
+"""The per-step time ledger: its arithmetic on traces whose answer is known, and real runs' ledgers
+(torch.profiler on 2-rank gloo groups and horovodrun) that partition the traced steps' time and count
+the collectives the traffic model predicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpt2dist.config.schema import ModelConfig
+from gpt2dist.config.sizes import parameter_count
+from gpt2dist.training.ledger import COMM_WAIT, DATA, PARTS, STEP, summarise_trace, union
+
+from conftest import TINY_PRESET, gpt2dist, read_metrics, run_record, train_args
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def event(name: str, start: float, end: float, cat: str = "cpu_op", tid: int = 1, **args) -> dict:
+    return {"ph": "X", "name": name, "cat": cat, "ts": start, "dur": end - start, "tid": tid, "args": args}
+
+
+def cpu_trace(gloo_end: float) -> list[dict]:
+    """One 100 us step: data 0-10, compute 10-60, a gloo all-reduce 40-gloo_end on its thread, the rest idle."""
+    return [
+        event(STEP, 0, 100, "user_annotation"),
+        event(DATA, 0, 10, "user_annotation"), event("aten::index", 2, 8),  # building the batch
+        event("aten::mm", 10, 60),
+        event("c10d::allreduce_", 40, 41, **{"Input type": ["TensorList"], "Input Dims": [[[25], [5]]]}),
+        event("gloo:all_reduce", 40, gloo_end, "user_annotation", tid=2),
+    ]
+
+
+def test_the_parts_partition_the_step_and_split_communication_at_compute():
+    hidden_only = summarise_trace(cpu_trace(gloo_end=60), cuda=False)
+    exposed = summarise_trace(cpu_trace(gloo_end=90), cuda=False)  # the control: the same step, 30 us longer comm
+    seconds = 1e-6
+    assert hidden_only["comm_hidden_s"] == pytest.approx(20 * seconds) and hidden_only["comm_exposed_s"] == 0
+    assert exposed["comm_hidden_s"] == pytest.approx(20 * seconds)
+    assert exposed["comm_exposed_s"] == pytest.approx(30 * seconds)
+    for ledger in (hidden_only, exposed):
+        assert ledger["data_s"] == pytest.approx(10 * seconds)  # the batch's own operators are data, not compute
+        assert ledger["compute_s"] == pytest.approx(30 * seconds)  # 10-60 less the 20 us under communication
+        assert sum(ledger[part] for part in PARTS) == pytest.approx(100 * seconds)
+    assert exposed["idle_s"] == pytest.approx(10 * seconds) and hidden_only["idle_s"] == pytest.approx(40 * seconds)
+    assert exposed["collectives"] == {"allreduce_": {"calls": 1, "bytes": 120}}  # 30 fp32 elements
+
+
+def test_cuda_traces_count_kernels_and_nccl_and_the_host_waits_of_untraced_collectives():
+    trace = [
+        event(STEP, 0, 100, "user_annotation"),
+        event("sm90_gemm", 0, 50, "kernel", tid=7),
+        event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 40, 70, "kernel", tid=8),
+        event(COMM_WAIT, 80, 90, "user_annotation"),  # Horovod's synchronize, on the host
+    ]
+    ledger = summarise_trace(trace, cuda=True)
+    assert ledger["compute_s"] == pytest.approx(40e-6) and ledger["comm_hidden_s"] == pytest.approx(10e-6)
+    assert ledger["comm_exposed_s"] == pytest.approx(30e-6) and ledger["idle_s"] == pytest.approx(20e-6)
+
+
+def test_union_merges_overlaps_and_drops_empty_spans():
+    assert union([(5, 7), (0, 2), (1, 3), (4, 4)]) == [(0, 3), (5, 7)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "nproc"), [("single", 1), ("ddp", 2), ("horovod", 2)])
+def test_a_runs_ledger_partitions_its_traced_steps(strategy, nproc, shards, params_file, tmp_path):
+    out = tmp_path / strategy
+    gpt2dist(*train_args(shards, params_file, out, strategy, nproc=nproc))
+    ledger = run_record(out)["ledger"]
+    lines = read_metrics(out)
+    traced = [line for line in lines if line.get("traced")]
+    assert [line["step"] for line in traced] == [10, 11] and ledger["traced_steps"] == 2  # the last two of 12
+    assert all(ledger[part] >= 0 for part in PARTS)
+    # the parts tile the traced steps: their sum is the mean time the step timer measured
+    assert sum(ledger[part] for part in PARTS) == pytest.approx(sum(line["step_time_s"] for line in traced) / 2,
+                                                                rel=0.02)
+    assert ledger["compute_s"] > ledger["idle_s"]
+    communication = ledger["comm_hidden_s"] + ledger["comm_exposed_s"]
+    params = parameter_count(ModelConfig(**TINY_PRESET["model"]))
+    if strategy == "single":  # the control: one process sends nothing, and the ledger invents nothing
+        assert communication == 0 and ledger["collectives"] == {}
+    elif strategy == "ddp":
+        assert communication > 0
+        # every fp32 gradient once per step (accumulation runs under no_sync), plus the mean loss
+        assert ledger["collectives"]["allreduce_"]["bytes"] == params * 4 + 4
+        assert run_record(out)["communication"]["bytes_per_step"] == params * 4  # the model: 2(n-1)/n of it
+    else:  # Horovod's collectives run on its own thread: only its host waits are seen
+        assert ledger["comm_exposed_s"] > 0 and ledger["comm_hidden_s"] == 0 and ledger["collectives"] == {}
