@@ -10,6 +10,7 @@ import pytest
 
 from gpt2dist.config.schema import StudyConfig
 from gpt2dist.pipeline.study import parse_run_id, plan_study
+from gpt2dist.results import collect
 from gpt2dist.results.collect import SUMMARISED, baseline_of, summarise
 from gpt2dist.results.disturbance import conditions_of, disturbance, foreign_share_while_steady
 from gpt2dist.results.findings import CONTRADICTED, NOISE, SUPPORTED, UNTESTABLE, check_claims
@@ -233,3 +234,15 @@ def test_ratios_without_an_interval_are_said_in_words():
     assert ratio_text(1.78, math.nan, math.nan) == "1.78 (one undisturbed pair, so no interval; run more repeats)"
     assert ratio_text(math.nan, math.nan, math.nan) == ("not measured (no undisturbed pair of runs; re-run the "
                                                         "disturbed ones)")
+
+
+def test_a_cpu_label_says_when_its_bf16_rows_ran_emulated():
+    devices = {"cpu": "AMD EPYC 7B13", "cpu_cores": 2, "gpus": [], "cpu_bf16": "emulated"}
+    bf16 = {"a": {"devices": devices, "precision": "fp32"}, "b": {"devices": devices, "precision": "bf16"}}
+    assert collect.hardware_label(bf16) == ("AMD EPYC 7B13 (2 cores, bf16 emulated)", None)
+    fp32_only = {"a": bf16["a"]}  # control: no bf16 row, nothing to warn about
+    assert collect.hardware_label(fp32_only) == ("AMD EPYC 7B13 (2 cores)", None)
+    native = {k: v | {"devices": devices | {"cpu_bf16": "native"}} for k, v in bf16.items()}  # control
+    assert collect.hardware_label(native) == ("AMD EPYC 7B13 (2 cores)", None)
+    old = {k: v | {"devices": {k2: v2 for k2, v2 in devices.items() if k2 != "cpu_bf16"}} for k, v in bf16.items()}
+    assert collect.hardware_label(old) == ("AMD EPYC 7B13 (2 cores)", None)  # records made before the field

@@ -230,11 +230,13 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
 
 
 def hardware_label(records: dict[str, dict]) -> tuple[str, str | None]:
-    """('2x NVIDIA H100 80GB HBM3', gpu name) or ('AMD EPYC ... (2 cores)', None) from the runs' records."""
+    """('2x NVIDIA H100 80GB HBM3', gpu name) or ('AMD EPYC ... (2 cores)', None) from the runs' records;
+    a CPU study with bf16 runs on a CPU without bf16 instructions says so, as its bf16 rows are slow for it."""
     devices = next(iter(records.values()))["devices"]
     if devices.get("gpus"):
         return f"{len(devices['gpus'])}x {devices['gpus'][0]}", devices["gpus"][0]
-    return f"{devices['cpu']} ({devices['cpu_cores']} cores)", None
+    emulated = devices.get("cpu_bf16") == "emulated" and any(r.get("precision") == "bf16" for r in records.values())
+    return f"{devices['cpu']} ({devices['cpu_cores']} cores{', bf16 emulated' if emulated else ''})", None
 
 
 def refuse_if_too_disturbed(disturbed: pd.DataFrame, limit: int | None, runs_dir: Path) -> None:

@@ -30,6 +30,9 @@ def facts(no_gpu: bool) -> list[Fact]:
         Fact("transformers", str(versions["transformers"])),
         Fact("image", _image_summary(environment.image())),
         Fact("CPU", f"{devices['cpu']} ({devices['cpu_cores']} cores)"),
+        Fact("bf16 on the CPU", {"native": "native (AVX512-BF16 or AMX)",
+                                 "emulated": "emulated (no AVX512-BF16 or AMX): CPU bf16 runs measure the emulation",
+                                 "unknown": "unknown"}[devices["cpu_bf16"]]),
         Fact("MPI", mpi or "not found", mpi is not None),
         Fact("Horovod", "not importable" if hvd is None else
              f"{versions['horovod']} (gloo {hvd['gloo']}, mpi {hvd['mpi']}, nccl {hvd['nccl']})", hvd is not None),
