@@ -147,6 +147,22 @@ def reference(shards, params_file, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def single_in(shards, params_file, reference, tmp_path_factory):
+    """single's run in a precision, with extra train arguments, made once a session (fp32 without extras is
+    `reference`): what a reduced precision alone does, the measure for every strategy in that precision."""
+    runs = {("fp32",): reference}
+
+    def run(precision: str, *extra: str) -> Path:
+        if (precision, *extra) not in runs:
+            out = tmp_path_factory.mktemp(f"single-{precision}")
+            gpt2dist(*train_args(shards, params_file, out, "single", *extra, precision=precision))
+            runs[(precision, *extra)] = out
+        return runs[(precision, *extra)]
+
+    return run
+
+
 def gpt2dist(*args: str, check: bool = True, env: dict | None = None, **popen) -> subprocess.CompletedProcess:
     """Run the real `gpt2dist` command line."""
     env = {**(env or os.environ), "PYTHONUNBUFFERED": "1"}

@@ -1,16 +1,19 @@
 """params.yaml loading: presets, --set overrides, and combinations refused at load time."""
 
+import collections
 import copy
 from pathlib import Path
 
 import pytest
 import yaml
 
+from gpt2dist.config import machine
 from gpt2dist.config.planning import check_plan_fits
-from gpt2dist.config.presets import read_params, resolve_preset
+from gpt2dist.config.presets import EMULATED_BF16, read_params, resolve_preset, section_keys
 from gpt2dist.config.strategies import STRATEGIES, check_run
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
+from gpt2dist.pipeline.study import caption_facts, plan_study
 
 from conftest import REPO, TINY_PRESET
 
@@ -39,10 +42,50 @@ def test_paper_preset_is_gpt2_small():
     assert (m.n_layer, m.n_embd, m.n_head, m.n_positions, m.vocab_size) == (12, 768, 12, 1024, 50257)
 
 
-def test_auto_picks_by_cuda():
-    assert resolve_preset(REPO_PARAMS, None, cuda=False)[0] == "cpu"
-    assert resolve_preset(REPO_PARAMS, None, cuda=True)[0] == "paper"
+def test_auto_picks_by_cuda_and_by_the_cpus_bf16():
+    assert resolve_preset(REPO_PARAMS, None, cuda=False, cpu_bf16="native")[0] == "cpu"
+    assert resolve_preset(REPO_PARAMS, None, cuda=False, cpu_bf16="unknown")[0] == "cpu"
+    assert resolve_preset(REPO_PARAMS, None, cuda=False, cpu_bf16="emulated")[0] == EMULATED_BF16
+    assert resolve_preset(REPO_PARAMS, None, cuda=True, cpu_bf16="emulated")[0] == "paper"
     assert resolve_preset(REPO_PARAMS, "paper", cuda=False)[0] == "paper"
+    assert resolve_preset(REPO_PARAMS, "cpu", cuda=False, cpu_bf16="emulated")[0] == "cpu"  # named: taken as named
+    expected = EMULATED_BF16 if machine.cpu_bf16() == "emulated" else "cpu"  # without cpu_bf16: this machine's
+    assert resolve_preset(REPO_PARAMS, None, cuda=False)[0] == expected
+
+
+def test_auto_on_an_emulating_cpu_keeps_cpu_where_params_has_no_variant(tmp_path):
+    path = _params_with(tmp_path, {"cpu": TINY_PRESET, "paper": TINY_PRESET})
+    assert resolve_preset(path, None, cuda=False, cpu_bf16="emulated")[0] == "cpu"
+
+
+def test_the_emulated_bf16_variant_is_the_cpu_study_with_fewer_shorter_bf16_runs():
+    """Every configuration of cpu, fp32 ones repeated as often; bf16 ones once, all runs shorter."""
+    cpu, emulated = plan_study(REPO_PARAMS, "cpu", 0), plan_study(REPO_PARAMS, EMULATED_BF16, 0)
+    assert {r.config_id for r in emulated.runs} == {r.config_id for r in cpu.runs}
+    repeats = collections.Counter(r.config_id for r in emulated.runs)
+    assert {c: n for c, n in repeats.items() if "-fp32-" in c} == \
+        {c: n for c, n in collections.Counter(r.config_id for r in cpu.runs).items() if "-fp32-" in c}
+    assert {n for c, n in repeats.items() if "-bf16-" in c} == {1}
+    assert emulated.preset.model == cpu.preset.model and emulated.preset.data == cpu.preset.data
+    assert emulated.preset.train.max_steps < cpu.preset.train.max_steps
+    measured = (emulated.preset.train.max_steps - emulated.preset.study.excluded_steps
+                - emulated.preset.train.ledger_steps)
+    assert measured >= 5  # steps left for the throughput statistics
+    assert "40 runs (3 repeats of 10 configurations, 1 repeat of 10 configurations)" in caption_facts(emulated)
+    assert "60 runs (3 repeats each)" in caption_facts(cpu)
+
+
+def test_a_group_of_runs_repeats_as_often_as_it_says(tmp_path):
+    study = {**TINY_PRESET["study"], "runs": [{"strategies": ["single"], "precisions": ["fp32"], "nproc": [1]},
+                                              {"strategies": ["ddp"], "precisions": ["fp32"], "nproc": [2],
+                                               "repeats": 1}]}
+    path = _params_with(tmp_path, {"tiny": {**TINY_PRESET, "study": study}})
+    assert [r.run_id for r in plan_study(path, "tiny", 0).runs] == ["single-fp32-n1-r0", "ddp-fp32-n2-r0",
+                                                                     "single-fp32-n1-r1"]
+    study["runs"][1]["repeats"] = 0
+    path = _params_with(tmp_path, {"tiny": {**TINY_PRESET, "study": study}})
+    with pytest.raises(UsageError, match="repeats: Input should be greater than or equal to 1"):
+        plan_study(path, "tiny", 0)
 
 
 def test_set_overrides_one_dotted_key(params_file):
@@ -222,3 +265,26 @@ def test_keys_renamed_since_a_bundle_was_made_are_read_under_their_new_names(tmp
     loaded = load_preset(path, "tiny")
     assert (loaded.train.lr_warmup_steps, loaded.study.excluded_steps) == (TINY_PRESET["train"]["lr_warmup_steps"],
                                                                         TINY_PRESET["study"]["excluded_steps"])
+
+
+def test_cpu_bf16_is_native_only_with_bf16_instructions():
+    """The flags line decides: AVX512-BF16 or AMX make bf16 native; AVX2 alone emulates it."""
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    assert machine.cpu_bf16(avx2) == "emulated"
+    assert machine.cpu_bf16(avx2.replace("avx2", "avx2 avx512f avx512_bf16")) == "native"
+    assert machine.cpu_bf16(avx2.replace("avx2", "avx2 amx_tile amx_bf16")) == "native"
+    assert machine.cpu_bf16("processor\t: 0\nmodel name\t: some CPU\n") == "unknown"  # no flags line: say so
+
+
+def test_an_extending_presets_values_are_watched_where_they_are_written():
+    """DVC watches params by key: an extending preset's sections come from itself and its parents."""
+    keys = section_keys(REPO_PARAMS, EMULATED_BF16)
+    assert keys["model"] == ["presets.cpu.model"]  # not `presets.cpu-emulated-bf16.model`, which is not written
+    assert keys["train"] == [f"presets.{EMULATED_BF16}.train", "presets.cpu.train"]
+    raw = read_params(REPO_PARAMS)
+    for name in raw["presets"]:
+        found = section_keys(REPO_PARAMS, name)
+        assert {"data", "model", "train", "study"} <= found.keys(), name
+        for key in (k for ks in found.values() for k in ks):
+            _, preset, section = key.split(".")
+            assert section in raw["presets"][preset], key

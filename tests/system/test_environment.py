@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from gpt2dist.config import machine
 from gpt2dist.system import doctor, environment
 
 RECORD = {"variant": "cpu", "content_id": "0123456789abcdef0123456789", "revision": "abc", "created": "2026-11-22",
@@ -31,12 +32,6 @@ def test_an_unreadable_record_is_reported_not_dropped(tmp_path):
     assert record["error"].startswith(f"{path} unreadable: ") and doctor._image_summary(record) == record["error"]
 
 
-def test_cpu_bf16_is_native_only_with_bf16_instructions():
-    """The flags line decides: AVX512-BF16 or AMX make bf16 native; AVX2 alone emulates it."""
-    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
-    assert environment.cpu_bf16(avx2) == "emulated"
-    assert environment.cpu_bf16(avx2.replace("avx2", "avx2 avx512f avx512_bf16")) == "native"
-    assert environment.cpu_bf16(avx2.replace("avx2", "avx2 amx_tile amx_bf16")) == "native"
-    assert environment.cpu_bf16("processor\t: 0\nmodel name\t: some CPU\n") == "unknown"  # no flags line: say so
-    assert environment.cpu_bf16() in {"native", "emulated", "unknown"}
-    assert environment.devices()["cpu_bf16"] == environment.cpu_bf16()
+
+def test_run_json_records_the_cpus_bf16_support():
+    assert environment.devices()["cpu_bf16"] == machine.cpu_bf16() in {"native", "emulated", "unknown"}

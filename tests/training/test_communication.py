@@ -51,11 +51,20 @@ def test_the_model_follows_each_strategys_collectives():
     assert traffic(spec("pp", 2)).bytes_per_step == micro_batches * boundary + tied
 
 
-def _count_rank(rank: int, port: int, results) -> None:
+@contextlib.contextmanager
+def gloo_rank(rank: int, port: int):
+    """This spawned process as one of 2 gloo ranks on one thread, its group destroyed on the way out."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
     try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _count_rank(rank: int, port: int, results) -> None:
+    with gloo_rank(rank, port):
         inputs = torch.randint(0, MODEL.vocab_size, (2, MODEL.n_positions))
         # DDP: every gradient byte passes through the communication hook once per step
         sent = []
@@ -77,8 +86,6 @@ def _count_rank(rank: int, port: int, results) -> None:
             lm_loss(TokenLoss(model, contextlib.nullcontext), inputs, inputs).backward()
         if rank == 0:
             results.put((sum(sent), comm.get_total_counts()))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.timeout(120)

@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 import torch
+from test_equivalence import assert_follows_in_precision
 
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.batches import BatchSampler
@@ -25,20 +26,13 @@ from conftest import final_params, gpt2dist, rank_report, read_metrics, run_reco
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def fp32_run(shards, params_file, tmp_path_factory):
-    out = tmp_path_factory.mktemp("fp32")
-    gpt2dist(*train_args(shards, params_file, out, "single"))
-    return out
-
-
-def test_run_outputs(fp32_run):
-    record = run_record(fp32_run)
+def test_run_outputs(reference):
+    record = run_record(reference)
     assert record["status"] == "completed" and record["strategy"] == "single" and record["nproc"] == 1
     assert record["config"]["model"]["n_layer"] == 2 and record["versions"]["torch"] == torch.__version__
     assert record["devices"]["cpu_cores"] >= 1 and "finished_at" in record
     assert record["compiled"] is False and record["compile_skipped"] is None  # not requested, so nothing skipped
-    train, evals = read_metrics(fp32_run), read_metrics(fp32_run, "eval")
+    train, evals = read_metrics(reference), read_metrics(reference, "eval")
     assert [line["step"] for line in train] == list(range(12)) and [e["step"] for e in evals] == [6, 12]
     keys = {"loss", "lr", "step_time_s", "data_time_s", "tokens_per_s", "samples_per_s", "peak_mem_bytes"}
     assert keys <= train[0].keys() and train[0]["peak_mem_bytes"] > 0
@@ -46,14 +40,19 @@ def test_run_outputs(fp32_run):
     assert evals[-1]["val_ppl"] == pytest.approx(2.718281828 ** evals[-1]["val_loss"], rel=1e-6)
 
 
-@pytest.mark.parametrize("strategy, precision, nproc", [("single", "bf16", 1), ("single", "fp16", 1),
-                                                        ("ddp", "bf16", 2), ("fsdp", "fp16", 2)])
-def test_mixed_precision_on_cpu(strategy, precision, nproc, fp32_run, shards, params_file, tmp_path):
-    gpt2dist(*train_args(shards, params_file, tmp_path, strategy, nproc=nproc, precision=precision))
-    low, full = read_metrics(tmp_path), read_metrics(fp32_run)
-    gaps = [abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(low, full)]
-    assert max(gaps) < 0.05  # same training, reduced precision ...
-    assert max(gaps) > 1e-6  # ... and the reduced precision was really applied
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_single_in_a_reduced_precision_applies_it_and_learns(precision, single_in):
+    low, full = read_metrics(single_in(precision)), read_metrics(single_in("fp32"))
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(low, full, strict=True)) > 1e-6  # really applied
+    assert low[-1]["loss"] < 0.9 * low[0]["loss"]
+    assert run_record(single_in(precision))["precision"] == precision
+
+
+@pytest.mark.parametrize("strategy, precision", [("ddp", "bf16"), ("fsdp", "fp16")])
+def test_two_ranks_in_a_reduced_precision_follow_single_in_it(strategy, precision, single_in, shards, params_file,
+                                                               tmp_path):
+    gpt2dist(*train_args(shards, params_file, tmp_path, strategy, nproc=2, precision=precision))
+    assert_follows_in_precision(single_in("fp32"), single_in(precision), tmp_path)
     assert run_record(tmp_path)["precision"] == precision
 
 

@@ -5,13 +5,11 @@ all-reduce), and FSDP's last block is not gathered a second time at the start of
 from __future__ import annotations
 
 import contextlib
-import os
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_communication import MODEL
+from test_communication import MODEL, gloo_rank
 from test_equivalence import _free_port
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
@@ -36,10 +34,7 @@ def _all_gathers(model: torch.nn.Module, inputs: torch.Tensor) -> int:
 
 
 def _rank(rank: int, port: int, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
-    try:
+    with gloo_rank(rank, port):
         inputs = torch.randint(0, MODEL.vocab_size, (2, MODEL.n_positions))
         ours = _grad_storages(data_parallel(build_model(MODEL, seed=0, eos_id=0), torch.device("cpu")), inputs)
         default = _grad_storages(DistributedDataParallel(build_model(MODEL, seed=0, eos_id=0)), inputs)
@@ -52,8 +47,6 @@ def _rank(rank: int, port: int, results) -> None:
         gathers = (_all_gathers(sharded, inputs), _all_gathers(plain, inputs))
         if rank == 0:
             results.put((ours, default, gathers))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_ddp_gradients_are_bucket_views_and_fsdp_gathers_the_last_block_once():

@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from gpt2dist.config import machine
 from gpt2dist.config.schema import Preset, validation_message
 from gpt2dist.errors import UsageError
 
@@ -19,6 +20,8 @@ RENAMED = {"train": {"warmup_steps": "lr_warmup_steps"}, "study": {"warmup_steps
 # A preset may say `extends: NAME`: it is NAME's tree with its own keys laid over it (mappings merge key
 # by key; lists and values replace). Chains are allowed; a cycle is an error.
 EXTENDS = "extends"
+# The cpu study's variant that `preset: auto` picks on a CPU without bf16 instructions (fewer, shorter bf16 runs)
+EMULATED_BF16 = "cpu-emulated-bf16"
 
 
 def read_params(path: Path) -> dict:
@@ -46,14 +49,16 @@ def upgraded(raw: dict) -> dict:
     return raw
 
 
-def resolve_preset(path: Path, requested: str | None = None, *, cuda: bool = False,
+def resolve_preset(path: Path, requested: str | None = None, *, cuda: bool = False, cpu_bf16: str | None = None,
                    overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Preset]:
     """The preset's name and its validated settings. `requested` None means params.yaml's `preset`;
-    'auto' picks paper when `cuda` (CUDA GPUs are visible) and cpu otherwise."""
+    'auto' picks paper when `cuda` (CUDA GPUs are visible), else cpu, or its variant for CPUs that
+    emulate bf16 (EMULATED_BF16, where params.yaml has it) when `cpu_bf16` (default: this machine's) says so."""
     raw = read_params(path)
     name = requested or raw.get("preset", "auto")
     if name == "auto":
-        name = "paper" if cuda else "cpu"
+        emulated = (cpu_bf16 or machine.cpu_bf16()) == "emulated" and EMULATED_BF16 in raw["presets"]
+        name = "paper" if cuda else EMULATED_BF16 if emulated else "cpu"
     tree = preset_tree(raw, path, name)
     for assignment in overrides:
         _apply_override(tree, assignment)
@@ -61,6 +66,19 @@ def resolve_preset(path: Path, requested: str | None = None, *, cuda: bool = Fal
         return name, Preset.model_validate(tree)
     except ValidationError as err:
         raise UsageError(f"{path} preset '{name}': {validation_message(err, Preset, '')}") from None
+
+
+def section_keys(path: Path, name: str) -> dict[str, list[str]]:
+    """Per section, the params.yaml keys a preset's values come from: its own and those of the presets it
+    extends, nearest first (what DVC must watch: `presets.two-node-cpu.model` alone does not exist).
+    For a preset that resolve_preset has accepted."""
+    presets, keys = read_params(path)["presets"], {}
+    while name is not None:
+        for section in presets[name]:
+            if section != EXTENDS:
+                keys.setdefault(section, []).append(f"presets.{name}.{section}")
+        name = presets[name].get(EXTENDS)
+    return keys
 
 
 def preset_tree(raw: dict, path: Path, name: str, seen: tuple[str, ...] = ()) -> dict:

@@ -145,6 +145,8 @@ class RunGroup(_Strict):
                        "(network namespaces, needs root; CPU only, the nodes share its cores).")
     link_mbit: list[float] = Field([], description="With nodes > 1: each node's link bandwidth, Mbit/s each way, "
                                    "one run per value (empty: unshaped).")
+    repeats: int | None = Field(None, ge=1, description="Repeats of these runs (null: study.repeats); fewer where a "
+                                "run is costly, at the price of its interval.")
 
     @model_validator(mode="after")
     def _positive(self) -> RunGroup:

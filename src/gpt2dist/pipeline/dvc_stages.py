@@ -42,7 +42,7 @@ HEADER = """\
 
 
 def dvc_stages(study: Study) -> dict:
-    keys = f"presets.{study.preset_name}"
+    keys = study.param_keys
     outs = stage_outputs(study)
     git_versioned = {f"{RESULTS_DIR}/loss_curves.csv", *(headline_file(run) for run in configurations(study))}
     run_files = [path for stage, paths in outs.items() if stage.startswith("train@") for path in paths]
@@ -51,10 +51,10 @@ def dvc_stages(study: Study) -> dict:
         # the settings or code change, which re-train the run anyway.
         "selftest": {
             "foreach": {run.config_id: {"cmd": selftest_command(study, run)} for run in configurations(study)},
-            "do": {"cmd": "${item.cmd}", "deps": stage_code("selftest"), "params": [f"{keys}.model", f"{keys}.train"],
+            "do": {"cmd": "${item.cmd}", "deps": stage_code("selftest"), "params": [*keys["model"], *keys["train"]],
                    "outs": [f"{SELFTEST_DIR}/${{key}}.json"]},
         },
-        "prepare": {"cmd": prepare_command(study), "deps": stage_code("prepare"), "params": [f"{keys}.data"],
+        "prepare": {"cmd": prepare_command(study), "deps": stage_code("prepare"), "params": keys["data"],
                     "outs": outs["prepare"]},
         "train": {
             "foreach": {run.run_id: {"cmd": train_command(study, run), "selftest": selftest_file(run)}
@@ -63,7 +63,7 @@ def dvc_stages(study: Study) -> dict:
                 "cmd": "${item.cmd}",
                 "deps": ["${item.selftest}", f"{DATA_DIR}/meta.json", f"{DATA_DIR}/train.bin", f"{DATA_DIR}/val.bin",
                          *stage_code("train")],
-                "params": [f"{keys}.model", f"{keys}.train"],
+                "params": [*keys["model"], *keys["train"]],
                 # no checkpoint.pt: DVC deletes outs before running a stage, and an interrupted run
                 # resumes from it (the metrics so far travel inside it)
                 "outs": [f"{RUNS_DIR}/${{key}}/run.json", f"{RUNS_DIR}/${{key}}/metrics.jsonl",
@@ -73,7 +73,7 @@ def dvc_stages(study: Study) -> dict:
         "collect": {
             "cmd": collect_command(study),
             "deps": [*run_files, f"{DATA_DIR}/meta.json", *stage_code("collect")],
-            "params": [f"{keys}.study", f"{keys}.model"],
+            "params": [*keys["study"], *keys["model"]],
             "outs": [*(path for path in outs["collect"] if path not in git_versioned),
                      {f"{RESULTS_DIR}/loss_curves.csv": {"cache": False}}],
             # small enough for git, which versions them (not DVC's cache): `dvc metrics diff` and

@@ -6,6 +6,7 @@ take their commands and paths from here, so the two can never disagree about a s
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import re
@@ -13,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.presets import resolve_preset, section_keys
 from gpt2dist.config.schema import PRECISIONS, Preset, RunSpec
 from gpt2dist.config.strategies import STRATEGY_NAMES, check_run, describe
 from gpt2dist.errors import UsageError
@@ -97,6 +98,7 @@ class Study:
     dropped: list[str] = field(default_factory=list)
     gpus: int = 0  # per node, as planned (not necessarily visible where the plan is made)
     labels: dict[str, str] = field(default_factory=dict)  # config id -> what the paper calls it
+    param_keys: dict[str, list[str]] = field(default_factory=dict)  # section -> params.yaml keys it comes from
 
     def seed(self, run: Run) -> int:
         """Repeats differ in seed, so the loss carries its own spread; strategies of one repeat share it."""
@@ -128,7 +130,8 @@ def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
                     raise UsageError(f"{strategy} runs in one process, which cannot spread over nodes")
             except UsageError as exc:
                 raise UsageError(f"presets.{name}.study.runs: {config}: {exc}") from None
-            runs.extend(Run(strategy, precision, nproc, r, group.nodes, link) for r in range(chosen.study.repeats))
+            repeats = group.repeats or chosen.study.repeats
+            runs.extend(Run(strategy, precision, nproc, r, group.nodes, link) for r in range(repeats))
     ids = [run.run_id for run in runs]
     if len(set(ids)) != len(ids):
         raise UsageError(f"presets.{name}.study.runs lists a configuration twice")
@@ -137,7 +140,7 @@ def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
     # Round-major: every configuration's repeat 0, then every repeat 1, ... A slow period of the
     # machine then hits all configurations alike instead of all repeats of one.
     runs.sort(key=lambda run: run.repeat)
-    return Study(name, chosen, device, runs, dropped, gpus, labels)
+    return Study(name, chosen, device, runs, dropped, gpus, labels, section_keys(params, name))
 
 
 def previous_rounds(run: Run) -> list[int]:
@@ -226,8 +229,19 @@ def caption_facts(study: Study) -> str:
     """One line the report's figure captions end with: which study the figure shows."""
     configs = len(configurations(study))
     where = f"{study.gpus} GPUs per node" if study.device == "cuda" else "CPU"
-    return (f"Study: preset {study.preset_name}, {configs} configurations x {study.preset.study.repeats} repeats, "
-            f"planned for {where}; the hardware it ran on is in each figure's title and in summary.md.")
+    return (f"Study: preset {study.preset_name}, {configs} configurations, {len(study.runs)} runs "
+            f"({_repeats(study)}), planned for {where}; the hardware it ran on is in each figure's title and in "
+            "summary.md.")
+
+
+def _repeats(study: Study) -> str:
+    """'3 repeats each', or '3 repeats of 10 configurations, 1 of 10' where groups repeat differently."""
+    counts = collections.Counter(run.config_id for run in study.runs)
+    by_repeats = collections.Counter(counts.values())
+    if len(by_repeats) == 1:
+        return f"{next(iter(by_repeats))} repeats each"
+    return ", ".join(f"{repeats} repeat{'s' * (repeats > 1)} of {configs} configurations"
+                     for repeats, configs in sorted(by_repeats.items(), reverse=True))
 
 
 def headline_file(run: Run) -> str:

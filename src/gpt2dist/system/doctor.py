@@ -31,7 +31,7 @@ def facts(no_gpu: bool) -> list[Fact]:
         Fact("image", _image_summary(environment.image())),
         Fact("CPU", f"{devices['cpu']} ({devices['cpu_cores']} cores)"),
         Fact("bf16 on the CPU", {"native": "native (AVX512-BF16 or AMX)",
-                                 "emulated": "emulated (no AVX512-BF16 or AMX): CPU bf16 runs measure the emulation",
+                                 "emulated": "emulated (no AVX512-BF16 or AMX): preset auto picks cpu-emulated-bf16",
                                  "unknown": "unknown"}[devices["cpu_bf16"]]),
         Fact("MPI", mpi or "not found", mpi is not None),
         Fact("Horovod", "not importable" if hvd is None else

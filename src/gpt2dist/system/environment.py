@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from gpt2dist.config.machine import cpu_bf16
 from gpt2dist.system.hardware import command_output
 
 # Written by containers/build_image.sh into every image it builds: the base and the image's ID.
@@ -53,21 +54,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def cpu_bf16(cpuinfo: str | None = None) -> str:
-    """'native' when the CPU has bf16 instructions (AVX512-BF16 or AMX), 'emulated' when it has
-    not (AVX2 only: bf16 runs several times slower than fp32 there), 'unknown' off Linux. A bf16 row
-    measured on an emulating CPU says more about the emulation than about the strategy."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return "unknown"
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), None)
-    if flags is None:
-        return "unknown"
-    return "native" if {"avx512_bf16", "amx_bf16"} & set(flags) else "emulated"
 
 
 def devices() -> dict:

@@ -1,0 +1,120 @@
+"""The figures read at a glance, checked on the two reference studies rebuilt from their bundles: at most
+WIDTH inches wide, every piece of text on the canvas and legible, every configuration on the bar figures,
+ranked best first within its placement, and strategies told apart by colour and marker together. Each check
+has a figure beside it that breaks it."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+from matplotlib.text import Text
+
+from gpt2dist.results.bundle import rebuild
+from gpt2dist.results.plots import FIGURES, WIDTH, links, ranked
+
+from conftest import REPO
+
+MIN_POINTS = 8  # 8 pt at 150 dpi is 11 px on a figure shown 800 px wide
+
+
+@pytest.fixture(scope="module", params=["cpu-study", "two-node-cpu"])
+def study(request, tmp_path_factory) -> tuple[list[pd.DataFrame], str]:
+    out = tmp_path_factory.mktemp(request.param) / "rebuilt"
+    rebuild(REPO / "docs" / "reference" / f"{request.param}.tar.gz", out)
+    tables = [pd.read_csv(out / name) for name in ("runs.csv", "summary.csv", "metrics.csv")]
+    return tables, f"a hardware line\npreset {request.param}"
+
+
+def drawn_text(fig: plt.Figure) -> list[Text]:
+    fig.canvas.draw()
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip() and t.figure is fig]
+
+
+def off_canvas(fig: plt.Figure) -> list[str]:
+    """Nothing when all that is drawn lies on the canvas (matplotlib's tight box of the drawn artists); else
+    the pieces of text that reach past its edges (by more than a pixel)."""
+    texts, renderer = drawn_text(fig), fig.canvas.get_renderer()
+    drawn, (width, height) = fig.get_tightbbox(renderer), fig.get_size_inches()
+    if drawn.x0 > -0.01 and drawn.y0 > -0.01 and drawn.x1 < width + 0.01 and drawn.y1 < height + 0.01:
+        return []
+    pixels_wide, pixels_high = fig.canvas.get_width_height()
+    return [text.get_text() for text in texts if (box := text.get_window_extent(renderer)).x0 < -1 or box.y0 < -1
+            or box.x1 > pixels_wide + 1 or box.y1 > pixels_high + 1]
+
+
+def figures_of(study) -> dict[str, plt.Figure]:
+    tables, title = study
+    drawn = dict(FIGURES)
+    if tables[1]["link_mbit"].notna().any() if "link_mbit" in tables[1] else False:
+        drawn["links"] = links
+    return {name: figure(*tables, title) for name, figure in drawn.items()}
+
+
+def test_every_figure_fits_its_width_and_keeps_its_text_on_the_canvas(study):
+    for name, fig in figures_of(study).items():
+        assert fig.get_size_inches()[0] <= WIDTH, name
+        assert off_canvas(fig) == [], name
+        smallest = min(t.get_fontsize() for t in drawn_text(fig))
+        assert smallest >= MIN_POINTS, (name, smallest)
+        plt.close(fig)
+
+
+def test_off_canvas_finds_a_legend_beside_the_axes_and_a_title_too_long():
+    fig, ax = plt.subplots(figsize=(WIDTH, 4))  # control: the old figures' legend, beside the axes, no layout
+    ax.plot([0, 1], [0, 1], label="a configuration with a long name")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    assert "a configuration with a long name" in off_canvas(fig)
+    ax.get_legend().remove()
+    assert off_canvas(fig) == []
+    ax.set_title("a title " * 30)
+    assert "a title " * 30 in off_canvas(fig)
+    plt.close(fig)
+
+
+def _rows(fig: plt.Figure) -> list[str]:
+    return [label.get_text() for label in fig.axes[0].get_yticklabels()]
+
+
+@pytest.mark.parametrize("name, column, best_is_high", [("throughput", "tokens_per_s", True),
+                                                         ("epoch_time", "time_per_epoch_s", False)])
+def test_bar_figures_have_a_row_per_configuration_best_first(study, name, column, best_is_high):
+    tables, title = study
+    summary = tables[1]
+    fig = FIGURES[name](*tables, title)
+    assert sorted(_rows(fig)) == sorted(f"{s} {p}" for s, p in zip(summary["strategy"], summary["precision"]))
+    order = ranked(summary, column, ascending=not best_is_high)
+    for _, group in order.groupby("placement", sort=False):
+        values = group[column].dropna().to_list()
+        assert values == sorted(values, reverse=best_is_high), group[["config_id", column]]
+    assert _rows(fig) == [f"{s} {p}" for s, p in zip(order["strategy"], order["precision"])]  # drawn in that order
+    assert [t.get_text() for t in fig.axes[0].texts] == list(dict.fromkeys(order["placement"]))  # each one headed
+    plt.close(fig)
+
+
+def test_ranking_is_by_the_value_within_a_placement_not_across():
+    summary = pd.DataFrame({"config_id": ["single-fp32-n1", "ddp-fp32-n1", "ddp-fp32-n2"],
+                            "strategy": ["single", "ddp", "ddp"], "precision": ["fp32"] * 3, "nproc": [1, 1, 2],
+                            "tokens_per_s": [1.0, 2.0, 3.0]})
+    order = ranked(summary, "tokens_per_s", ascending=False)
+    assert order["config_id"].to_list() == ["ddp-fp32-n1", "single-fp32-n1", "ddp-fp32-n2"]
+    assert order["placement"].to_list() == ["1 process", "1 process", "2 processes"]
+    # control: study order alone would have put single first
+    assert summary.sort_values("tokens_per_s", ascending=False)["config_id"].to_list()[0] != "single-fp32-n1"
+
+
+def test_strategies_differ_in_colour_and_marker_on_the_line_figures(study):
+    tables, title = study
+    for name in ("speedup", "efficiency", "loss_vs_time"):
+        fig = FIGURES[name](*tables, title)
+        ax, looks = fig.axes[0], {}
+        drawn = [(c.get_label(), c.lines[0]) for c in ax.containers if hasattr(c, "has_yerr")]  # errorbars
+        drawn += [(line.get_label(), line) for line in ax.get_lines()]
+        for label, line in drawn:
+            strategy = label.split(" ")[0]
+            if strategy in set(tables[1]["strategy"]):
+                looks.setdefault(strategy, set()).add((line.get_color(), line.get_marker()))
+        pairs = [next(iter(styles)) for styles in looks.values()]
+        assert all(len(styles) == 1 for styles in looks.values()), looks  # one look per strategy ...
+        assert len(set(pairs)) == len(pairs), (name, looks)  # ... and no two strategies alike
+        plt.close(fig)
