@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpt2dist.results.plots import FIGURES
+
 import slurm_cluster
 from conftest import require
 from reduced_study import BIN, REPO, assert_same_training_numbers, copy_workflow, run
@@ -113,7 +115,7 @@ def test_figures_and_summary_come_out_as_locally(study_on_cluster, finished_stud
     assert set(summaries["cluster"]["configs"]) == set(summaries["local"]["configs"]) == {"single-fp32-n1", "ddp-fp32-n2"}
     assert summaries["cluster"]["configs"]["single-fp32-n1"]["speedup"] == pytest.approx(1.0)
     figures = {where: sorted(p.name for p in (r / "figures").iterdir()) for where, r in results.items()}
-    assert figures["cluster"] == figures["local"] and len(figures["local"]) == 14
+    assert figures["cluster"] == figures["local"] and len(figures["local"]) == 2 * len(FIGURES)  # png and svg
     for r in results.values():
         assert all((r / "figures" / name).stat().st_size > 1000 for name in figures["local"])
         assert "| ddp " in (r / "summary.md").read_text()

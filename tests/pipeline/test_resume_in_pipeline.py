@@ -73,8 +73,9 @@ def assert_resumed_to_the_same_end(run_dir: Path, whole: list[dict]) -> None:
     assert [(r["kind"], r["step"]) for r in resumed] == [(r["kind"], r["step"]) for r in whole]
     # to 1e-6, as every comparison of two processes' fp32 runs here: CI once saw the killed run's step 3,
     # before any kill or resume, differ from the reference's by 8e-8 relative (6.1304908 against 6.1304913)
-    assert [r.get("loss", r.get("val_loss")) for r in resumed] == pytest.approx(
-        [r.get("loss", r.get("val_loss")) for r in whole], rel=1e-6)
+    # (the ledger line holds the traced steps' timings, no loss)
+    assert [r.get("loss", r.get("val_loss")) for r in resumed if r["kind"] != "ledger"] == pytest.approx(
+        [r.get("loss", r.get("val_loss")) for r in whole if r["kind"] != "ledger"], rel=1e-6)
     assert not (run_dir / "checkpoint.pt").exists()  # the pipeline drops it once the run completes
 
 
