@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt2dist.launch.emulated_nodes import EmulatedNodes
+from gpt2dist.launch import lifetime
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scancel")
@@ -182,11 +183,6 @@ def stop(cluster: Cluster) -> None:
                            timeout=30)
     for process in reversed(cluster.processes):
         if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            lifetime.stop(process, grace_s=20)
     if SYSTEM_CONF.exists() and SYSTEM_CONF.read_text().startswith(MARKER):
         SYSTEM_CONF.unlink()

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt2dist.errors import UsageError
+from gpt2dist.launch.lifetime import stop
 from gpt2dist.system.parent_death import ends_with_this_process
 
 NETNS_ETC = Path("/etc/netns")
@@ -244,12 +245,7 @@ def ssh_between(made: EmulatedNodes, timeout_s: float = 30.0) -> Iterator[None]:
         yield
     finally:
         for daemon in daemons:
-            daemon.terminate()
-            try:
-                daemon.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
+            stop(daemon, grace_s=10)
         for node in made.nodes:
             shutil.rmtree(NETNS_ETC / node.netns / "ssh", ignore_errors=True)
         shutil.rmtree(keys, ignore_errors=True)

@@ -92,6 +92,16 @@ def run_launchers(commands: list[list[str]], env: dict[str, str]) -> tuple[int, 
     return code, (forwarded[0] if forwarded else None)
 
 
+def stop(process: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if it is still there after `grace_s`; returns once it is gone and reaped."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def _wait_all(children: list[subprocess.Popen]) -> int:
     """Wait for every child; the first failure stops the rest."""
     code = 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -135,13 +136,7 @@ def payload_bytes(args: dict, list_element_bytes: int) -> int:
         return 0
     shapes = dims[0] if kinds and kinds[0] == "TensorList" else [dims[0]]
     size = list_element_bytes if kinds and kinds[0] == "TensorList" else ELEMENT_BYTES.get(kinds[0] if kinds else "", 4)
-    total = 0
-    for shape in shapes:
-        count = 1
-        for extent in shape:
-            count *= extent
-        total += count
-    return total * size
+    return sum(math.prod(shape) for shape in shapes) * size
 
 
 def is_communication(name: str) -> bool:
