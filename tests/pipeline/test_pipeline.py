@@ -81,7 +81,7 @@ def test_report_html_has_every_figure(finished_study):
     run(["snakemake", "--report", "results/report.html"], finished_study)
     html = (finished_study / "results" / "report.html").read_text(errors="ignore")
     assert len(html) > 100_000 and "loss_deviation.png" in html and "throughput.png" in html and "findings.md" in html
-    assert "Study: preset cpu, 2 configurations x 2 repeats" in html  # captions name the study they show
+    assert "Study: preset cpu, 2 configurations, 4 runs (2 repeats each)" in html  # captions name the study they show
 
 
 def test_figures_are_drawn_from_the_table(finished_study):

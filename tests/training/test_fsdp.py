@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_equivalence import MARGIN, divergence
+from test_equivalence import assert_follows_in_precision
 
 from conftest import gpt2dist, gpu, read_metrics, run_record, train_args
 
@@ -17,20 +17,19 @@ def _fsdp_run(shards, params_file, out, precision, *extra, nproc=2):
 
 @pytest.mark.timeout(600)
 def test_mixed_precision_policy_runs_and_is_recorded(single_in, shards, params_file, tmp_path):
-    default, default_losses = _fsdp_run(shards, params_file, tmp_path / "default", "bf16")
+    default, _ = _fsdp_run(shards, params_file, tmp_path / "default", "bf16")
     assert default["wrapping"] == {"fully_shard_modules": 3, "param_dtype": "float32", "reduce_dtype": "float32"}
     assert default["config"]["train"]["fsdp_mixed_precision"] is False
 
-    mixed, mixed_losses = _fsdp_run(shards, params_file, tmp_path / "mixed", "bf16",
-                                    "--set", "train.fsdp_mixed_precision=true")
+    policy = ("--set", "train.fsdp_mixed_precision=true")
+    mixed, mixed_losses = _fsdp_run(shards, params_file, tmp_path / "mixed", "bf16", *policy)
     assert mixed["status"] == "completed" and mixed["config"]["train"]["fsdp_mixed_precision"] is True
     assert mixed["wrapping"] == {"fully_shard_modules": 3, "param_dtype": "bfloat16", "reduce_dtype": "float32"}
     assert mixed_losses[-1] < 0.9 * mixed_losses[0]
-    # bf16 parameter copies change the arithmetic a little, not the training: within MARGIN times what bf16
-    # autocast alone does to single's loss curve
-    own = divergence(single_in("fp32"), single_in("bf16"))["loss"]
-    gaps = [abs(a - b) / b for a, b in zip(mixed_losses, default_losses, strict=True)]
-    assert 0 < max(gaps) < MARGIN * own, (max(gaps), own)
+    # bf16 parameter copies round more than autocast does, so the policy gets its own measured tolerance: two
+    # ranks with it follow one process with it within MARGIN times what the policy does to single in bf16
+    _fsdp_run(shards, params_file, tmp_path / "mixed_one", "bf16", *policy, nproc=1)
+    assert_follows_in_precision(single_in("bf16"), tmp_path / "mixed_one", tmp_path / "mixed")
 
 
 @pytest.mark.gpu
