@@ -33,6 +33,15 @@ localrules:
 report: "workflow/report/workflow.rst"
 
 
+# Before the first job, how long the study should take here (a calibration of a few steps); each
+# finished train job then prints the time left. A failed calibration costs the estimate, not the study.
+onstart:
+    try:
+        shell(gs.estimate_command(STUDY, PARAMS))
+    except subprocess.CalledProcessError:
+        print("warning: no estimate of the study's duration (the error above); the study goes on", file=sys.stderr)
+
+
 rule all:
     input:
         rules.report.output,

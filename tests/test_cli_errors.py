@@ -25,6 +25,8 @@ CASES = {
     "dvc-yaml-gpus-per-node-in-words": "gpus_per_node in ",
     "selftest-unknown-configuration": "--only ring-fp32-n1: not a configuration of preset 'tiny' (it has single-",
     "selftest-resume-alone": "--resume goes with --only",
+    "estimate-missing-params": "params file",
+    "progress-unreadable-estimate": "estimate.json cannot be read (Expecting property name",
 }
 
 
@@ -64,6 +66,11 @@ def _args(case: str, tmp: Path, shards: Path, params: Path) -> list:
         return ["selftest", "--params", params, "--only", "ring-fp32-n1", "--out", tmp / "selftest.json"]
     if case == "selftest-resume-alone":
         return ["selftest", "--params", params, "--resume", "--out", tmp / "selftest.json"]
+    if case == "estimate-missing-params":
+        return ["estimate", "--params", missing, "--out", tmp / "estimate.json"]
+    if case == "progress-unreadable-estimate":
+        (tmp / "estimate.json").write_text("{")
+        return ["progress", "--params", params, "--runs", tmp, "--estimate", tmp / "estimate.json"]
     raise AssertionError(case)
 
 

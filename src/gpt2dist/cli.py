@@ -24,6 +24,7 @@ Params = Annotated[Path, typer.Option(help="Parameter file.")]
 PresetName = Annotated[Optional[str], typer.Option(help="Preset; default: params.yaml's 'preset' (auto).")]
 Gpus = Annotated[Optional[int], typer.Option(
     help="Plan the study for this many GPUs per node (default: params.yaml's gpus_per_node, else the visible ones).")]
+RunsDir = Annotated[Path, typer.Option(help="Directory holding one directory per run id.")]
 Overrides = Annotated[Optional[list[str]], typer.Option("--set", help="Override a preset key: model.n_layer=2.")]
 
 
@@ -187,7 +188,7 @@ def _study(params: Path, preset: str | None, gpus: int | None = None):
 @app.command()
 @one_line_errors
 def collect(
-    runs: Annotated[Path, typer.Option(help="Directory holding one directory per run id.")] = Path("results/runs"),
+    runs: RunsDir = Path("results/runs"),
     data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
     out: Annotated[Path, typer.Option(help="Where metrics.csv, runs.csv, summary.csv and summary.json go.")] = Path("results"),
     params: Params = Path("params.yaml"),
@@ -223,7 +224,7 @@ def report(results: Annotated[Path, typer.Option(help="Directory written by `gpt
 @one_line_errors
 def bundle(
     out: Annotated[Path, typer.Option(help="Archive to write (.tar.gz).")],
-    runs: Annotated[Path, typer.Option(help="Directory holding one directory per run id.")] = Path("results/runs"),
+    runs: RunsDir = Path("results/runs"),
     data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
@@ -339,6 +340,57 @@ def doctor(
     if missing:
         raise UsageError(f"preset '{study.preset_name}' needs what is missing here: " + "; ".join(missing))
     typer.echo(f"ok: everything preset '{study.preset_name}' ({len(study.runs)} runs) needs is here")
+
+
+@app.command()
+@one_line_errors
+def estimate(
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpus: Gpus = None,
+    runs: RunsDir = Path("results/runs"),
+    out: Annotated[Path, typer.Option(help="JSON file with the expected seconds of every job.")] = Path(
+        "results/estimate.json"),
+) -> None:
+    """Time a few steps of the preset's model here and print how long the rest of the study will take."""
+    from gpt2dist.pipeline.duration import estimate_line, finished_runs, write_estimate
+    from gpt2dist.pipeline.study import configurations, selftest_file
+    from gpt2dist.selftest import CALIBRATION_STEPS, calibrate
+    from gpt2dist.system.conditions import run_cpus
+    from gpt2dist.system.hardware import visible_gpus
+
+    study = _study(params, preset, gpus)
+    finished = finished_runs(study, runs)
+    if len(finished) == len(study.runs):
+        typer.echo(f"estimate: all {len(study.runs)} runs of preset '{study.preset_name}' are done; nothing to time")
+        return
+    if study.device == "cuda" and not visible_gpus():
+        typer.echo(f"estimate: none made here: preset '{study.preset_name}' trains on GPUs and this host has none "
+                   "(a cluster's login node); each finished run prints how many are done")
+        return
+    precisions = sorted({run.precision for run in study.runs})
+    typer.echo(f"estimate: timing {CALIBRATION_STEPS} steps of preset '{study.preset_name}''s model in "
+               f"{' and '.join(precisions)}, one process...")
+    checked = {run.config_id for run in configurations(study) if Path(selftest_file(run)).exists()}
+    typer.echo(estimate_line(write_estimate(study, calibrate(study, params), len(run_cpus()), out), finished, checked))
+
+
+@app.command()
+@one_line_errors
+def progress(
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpus: Gpus = None,
+    runs: RunsDir = Path("results/runs"),
+    estimate: Annotated[Path, typer.Option(help="Written by `gpt2dist estimate`.")] = Path("results/estimate.json"),
+) -> None:
+    """Print how many runs of the study are done and about how long the rest takes."""
+    from gpt2dist.pipeline.duration import finished_runs, progress_line
+    from gpt2dist.results.inputs import read_json
+
+    study = _study(params, preset, gpus)
+    planned = read_json(estimate, "gpt2dist estimate") if estimate.exists() else None
+    typer.echo(progress_line(study, finished_runs(study, runs), planned))
 
 
 @app.command()

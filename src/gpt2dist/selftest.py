@@ -6,6 +6,7 @@ node should be known in minutes, not after hours. Each check is a real `gpt2dist
 subprocess, so a crash in one (a CUDA error, a missing library, a hung rank) cannot take the
 others down, and its error line is the one a user would see. The shards are random tokens
 written here: the selftest checks the training machinery, and needs no `prepare` first.
+`calibrate` trains the preset's own model the same way for a few steps, to time it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,14 +24,17 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2dist.config.schema import PRECISIONS
 from gpt2dist.config.strategies import describe
 from gpt2dist.data.shards import write_shards
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_write_json
 from gpt2dist.launch.locks import hold_the_machine
+from gpt2dist.pipeline.duration import Calibration, wall_seconds
 from gpt2dist.pipeline.study import Run, Study, configurations, resume_cases
 
 STEPS = 4
+CALIBRATION_STEPS = 3  # the first warms up; the median of the other two is the step time
 RESUME_AT = 2  # warm-up (1 step) + 1: the cosine decay, laid out over max_steps, has not moved yet, so
 # the --max-steps RESUME_AT run takes the same first steps as the STEPS one it is compared with
 # A resumed run must end where an uninterrupted one ends; reduced precisions and GPU reductions
@@ -61,12 +66,12 @@ def overrides(study: Study, steps: int) -> list[str]:
     ]
 
 
-def write_random_shards(directory: Path, study: Study) -> Path:
-    """Enough uniformly random tokens of the preset's vocabulary for the few steps a check takes."""
+def write_random_shards(directory: Path, study: Study, rows_per_step: int, steps: int) -> Path:
+    """Enough uniformly random tokens of the preset's vocabulary for `steps` steps (and an evaluation)."""
     model = study.preset.model
     rng = np.random.default_rng(0)
-    per_step = math.lcm(*(run.nproc for run in study.runs)) * (model.n_positions + 1)
-    tokens = {split: [rng.integers(0, model.vocab_size, size=per_step * (STEPS + 2), dtype=np.uint16)]
+    tokens = {split: [rng.integers(0, model.vocab_size, size=rows_per_step * (model.n_positions + 1) * (steps + 2),
+                                   dtype=np.uint16)]
               for split in ("train", "val")}
     write_shards(directory, tokens, vocab_size=model.vocab_size, eos_id=0, tokenizer={"name": "selftest-random"},
                  source={"name": "selftest-random"})
@@ -85,29 +90,33 @@ def one_line(stderr: str) -> str:
     return (raised[:1] or errors[:1] or lines[-1:] or ["exited without a message"])[0][:300]
 
 
+def train(study: Study, params: Path, shards: Path, run: Run, out: Path, timeout_s: float, *sets: str) -> str | None:
+    """`gpt2dist train` of one configuration with `--set` overrides; None when it succeeded, else its error line."""
+    command = [sys.executable, "-m", "gpt2dist", "train", "--data", str(shards), "--out", str(out), "--params",
+               str(params), "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
+               "--nproc", str(run.nproc), *run.emulation_args(), *(arg for value in sets for arg in ("--set", value))]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"no result within {timeout_s:g} s (a hung rank or collective?)"
+    return one_line(done.stderr) if done.returncode else None
+
+
 class Selftest:
     def __init__(self, study: Study, params: Path, workdir: Path, timeout_s: float):
         self.study, self.params, self.workdir, self.timeout_s = study, params, workdir, timeout_s
-        self.shards = write_random_shards(workdir / "shards", study)
+        self.shards = write_random_shards(workdir / "shards", study, math.lcm(*(run.nproc for run in study.runs)), STEPS)
         self.base = overrides(study, STEPS)
 
     def train(self, run: Run, out: Path, *extra: str) -> str | None:
         """Run `gpt2dist train` for one configuration; None when it succeeded, else its error line."""
-        sets = [arg for assignment in self.base for arg in ("--set", assignment)]
-        command = [sys.executable, "-m", "gpt2dist", "train", "--data", str(self.shards), "--out", str(out),
-                   "--params", str(self.params), "--preset", self.study.preset_name, "--strategy", run.strategy,
-                   "--precision", run.precision, "--nproc", str(run.nproc), *run.emulation_args(), *sets, *extra]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            return f"no result within {self.timeout_s:g} s (a hung rank or collective?)"
-        return one_line(done.stderr) if done.returncode else None
+        return train(self.study, self.params, self.shards, run, out, self.timeout_s, *self.base, *extra)
 
     def configuration(self, run: Run) -> Check:
         started = time.perf_counter()
         out = self.workdir / run.config_id
         # one checkpoint, at the end: on the paper preset each is most of a gigabyte
-        error = self.train(run, out, "--set", f"train.checkpoint_interval={STEPS}")
+        error = self.train(run, out, f"train.checkpoint_interval={STEPS}")
         (out / "checkpoint.pt").unlink(missing_ok=True)
         return Check(run.config_id, error is None, time.perf_counter() - started, error or "")
 
@@ -115,12 +124,34 @@ class Selftest:
         """Stop after RESUME_AT steps, re-run to STEPS, and compare with the uninterrupted run."""
         name, out = f"resume {run.config_id}", self.workdir / f"resume-{run.config_id}"
         started = time.perf_counter()
-        every = ("--set", f"train.checkpoint_interval={RESUME_AT}")
-        error = self.train(run, out, *every, "--max-steps", str(RESUME_AT)) or self.train(run, out, *every)
+        every = f"train.checkpoint_interval={RESUME_AT}"
+        error = self.train(run, out, every, f"train.max_steps={RESUME_AT}") or self.train(run, out, every)
         if error is None:
             error = resume_mismatch(out, self.workdir / run.config_id, run.precision)
         (out / "checkpoint.pt").unlink(missing_ok=True)
         return Check(name, error is None, time.perf_counter() - started, error or "")
+
+
+def calibrate(study: Study, params: Path, timeout_s: float = 600) -> Calibration:
+    """Time CALIBRATION_STEPS steps of the preset's own model in one process, once per precision of the
+    study: the measure the study's duration estimate scales (pipeline/duration.py)."""
+    sets = [f"train.max_steps={CALIBRATION_STEPS}", "train.lr_warmup_steps=1", "train.ledger_steps=0",
+            f"train.eval_interval={CALIBRATION_STEPS}", f"train.checkpoint_interval={CALIBRATION_STEPS}"]
+    step_s, launch_s = {}, []
+    with tempfile.TemporaryDirectory(prefix="gpt2dist-calibrate-", ignore_cleanup_errors=True) as tmp:
+        shards = write_random_shards(Path(tmp) / "shards", study, study.preset.train.global_batch_size,
+                                     CALIBRATION_STEPS)
+        for precision in sorted({run.precision for run in study.runs}, key=PRECISIONS.index):
+            out = Path(tmp) / precision
+            error = train(study, params, shards, Run("single", precision, 1, 0), out, timeout_s, *sets)
+            if error:
+                raise UsageError(f"calibration in {precision} failed: {error}")
+            record = json.loads((out / "run.json").read_text())
+            steps = [line["step_time_s"] for line in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                     if line["kind"] == "train"]
+            step_s[precision] = statistics.median(steps[1:])  # the first step carries the warm-up
+            launch_s.append(wall_seconds(record) - CALIBRATION_STEPS * step_s[precision])
+    return Calibration(step_s, statistics.median(launch_s))
 
 
 def final_loss(run_dir: Path) -> float:

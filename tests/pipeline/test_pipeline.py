@@ -50,6 +50,22 @@ def test_snakemake_produces_everything_then_does_nothing(finished_study):
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
+def test_the_study_prints_its_estimate_first_and_the_time_left_after_each_run(finished_study):
+    shown = (finished_study / "snakemake.out").read_text()
+    estimate = json.loads((finished_study / "results" / "estimate.json").read_text())
+    assert set(estimate["runs"]) == {"single-fp32-n1-r0", "ddp-fp32-n2-r0", "single-fp32-n1-r1", "ddp-fp32-n2-r1"}
+    assert set(estimate["selftests"]) == {"single-fp32-n1", "ddp-fp32-n2"}
+    assert estimate["calibration"]["step_s"]["fp32"] > 0 and estimate["calibration"]["launch_s"] > 0
+    first_job = min(shown.index(f"rule {name}:") for name in ("prepare", "selftest"))
+    assert re.search(r"estimate: about \d+ (s|min) for 4 runs and 2 selftests", shown[:first_job]), shown[:first_job]
+    lefts = re.findall(r"study: (\d) of 4 runs done after \d+ (?:s|min); about \d+ (?:s|min) left", shown)
+    assert sorted(lefts) == ["1", "2", "3", "4"]
+    # with every run done there is nothing to time, and the estimate stays the one the study was made with
+    again = run(["gpt2dist", "estimate", "--preset", "cpu", "--gpus", "0"], finished_study)
+    assert again.stdout.strip() == "estimate: all 4 runs of preset 'cpu' are done; nothing to time"
+    assert json.loads((finished_study / "results" / "estimate.json").read_text()) == estimate
+
+
 def test_changing_a_training_key_reruns_train_collect_plot_not_prepare(finished_study):
     params = yaml.safe_load((finished_study / "params.yaml").read_text())
     params["presets"]["cpu"]["train"]["lr"] = 1e-3
@@ -116,7 +132,8 @@ def _snakemake_jobs(work: Path) -> dict[str, tuple[str, set[str]]]:
     for block in text.split("rule ")[1:]:
         name = block.split(":", 1)[0]
         outputs = re.search(r"^\s+output: (.*)$", block, re.M)
-        command = re.search(r"^Shell command: (.*?)(?: > \S+ 2>&1)?$", block, re.M)
+        # the command up to its log; a train job then prints the study's time left, which DVC leaves out
+        command = re.search(r"^Shell command: (.*?)(?: > \S+ 2>&1.*)?$", block, re.M)
         if name in ("all", "round_done"):  # round_done: Snakemake's order-only marker; DVC orders by stage order
             continue
         wildcard = re.search(r"wildcards: \w+=(\S+)", block)

@@ -1,6 +1,7 @@
 # Helpers shared by the rules: the study this machine runs, from gpt2dist.pipeline.study (the same
 # module dvc.yaml is generated from).
 import re
+import subprocess
 import sys
 
 from gpt2dist.pipeline import study as gs

@@ -21,6 +21,7 @@ rule train:
     params:
         command=lambda wildcards: gs.train_command(STUDY, RUNS[wildcards.run]),
         settings=gs.preset_json(STUDY, "model", "train"),
+        progress=gs.progress_command(STUDY, PARAMS),
     log:
         "logs/train/{run}.log",
     threads: WHOLE_MACHINE
@@ -37,7 +38,7 @@ rule train:
     container:
         config["container"]
     shell:
-        "{params.command} > {log} 2>&1"
+        "{params.command} > {log} 2>&1; {params.progress} || true"  # the time left is no reason to drop a run
 
 
 # Order only, no command: marks that every configuration's repeat {round} has trained. Through one

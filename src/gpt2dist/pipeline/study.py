@@ -24,6 +24,7 @@ DATA_DIR = "data/tokens"
 RUNS_DIR = "results/runs"
 RESULTS_DIR = "results"
 SELFTEST_DIR = f"{RESULTS_DIR}/selftest"
+ESTIMATE_FILE = f"{RESULTS_DIR}/estimate.json"  # the study's expected duration, run by run (pipeline/duration.py)
 FIGURES = ("throughput", "speedup", "efficiency", "loss_deviation", "loss_vs_time", "memory", "epoch_time",
            "time_ledger")
 LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links
@@ -210,6 +211,18 @@ def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
                 "--nproc", run.nproc, "--seed", study.seed(run), *run.emulation_args(),
                 # the tools re-run a job whose settings changed, and would keep every run's checkpoint
                 "--no-keep-checkpoint", "--stale-checkpoint", "restart")
+
+
+def estimate_command(study: Study, params: str = "params.yaml") -> str:
+    """Before the study's first job: time the preset's model here and print the study's expected duration."""
+    return _cmd("gpt2dist", "estimate", "--params", params, "--preset", study.preset_name, "--gpus", study.gpus,
+                "--runs", RUNS_DIR, "--out", ESTIMATE_FILE)
+
+
+def progress_command(study: Study, params: str = "params.yaml") -> str:
+    """After each run: how many runs are done and about how long the rest takes."""
+    return _cmd("gpt2dist", "progress", "--params", params, "--preset", study.preset_name, "--gpus", study.gpus,
+                "--runs", RUNS_DIR, "--estimate", ESTIMATE_FILE)
 
 
 def collect_command(study: Study, params: str = "params.yaml") -> str:

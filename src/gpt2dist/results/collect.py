@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +27,7 @@ from gpt2dist.config.strategies import STRATEGY_NAMES
 from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
+from gpt2dist.pipeline.duration import wall_seconds
 from gpt2dist.pipeline.study import Study, configurations
 from gpt2dist.results.compact import write_compact_views
 from gpt2dist.results.disturbance import conditions_of, disturbance
@@ -86,15 +86,6 @@ def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, di
     return table[first + [c for c in table.columns if c not in first]], records, missing
 
 
-def _wall_seconds(record: dict) -> float:
-    """From the launcher's start (imports and rendezvous included) to the rank's last write."""
-    began = record.get("launched_at") or record.get("started_at")
-    try:
-        return (datetime.fromisoformat(record["finished_at"]) - datetime.fromisoformat(began)).total_seconds()
-    except (KeyError, TypeError, ValueError):
-        return math.nan
-
-
 def _link_bytes_per_step(record: dict, steps: int) -> float:
     """Measured on emulated nodes: the busiest node's sent bytes over the run, per step (start-up,
     evaluation and TCP/IP headers included, so a little above the modelled payload)."""
@@ -130,7 +121,7 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
         tokens_per_s = steady["tokens_per_s"].median()
         state = record.get("model_state_bytes") or {}
         measures = conditions_of(record, steady)
-        wall = _wall_seconds(record)
+        wall = wall_seconds(record)
         rows.append({
             **run.iloc[0][CONFIG_KEYS].to_dict(), "run_id": run_id, "repeat": int(run["repeat"].iloc[0]),
             "tokens_per_s": tokens_per_s,

@@ -1,0 +1,55 @@
+"""The study's time left: the estimate of the runs not yet done, scaled by how the finished ones compared
+with theirs (pipeline/duration.py); `gpt2dist estimate` itself runs in the pipeline tests."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import REPO
+from gpt2dist.pipeline.duration import Calibration, estimate_line, progress_line, run_seconds, selftest_seconds
+from gpt2dist.pipeline.study import configurations, plan_study, resume_cases
+
+STUDY = plan_study(REPO / "params.yaml", "cpu", 0)  # 60 runs: 20 configurations x 3 repeats
+CALIBRATION = Calibration({"fp32": 0.25, "bf16": 3.0}, launch_s=6.0)
+
+
+def _estimate(preset: str = "cpu", seconds: float = 10.0) -> dict:
+    return {"preset": preset, "written_at_unix_s": time.time() - 120,
+            "runs": {run.run_id: seconds for run in STUDY.runs}}
+
+
+def test_the_time_left_is_the_rest_of_the_estimate_scaled_by_the_finished_runs():
+    finished = {run.run_id: 20.0 for run in STUDY.runs[:30]}  # twice as long as estimated
+    assert progress_line(STUDY, finished, _estimate()) == (
+        "study: 30 of 60 runs done after 2 min; about 10 min left (the finished runs took 2x their estimate)")
+    # control: runs as fast as estimated leave half of it
+    on_time = dict.fromkeys(finished, 10.0)
+    assert "about 5 min left (the finished runs took 1x" in progress_line(STUDY, on_time, _estimate())
+    assert "about 10 min left" in progress_line(STUDY, {}, _estimate())
+
+
+def test_an_estimate_of_another_study_is_not_used():
+    assert progress_line(STUDY, {}, _estimate("paper")) == (
+        "study: 0 of 60 runs done (no estimate of this study's duration was made here)")
+    assert "no estimate" in progress_line(STUDY, {}, None)
+    assert "no estimate" not in progress_line(STUDY, {}, _estimate())
+
+
+def test_the_estimate_counts_steps_launches_and_what_is_left():
+    ddp_bf16 = next(run for run in STUDY.runs if run.config_id == "ddp-bf16-n2")
+    # on CPUs each rank of a run starts on the shared cores
+    assert run_seconds(STUDY, CALIBRATION, ddp_bf16) == 2 * 6.0 + STUDY.preset.train.max_steps * 3.0
+    selftests = selftest_seconds(STUDY, CALIBRATION, cores=2)
+    resumed = {run.config_id for run in resume_cases(STUDY)}
+    # a resumed check launches three times; two one-process checks share the two cores, a two-process one has them
+    assert selftests["ddp-fp32-n2"] == (3 if "ddp-fp32-n2" in resumed else 1) * 2 * 6.0
+    assert selftests["ddp-bf16-n1"] == 1 * 6.0 / 2
+    estimate = {"calibration": {"step_s": CALIBRATION.step_s, "launch_s": 6.0}, "selftests": selftests,
+                "runs": {run.run_id: run_seconds(STUDY, CALIBRATION, run) for run in STUDY.runs}}
+    whole = sum(estimate["runs"].values()) + sum(selftests.values())
+    assert estimate_line(estimate, {}, set()).startswith(
+        f"estimate: about {whole / 60:.0f} min for 60 runs and {len(configurations(STUDY))} selftests")
+    done = {run.run_id: 1.0 for run in STUDY.runs if run.precision == "bf16"}
+    rest = sum(seconds for run_id, seconds in estimate["runs"].items() if run_id not in done)
+    assert estimate_line(estimate, done, set(selftests)).startswith(
+        f"estimate: about {rest / 60:.0f} min for 30 runs and 0 selftests")
