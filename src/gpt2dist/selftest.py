@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2dist.config.schema import PRECISIONS
-from gpt2dist.config.strategies import describe
+from gpt2dist.config.strategies import REFERENCE, describe
 from gpt2dist.data.shards import write_shards
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_write_json
@@ -143,7 +143,7 @@ def calibrate(study: Study, params: Path, timeout_s: float = 600) -> Calibration
                                      CALIBRATION_STEPS)
         for precision in sorted({run.precision for run in study.runs}, key=PRECISIONS.index):
             out = Path(tmp) / precision
-            error = train(study, params, shards, Run("single", precision, 1, 0), out, timeout_s, *sets)
+            error = train(study, params, shards, Run(REFERENCE, precision, 1, 0), out, timeout_s, *sets)
             if error:
                 raise UsageError(f"calibration in {precision} failed: {error}")
             record = json.loads((out / "run.json").read_text())
