@@ -81,6 +81,8 @@ def train(
     max_steps: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.max_steps=K.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.seed=S.")] = None,
     hosts: Annotated[Optional[str], typer.Option(help="HOST:SLOTS,... : print the multi-node commands.")] = None,
+    gpus: Annotated[Optional[int], typer.Option(help="With --hosts: GPUs per host, 0 for CPU hosts (default: "
+                                                "params.yaml's gpus_per_node, else this host's).")] = None,
     emulate_nodes: Annotated[Optional[int], typer.Option(help="Run the multi-node commands on this many nodes "
                                                          "emulated on this machine (network namespaces; root).")] = None,
     link_mbit: Annotated[Optional[float], typer.Option(help="With --emulate-nodes: each node's link bandwidth, "
@@ -99,13 +101,15 @@ def train(
     if seed is not None:
         overrides.append(f"train.seed={seed}")
     host_list = commands.parse_hosts(hosts) if hosts else None
-    # other machines' commands: their GPUs are params.yaml's gpus_per_node, not this host's
+    if gpus is not None and not host_list:
+        raise UsageError("--gpus describes the --hosts machines; a run on this machine uses the GPUs it sees")
     device = None
-    if host_list:
-        from gpt2dist.config.planning import planned_gpus
+    if host_list:  # other machines' commands: their GPUs, not necessarily this host's
+        from gpt2dist.config.planning import hosts_gpus
         from gpt2dist.system.hardware import visible_gpus
 
-        device = "cuda" if planned_gpus(params, visible_gpus()) else "cpu"
+        slots = {host.name: host.slots for host in host_list}
+        device = "cuda" if hosts_gpus(params, gpus, visible_gpus(), slots) else "cpu"
     if emulate_nodes is not None:
         device = "cpu"  # emulated nodes share this machine; its GPUs are not split between them
     spec = runner.build_spec(data=data, out=out, strategy=strategy, precision=precision,

@@ -5,6 +5,7 @@ This machine has no GPU, so every test here is that situation for real."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -105,8 +106,31 @@ def test_gpus_per_node_in_params_reaches_dvc_yaml_and_train_hosts(params_file, s
     # commands for other machines describe those machines' GPUs, not this CPU-only host's
     gpt2dist(*train_args(shards, gpu_params, tmp_path / "run", "ddp", "--hosts", "gpu-a:4,gpu-b:4"))
     assert json.loads((tmp_path / "run" / "spec.json").read_text())["device"] == "cuda"
-    gpt2dist(*train_args(shards, params_file, tmp_path / "cpu-run", "ddp", "--hosts", "a:2,b:2"))
+    gpt2dist(*train_args(shards, params_file, tmp_path / "cpu-run", "ddp", "--hosts", "a:2,b:2", "--gpus", "0"))
     assert json.loads((tmp_path / "cpu-run" / "spec.json").read_text())["device"] == "cpu"
+    gpt2dist(*train_args(shards, params_file, tmp_path / "said", "ddp", "--hosts", "gpu-a:4,gpu-b:4", "--gpus", "4"))
+    assert json.loads((tmp_path / "said" / "spec.json").read_text())["device"] == "cuda"
+
+
+@pytest.mark.parametrize(("hosts", "gpus", "expected"), [
+    # the control of the case above: nothing says what the other machines have, and this host has no GPUs
+    ("gpu-a:4,gpu-b:4", [], "this one has no GPUs to go by: give their GPUs per host with --gpus N"),
+    ("gpu-a:8,gpu-b:8", ["--gpus", "4"], "gives gpu-a 8 processes but each host has 4 GPUs"),
+    ("gpu-a:4", ["--gpus", "-1"], "--gpus must be 0 or more GPUs per host, not -1"),
+])
+def test_hosts_of_unknown_or_too_few_gpus_are_refused(hosts, gpus, expected, params_file, shards, tmp_path):
+    without_gpus = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # a login node, whatever runs the test
+    result = gpt2dist(*train_args(shards, params_file, tmp_path, "ddp", "--hosts", hosts, *gpus), check=False,
+                      env=without_gpus)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], \
+        result.stderr
+    assert not (tmp_path / "spec.json").exists()
+
+
+def test_gpus_without_hosts_is_refused(params_file, shards, tmp_path):
+    result = gpt2dist(*train_args(shards, params_file, tmp_path, "ddp", "--gpus", "8"), check=False)
+    assert result.returncode == 2 and "--gpus describes the --hosts machines" in result.stderr
 
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="torch here is a CUDA build; the check is of a CPU-only one")

@@ -241,7 +241,8 @@ def test_bad_input_fails_with_one_line(case, expected, shards, params_file, tmp_
 def test_print_command_and_multinode(shards, params_file, tmp_path):
     local = gpt2dist(*train_args(shards, params_file, tmp_path, "ddp", "--print-command", nproc=2))
     assert "torch.distributed.run --standalone --nproc-per-node=2 -m gpt2dist.launch.worker" in local.stdout
-    multi = gpt2dist(*train_args(shards, params_file, tmp_path, "horovod", "--hosts", "gpu-a:8,gpu-b:8"))
-    assert "horovodrun -np 16 -H gpu-a:8,gpu-b:8" in multi.stdout and "mpirun -np 16" in multi.stdout
+    multi = gpt2dist(*train_args(shards, params_file, tmp_path, "horovod", "--hosts", "cpu-a:8,cpu-b:8",
+                                  "--gpus", "0"))
+    assert "horovodrun -np 16 -H cpu-a:8,cpu-b:8 --gloo" in multi.stdout and "mpirun -np 16" in multi.stdout
     assert '"nproc": 16' in (tmp_path / "spec.json").read_text()
     assert not (tmp_path / "run.json").exists()

@@ -29,3 +29,21 @@ def check_plan_fits(path: Path, planned: int, visible: int) -> None:
             f"CUDA GPUs; regenerate the plan with `gpt2dist dvc-yaml` (or set gpus_per_node: 0 in {path} to run "
             f"the CPU study here)"
         )
+
+
+def hosts_gpus(path: Path, given: int | None, visible: int, slots: dict[str, int]) -> int:
+    """GPUs per host of the machines `train --hosts` writes commands for: as given (--gpus), else
+    params.yaml's gpus_per_node, else this host's when it has some. A host without GPUs cannot speak
+    for the others, so it refuses rather than write a CPU spec for what may be GPU nodes."""
+    if given is None:
+        given = planned_gpus(path, visible)
+        if given == 0 and read_params(path).get("gpus_per_node") is None:
+            raise UsageError("--hosts writes commands for other machines and this one has no GPUs to go by: give "
+                             f"their GPUs per host with --gpus N (--gpus 0 for CPU hosts), or gpus_per_node in {path}")
+    if given < 0:
+        raise UsageError(f"--gpus must be 0 or more GPUs per host, not {given}")
+    crowded = [name for name, count in slots.items() if given and count > given]
+    if crowded:
+        raise UsageError(f"--hosts gives {crowded[0]} {slots[crowded[0]]} processes but each host has {given} GPUs; "
+                         f"give each host at most {given} slots (one process per GPU)")
+    return given
