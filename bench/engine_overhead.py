@@ -1,5 +1,5 @@
 """Engine overhead: `single` through gpt2dist's Trainer against a bare hand-written loop
-over the same transformers model, batch and precision, interleaved in one process.
+over the same GPT-2 model, batch and precision, interleaved in one process.
 
     python bench/engine_overhead.py [--preset cpu] [--precision fp32] [--min-rounds 5] [--max-rounds 40] [--steps 10]
 

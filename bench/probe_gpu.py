@@ -84,7 +84,7 @@ class Bare:
 
     def __init__(self, model_cfg, *, micro: int, accum: int, pad_to: int, head: str, whole: bool):
         vocab = model_cfg.vocab_size
-        model = build_model(model_cfg, seed=1337, eos_id=vocab - 1)
+        model = build_model(model_cfg, seed=1337)
         if pad_to > 1 and vocab % pad_to:
             padded = (vocab + pad_to - 1) // pad_to * pad_to
             weight = torch.zeros(padded, model_cfg.n_embd)

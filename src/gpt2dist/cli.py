@@ -1,7 +1,7 @@
 """The `gpt2dist` command: one subcommand per pipeline stage. Thin: parse, call, exit code.
 
 Each command imports what it needs when it runs, so `gpt2dist verify` does not pay for
-torch and transformers.
+torch.
 """
 
 from __future__ import annotations

@@ -12,5 +12,4 @@ def setup_logging() -> None:
         format=f"%(asctime)s [rank {rank}] %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("torch.distributed", "transformers"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("torch.distributed").setLevel(logging.WARNING)

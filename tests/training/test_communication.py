@@ -31,7 +31,7 @@ def spec(strategy: str, nproc: int, precision: str = "fp32", **train) -> RunSpec
 
 
 def test_parameter_counts_match_the_built_model():
-    model = build_model(MODEL, seed=0, eos_id=0)
+    model = build_model(MODEL, seed=0)
     assert parameter_count(MODEL) == sum(p.numel() for p in model.parameters())  # tied head counted once
     split = ("attn.c_attn.weight", "attn.c_attn.bias", "c_fc.weight", "c_fc.bias", "c_proj.weight")
     assert split_parameter_count(MODEL) == sum(p.numel() for n, p in model.named_parameters() if n.endswith(split))
@@ -73,14 +73,14 @@ def _count_rank(rank: int, port: int, results) -> None:
             sent.append(bucket.buffer().numel() * bucket.buffer().element_size())
             return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
 
-        ddp = torch.nn.parallel.DistributedDataParallel(build_model(MODEL, seed=0, eos_id=0))
+        ddp = torch.nn.parallel.DistributedDataParallel(build_model(MODEL, seed=0))
         ddp.register_comm_hook(None, counting_hook)
         lm_loss(TokenLoss(ddp, contextlib.nullcontext), inputs, inputs).backward()
         # tp: collectives per micro-step, counted by DTensor
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.debug import CommDebugMode
 
-        model = build_model(MODEL, seed=0, eos_id=0)
+        model = build_model(MODEL, seed=0)
         shard_blocks(model, init_device_mesh("cpu", (2,)))
         with CommDebugMode() as comm:
             lm_loss(TokenLoss(model, contextlib.nullcontext), inputs, inputs).backward()

@@ -59,7 +59,7 @@ def test_loss_module_gathers_only_sums_and_counts(shards, params_file, tmp_path)
 
 def test_uneven_chunks_give_the_global_mean():
     """What DataParallel does with 3 rows over 2 GPUs (chunks of 2 and 1), done by hand on CPU."""
-    loss = TokenLoss(build_model(ModelConfig(**TINY_PRESET["model"]), seed=0, eos_id=0), contextlib.nullcontext)
+    loss = TokenLoss(build_model(ModelConfig(**TINY_PRESET["model"]), seed=0), contextlib.nullcontext)
     tokens = torch.randint(0, 512, (3, 33), generator=torch.Generator().manual_seed(0))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     whole = lm_loss(loss, inputs, targets)

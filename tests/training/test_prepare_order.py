@@ -29,7 +29,7 @@ def test_horovod_hands_the_precision_its_distributed_optimizer(shards, params_fi
     placement = strategy.setup()
     try:
         precision = RecordingPrecision("fp32", placement.device, sharded=False)
-        model = build_model(spec.model, seed=spec.train.seed, eos_id=0)
+        model = build_model(spec.model, seed=spec.train.seed)
         _, optimizer = strategy.prepare(model, optimizer_factory(spec.train, precision.fused_optimizer), precision)
         assert precision.received is optimizer and hasattr(optimizer, "synchronize")  # Horovod's, not bare AdamW
     finally:

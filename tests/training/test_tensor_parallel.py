@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_equivalence import assert_follows_reference, train_with_fault
+from test_equivalence import RTOL, assert_follows_reference, train_with_fault
 from torch.distributed.tensor import Partial
 from torch.distributed.tensor.parallel import RowwiseParallel
 
@@ -73,4 +73,6 @@ def test_comparison_catches_a_broken_split(fault, reference, shards, params_file
     train_with_fault(TensorParallel, shards, params_file, tmp_path, inject=inject[fault])
     with pytest.raises(AssertionError):
         assert_follows_reference(reference, tmp_path)
-    assert read_metrics(tmp_path)[0]["loss"] != pytest.approx(read_metrics(reference)[0]["loss"], rel=1e-4)
+    # from the first step on: at the initial weights attention is nearly uniform, so the loss moves only a
+    # little, but beyond the tolerance a correct split stays within
+    assert read_metrics(tmp_path)[0]["loss"] != pytest.approx(read_metrics(reference)[0]["loss"], rel=RTOL)

@@ -36,11 +36,11 @@ def _all_gathers(model: torch.nn.Module, inputs: torch.Tensor) -> int:
 def _rank(rank: int, port: int, results) -> None:
     with gloo_rank(rank, port):
         inputs = torch.randint(0, MODEL.vocab_size, (2, MODEL.n_positions))
-        ours = _grad_storages(data_parallel(build_model(MODEL, seed=0, eos_id=0), torch.device("cpu")), inputs)
-        default = _grad_storages(DistributedDataParallel(build_model(MODEL, seed=0, eos_id=0)), inputs)
-        sharded = build_model(MODEL, seed=0, eos_id=0)
+        ours = _grad_storages(data_parallel(build_model(MODEL, seed=0), torch.device("cpu")), inputs)
+        default = _grad_storages(DistributedDataParallel(build_model(MODEL, seed=0)), inputs)
+        sharded = build_model(MODEL, seed=0)
         shard_fully(sharded, mesh=None)
-        plain = build_model(MODEL, seed=0, eos_id=0)
+        plain = build_model(MODEL, seed=0)
         for module in (*transformer_blocks(plain), plain):
             fully_shard(module)
             module.set_force_sum_reduction_for_comms(True)

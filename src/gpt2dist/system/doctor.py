@@ -27,7 +27,6 @@ def facts(no_gpu: bool) -> list[Fact]:
     rows = [
         Fact("python", versions["python"]),
         Fact("torch", versions["torch"]),
-        Fact("transformers", str(versions["transformers"])),
         Fact("image", _image_summary(environment.image())),
         Fact("CPU", f"{devices['cpu']} ({devices['cpu_cores']} cores)"),
         Fact("bf16 on the CPU", {"native": "native (AVX512-BF16 or AMX)",

@@ -38,7 +38,6 @@ def versions() -> dict:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "transformers": _version("transformers"),
         "horovod": _version("horovod"),
         "apex": _version("apex"),
         "cuda": torch.version.cuda,

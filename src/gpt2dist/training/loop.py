@@ -87,7 +87,7 @@ class Trainer:
         self.val_batches = BatchSampler(shards.val, "val", spec.model.n_positions, t.global_batch_size, t.seed,
                                         pin_memory=pin)
         self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=strategy.sharded_grads)
-        model = build_model(spec.model, seed=t.seed, eos_id=shards.meta["eos_id"])
+        model = build_model(spec.model, seed=t.seed)
         conflict = strategy.compile_conflict or self.precision.compile_conflict
         self.compiled = t.compile and conflict is None
         self.compile_skipped = conflict if t.compile else None  # run.json says why a requested compile did not apply

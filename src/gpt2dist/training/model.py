@@ -1,4 +1,4 @@
-"""GPT-2 from transformers, built from our ModelConfig, and its next-token loss."""
+"""GPT-2 built from our ModelConfig, and its next-token loss."""
 
 from __future__ import annotations
 
@@ -21,31 +21,12 @@ if TYPE_CHECKING:
 VOCAB_MULTIPLE = 64
 
 
-def build_model(cfg: ModelConfig, *, seed: int, eos_id: int) -> GPT2:
+def build_model(cfg: ModelConfig, *, seed: int) -> GPT2:
     """Seeded init on CPU, so every rank and every strategy starts from identical weights."""
-    # Imported here: transformers takes seconds to import, and the launcher, which imports this
-    # module through the strategies, never builds a model.
-    from transformers import GPT2Config
-
     from gpt2dist.training.gpt2 import GPT2
 
-    config = GPT2Config(
-        n_layer=cfg.n_layer,
-        n_head=cfg.n_head,
-        n_embd=cfg.n_embd,
-        n_positions=cfg.n_positions,
-        vocab_size=cfg.vocab_size,
-        resid_pdrop=cfg.dropout,
-        embd_pdrop=cfg.dropout,
-        attn_pdrop=cfg.dropout,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        use_cache=False,
-        attn_implementation="sdpa",
-    )
     torch.manual_seed(seed)
-    model = GPT2(config)
-    linearize(model)
+    model = GPT2(cfg)
     model.lm_head = DeferredHead(model.transformer.wte.weight)
     return model
 
@@ -54,7 +35,7 @@ class DeferredHead(nn.Module):
     """GPT-2's head, tied to the token embedding, whose product with the hidden states is left to the loss
     (head_loss): the model's forward returns the final hidden states, and the logits exist only inside the
     loss, which can then run as one compiled graph that never keeps a float32 copy of them. Its parameter
-    keeps the name `lm_head.weight`, so checkpoints stay those of transformers' GPT-2."""
+    keeps the name `lm_head.weight`, as in transformers' GPT-2."""
 
     def __init__(self, weight: nn.Parameter):
         super().__init__()
@@ -74,23 +55,6 @@ def head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor)
     padding = -vocab % VOCAB_MULTIPLE
     logits = F.linear(hidden, F.pad(weight, (0, 0, 0, padding)) if padding else weight)[..., :vocab]
     return F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="sum")
-
-
-def linearize(model: nn.Module) -> None:
-    """Replace transformers' Conv1D (weight stored in x out) with nn.Linear holding the same values
-    transposed. Tensor parallelism's DTensor styles accept nn.Linear only; every strategy converts,
-    so all of them start from the same weights in the same layout."""
-    from transformers.pytorch_utils import Conv1D
-
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, Conv1D):
-                weight = child.weight  # on the meta device too, where a model is only measured
-                linear = nn.utils.skip_init(nn.Linear, child.nx, child.nf, device=weight.device, dtype=weight.dtype)
-                with torch.no_grad():
-                    linear.weight.copy_(child.weight.t())
-                    linear.bias.copy_(child.bias)
-                setattr(parent, name, linear)
 
 
 def transformer_blocks(model: GPT2) -> list[nn.Module]:

@@ -41,7 +41,7 @@ def shard_blocks(model: nn.Module, mesh: DeviceMesh) -> int:
     for block in blocks:
         attn = block.attn
         with torch.no_grad():
-            order = qkv_order(attn.embed_dim, tp)
+            order = qkv_order(attn.c_proj.in_features, tp)
             attn.c_attn.weight.copy_(attn.c_attn.weight[order])
             attn.c_attn.bias.copy_(attn.c_attn.bias[order])
         parallelize_module(block, mesh, {
@@ -50,9 +50,6 @@ def shard_blocks(model: nn.Module, mesh: DeviceMesh) -> int:
             "mlp.c_fc": ColwiseParallel(),
             "mlp.c_proj": RowwiseParallel(),
         })
-        # the attention code splits q/k/v by split_size and infers the head count from local shapes
-        attn.split_size = attn.embed_dim = attn.embed_dim // tp
-        attn.num_heads //= tp
     return len(blocks)
 
 
