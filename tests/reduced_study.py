@@ -13,6 +13,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from gpt2dist.system.conditions import QUIET_WAIT_ENV
+
 from conftest import REPO
 
 BIN = Path(sys.executable).parent
@@ -55,6 +57,7 @@ def copy_workflow(dest: Path, **study) -> Path:
 
 def run(cmd: list[str], cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**(env or os.environ), "CUDA_VISIBLE_DEVICES": "", "DVC_NO_ANALYTICS": "1"}
+    env.pop(QUIET_WAIT_ENV, None)  # a study's runs wait for a quiet machine, as a user's do
     env["PATH"] = f"{BIN}:{env['PATH']}"
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if check and result.returncode:

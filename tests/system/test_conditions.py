@@ -12,7 +12,8 @@ import time
 import psutil
 import pytest
 
-from gpt2dist.system.conditions import LoadMonitor
+from gpt2dist.errors import UsageError
+from gpt2dist.system.conditions import QUIET_WAIT_ENV, LoadMonitor, quiet_wait_s, wait_for_quiet
 
 BUSY = "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
 
@@ -62,3 +63,20 @@ def test_the_runs_own_processes_are_not_foreign(tmp_path):
 
     summary = monitored(own_work, spec=spec)
     assert summary["foreign_cpu_share_mean"] < 0.15, summary
+
+
+def test_the_quiet_wait_is_bounded_by_its_setting(monkeypatch):
+    """GPT2DIST_QUIET_WAIT_S caps the wait (0: none); anything but seconds >= 0 is one clear error."""
+    monkeypatch.setenv(QUIET_WAIT_ENV, "0")
+    hog = detached(busy(3))
+    started = time.monotonic()
+    assert wait_for_quiet() == 0.0 and time.monotonic() - started < 0.1
+    monkeypatch.setenv(QUIET_WAIT_ENV, "1.5")
+    assert 1.5 <= wait_for_quiet() < 2.5  # the hog keeps the machine busy past the cap
+    psutil.wait_procs([hog], timeout=30)
+    monkeypatch.delenv(QUIET_WAIT_ENV)
+    assert quiet_wait_s() == 10.0
+    for bad in ("soon", "-1", "inf", "nan"):
+        monkeypatch.setenv(QUIET_WAIT_ENV, bad)
+        with pytest.raises(UsageError, match=f"GPT2DIST_QUIET_WAIT_S must be seconds >= 0 .*got '{bad}'"):
+            quiet_wait_s()

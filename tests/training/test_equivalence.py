@@ -133,14 +133,17 @@ class SummingDDP(DDP):
         return wrapped, optimizer
 
 
-class SummingFSDP(FSDP):
-    """FSDP2 told to divide reduced gradients by 1: every shard's gradient is the ranks' sum."""
+def sum_fsdp_gradients(model) -> None:
+    """Tell every FSDP2 unit to divide its reduced gradients by 1: each shard's gradient is the ranks' sum."""
+    for module in model.modules():
+        if hasattr(module, "set_gradient_divide_factor"):
+            module.set_gradient_divide_factor(1.0)
 
+
+class SummingFSDP(FSDP):
     def prepare(self, model, make_optimizer, precision):
         wrapped, optimizer = super().prepare(model, make_optimizer, precision)
-        for module in wrapped.modules():
-            if hasattr(module, "set_gradient_divide_factor"):
-                module.set_gradient_divide_factor(1.0)
+        sum_fsdp_gradients(wrapped)
         return wrapped, optimizer
 
 
@@ -176,13 +179,13 @@ def train_horovod_with_summed_gradients(shards, params_file, out) -> None:
 
 
 def _rank_with_fault(rank: int, spec_json: str, port: int, strategy_class, inject) -> None:
-    """One of 2 ranks, in a process of its own: `inject()` plants the fault, then the loop trains."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+    """One rank, in a process of its own: `inject()` plants the fault, then the loop trains."""
+    spec = RunSpec.model_validate_json(spec_json)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(spec.nproc), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     if inject:
         inject()
-    spec = RunSpec.model_validate_json(spec_json)
     strategy = strategy_class(spec)
     try:
         Trainer(spec, strategy).run()
@@ -197,12 +200,12 @@ def _free_port() -> int:
 
 
 def train_with_fault(strategy_class, shards, params_file, out, inject=None, precision: str = "fp32",
-                     overrides: list[str] | None = None) -> None:
-    """Train strategy_class (a faulty subclass, or one `inject` breaks) on 2 spawned ranks (2 GPUs where
-    CUDA is visible)."""
-    spec = build_spec(data=shards, out=out, strategy=strategy_class.name, precision=precision, nproc=2,
+                     overrides: list[str] | None = None, nproc: int = 2) -> None:
+    """Train strategy_class (a faulty subclass, or one `inject` breaks) on `nproc` spawned ranks (as many GPUs
+    where CUDA is visible)."""
+    spec = build_spec(data=shards, out=out, strategy=strategy_class.name, precision=precision, nproc=nproc,
                       params=params_file, preset=None, overrides=overrides or [])
-    mp.spawn(_rank_with_fault, args=(spec.model_dump_json(), _free_port(), strategy_class, inject), nprocs=2,
+    mp.spawn(_rank_with_fault, args=(spec.model_dump_json(), _free_port(), strategy_class, inject), nprocs=nproc,
              join=True)
 
 

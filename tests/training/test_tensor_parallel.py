@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_equivalence import RTOL, assert_follows_reference, train_with_fault
+from test_equivalence import RTOL, assert_follows_reference, sum_fsdp_gradients, train_with_fault
 from torch.distributed.tensor import Partial
 from torch.distributed.tensor.parallel import RowwiseParallel
 
 from gpt2dist.training.strategies import tensor_parallel
-from gpt2dist.training.strategies.tensor_parallel import TensorParallel, qkv_order
+from gpt2dist.training.strategies.tensor_parallel import FSDPTensorParallel, TensorParallel, qkv_order
 
 from conftest import gpt2dist, read_metrics, run_record, train_args
 
@@ -76,3 +76,22 @@ def test_comparison_catches_a_broken_split(fault, reference, shards, params_file
     # from the first step on: at the initial weights attention is nearly uniform, so the loss moves only a
     # little, but beyond the tolerance a correct split stays within
     assert read_metrics(tmp_path)[0]["loss"] != pytest.approx(read_metrics(reference)[0]["loss"], rel=RTOL)
+
+
+class SummingFSDPTensorParallel(FSDPTensorParallel):
+    """fsdp-tp whose FSDP reduce-scatter over the replicas sums instead of averaging."""
+
+    def prepare(self, model, make_optimizer, precision):
+        wrapped, optimizer = super().prepare(model, make_optimizer, precision)
+        sum_fsdp_gradients(wrapped)
+        return wrapped, optimizer
+
+
+@pytest.mark.timeout(300)
+def test_comparison_catches_fsdp_tp_summing_over_its_replicas(reference, shards, params_file, tmp_path):
+    train_with_fault(SummingFSDPTensorParallel, shards, params_file, tmp_path, nproc=4)
+    with pytest.raises(AssertionError):
+        assert_follows_reference(reference, tmp_path)
+    # the same weights at step 0, the gradient of 2 replicas summed: exactly twice the averaged norm
+    assert read_metrics(tmp_path)[0]["grad_norm"] / read_metrics(reference)[0]["grad_norm"] == pytest.approx(2.0,
+                                                                                                            rel=1e-4)

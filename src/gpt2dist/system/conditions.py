@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from gpt2dist.errors import UsageError
+
 BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal", "guest", "guest_nice")
 
 
@@ -39,11 +41,29 @@ def _busy_seconds(cpus: list[int]) -> tuple[float, float]:
     return busy, steal
 
 
-def wait_for_quiet(limit: float = 0.05, timeout_s: float = 10.0, interval_s: float = 0.5) -> float:
+QUIET_WAIT_ENV = "GPT2DIST_QUIET_WAIT_S"  # the longest wait for a quiet machine; 0: start at once
+QUIET_WAIT_DEFAULT_S = 10.0
+
+
+def quiet_wait_s() -> float:
+    text = os.environ.get(QUIET_WAIT_ENV, "")
+    try:
+        seconds = float(text) if text else QUIET_WAIT_DEFAULT_S
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise UsageError(f"{QUIET_WAIT_ENV} must be seconds >= 0 (0: do not wait), got '{text}'")
+    return seconds
+
+
+def wait_for_quiet(limit: float = 0.05, interval_s: float = 0.5) -> float:
     """Wait until other processes use at most `limit` of this process's CPUs over one interval, or
-    `timeout_s` passed; returns the seconds waited. A workflow tool's bookkeeping after the previous
+    quiet_wait_s() passed; returns the seconds waited. A workflow tool's bookkeeping after the previous
     job (a second or more for Snakemake with a large study) otherwise shares the first steps of a short
     run; a run that still starts on a busy machine is flagged by collect as before."""
+    timeout_s = quiet_wait_s()
+    if timeout_s == 0:
+        return 0.0
     cpus, me, started = run_cpus(), psutil.Process(), time.monotonic()
 
     def own() -> float:
