@@ -145,28 +145,36 @@ def shards(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def reference(shards, params_file, tmp_path_factory) -> Path:
+def trained(shards, params_file, tmp_path_factory):
+    """`gpt2dist train` of a (strategy, extra arguments, process count, precision), made once a session: the
+    equivalence, multi-node and resume tests compare against the same runs instead of each training its own.
+    The tests only read these runs."""
+    runs: dict[tuple, Path] = {}
+
+    def run(strategy: str, *extra: str, nproc: int = 1, precision: str = "fp32") -> Path:
+        key = (strategy, nproc, precision, *extra)
+        if key not in runs:
+            out = tmp_path_factory.mktemp(f"{strategy}-n{nproc}-{precision}")
+            gpt2dist(*train_args(shards, params_file, out, strategy, *extra, nproc=nproc, precision=precision))
+            runs[key] = out
+        return runs[key]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def reference(trained) -> Path:
     """The single-process fp32 run every strategy's equivalence test compares with."""
-    out = tmp_path_factory.mktemp("single")
-    gpt2dist(*train_args(shards, params_file, out, "single"))
+    out = trained("single")
     assert len(read_metrics(out)) >= 10
     return out
 
 
 @pytest.fixture(scope="session")
-def single_in(shards, params_file, reference, tmp_path_factory):
-    """single's run in a precision, with extra train arguments, made once a session (fp32 without extras is
-    `reference`): what a reduced precision alone does, the measure for every strategy in that precision."""
-    runs = {("fp32",): reference}
-
-    def run(precision: str, *extra: str) -> Path:
-        if (precision, *extra) not in runs:
-            out = tmp_path_factory.mktemp(f"single-{precision}")
-            gpt2dist(*train_args(shards, params_file, out, "single", *extra, precision=precision))
-            runs[(precision, *extra)] = out
-        return runs[(precision, *extra)]
-
-    return run
+def single_in(trained):
+    """single's run in a precision, with extra train arguments: what a reduced precision alone does, the
+    measure for every strategy in that precision."""
+    return lambda precision, *extra: trained("single", *extra, precision=precision)
 
 
 def gpt2dist(*args: str, check: bool = True, env: dict | None = None, **popen) -> subprocess.CompletedProcess:

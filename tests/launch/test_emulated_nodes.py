@@ -82,11 +82,10 @@ def test_a_failure_inside_removes_everything():
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "horovod"])
-def test_two_node_run_equals_the_one_machine_run(strategy, shards, params_file, tmp_path):
+def test_two_node_run_equals_the_one_machine_run(strategy, trained, shards, params_file, tmp_path):
     """The printed multi-node command, run on two emulated nodes, trains exactly as one machine does."""
     needs_ssh(strategy)
-    one_machine, two_nodes = tmp_path / "one", tmp_path / "two"
-    gpt2dist(*train_args(shards, params_file, one_machine, strategy, nproc=2), timeout=TIMEOUT_S)
+    one_machine, two_nodes = trained(strategy, nproc=2), tmp_path / "two"
     result = gpt2dist(*train_args(shards, params_file, two_nodes, strategy, "--emulate-nodes", "2", nproc=2),
                       timeout=TIMEOUT_S)
     expected, got = read_metrics(one_machine), read_metrics(two_nodes)

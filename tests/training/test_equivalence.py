@@ -82,13 +82,13 @@ def assert_follows_in_precision(single_fp32, single_reduced, run) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "horovod", "tp", "pp"])
-def test_two_ranks_follow_single_process(strategy, reference, shards, params_file, tmp_path):
-    gpt2dist(*train_args(shards, params_file, tmp_path, strategy, nproc=2))
-    assert_follows_reference(reference, tmp_path)
+def test_two_ranks_follow_single_process(strategy, reference, trained):
+    run = trained(strategy, nproc=2)
+    assert_follows_reference(reference, run)
     # the loss must actually move, or agreeing curves would prove nothing
-    losses = [line["loss"] for line in read_metrics(tmp_path)]
+    losses = [line["loss"] for line in read_metrics(run)]
     assert losses[-1] < 0.9 * losses[0]
-    record, single = run_record(tmp_path), run_record(reference)
+    record, single = run_record(run), run_record(reference)
     assert record["placement"]["backend"] == {"horovod": "horovod gloo"}.get(strategy, "gloo")
     # model state counted from the tensors: FSDP's rank 0 holds half of it, the replicating strategies all of
     # it, tp half of what it splits (every block matrix and the column-parallel biases), pp's first stage
@@ -101,10 +101,9 @@ def test_two_ranks_follow_single_process(strategy, reference, shards, params_fil
 
 
 @pytest.mark.timeout(300)
-def test_dp_on_cpu_is_the_degenerate_one_device_case(reference, shards, params_file, tmp_path):
-    gpt2dist(*train_args(shards, params_file, tmp_path, "dp"))
-    assert_follows_reference(reference, tmp_path)
-    record = run_record(tmp_path)
+def test_dp_on_cpu_is_the_degenerate_one_device_case(reference, trained):
+    assert_follows_reference(reference, trained("dp"))
+    record = run_record(trained("dp"))
     assert record["strategy"] == "dp" and record["placement"]["degenerate"] is True
 
 

@@ -29,12 +29,12 @@ def test_qkv_order_gives_each_rank_its_own_heads_of_q_k_and_v(tp):
 
 
 @pytest.mark.timeout(300)
-def test_fsdp_tp_on_four_ranks_follows_single_process(reference, shards, params_file, tmp_path):
+def test_fsdp_tp_on_four_ranks_follows_single_process(reference, trained):
     """2 FSDP replicas x 2 tensor-parallel ranks: each replica reads half the batch, each rank a quarter of
     the block matrices, sharded again over the replicas."""
-    gpt2dist(*train_args(shards, params_file, tmp_path, "fsdp-tp", nproc=4))
-    assert_follows_reference(reference, tmp_path)
-    record = run_record(tmp_path)
+    run = trained("fsdp-tp", nproc=4)
+    assert_follows_reference(reference, run)
+    record = run_record(run)
     assert record["wrapping"] == {"tensor_parallel": 2, "fsdp_replicas": 2, "fully_shard_modules": 3}
     assert record["grad_accum_steps"] == 2  # global 8 = 2 replicas x 2 rows x 2 micro-steps
     held = record["model_state_bytes"]["total"] / run_record(reference)["model_state_bytes"]["total"]

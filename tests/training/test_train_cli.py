@@ -49,11 +49,10 @@ def test_single_in_a_reduced_precision_applies_it_and_learns(precision, single_i
 
 
 @pytest.mark.parametrize("strategy, precision", [("ddp", "bf16"), ("fsdp", "fp16")])
-def test_two_ranks_in_a_reduced_precision_follow_single_in_it(strategy, precision, single_in, shards, params_file,
-                                                               tmp_path):
-    gpt2dist(*train_args(shards, params_file, tmp_path, strategy, nproc=2, precision=precision))
-    assert_follows_in_precision(single_in("fp32"), single_in(precision), tmp_path)
-    assert run_record(tmp_path)["precision"] == precision
+def test_two_ranks_in_a_reduced_precision_follow_single_in_it(strategy, precision, single_in, trained):
+    run = trained(strategy, nproc=2, precision=precision)
+    assert_follows_in_precision(single_in("fp32"), single_in(precision), run)
+    assert run_record(run)["precision"] == precision
 
 
 def test_compile_where_it_cannot_apply_is_recorded_with_the_reason(shards, params_file, tmp_path):
@@ -120,11 +119,12 @@ def assert_resumed_exactly(resumed_dir, whole_dir) -> None:
     ("single", 1, "fp32"), ("dp", 1, "fp32"), ("ddp", 2, "fp32"), ("fsdp", 2, "fp32"), ("horovod", 2, "bf16"),
     ("tp", 2, "bf16"), ("pp", 2, "bf16"), ("fsdp-tp", 4, "fp32"),
 ])
-def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision, shards, params_file, tmp_path):
-    """Bitwise: data order and dropout are seeded per step, so a resumed run repeats the uninterrupted one."""
+def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision, trained, shards, params_file,
+                                                      tmp_path):
+    """Bitwise: data order and dropout are seeded per step, so a resumed run repeats the uninterrupted one (the
+    session's run of the same configuration, which checkpoints less often: saving must not change the state)."""
     args = dict(nproc=nproc, precision=precision)
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    gpt2dist(*train_args(shards, params_file, whole, strategy, *RESUME_EXTRA, **args))
+    whole, killed = trained(strategy, **args), tmp_path / "killed"
     kill_after_checkpoint(train_args(shards, params_file, killed, strategy, *RESUME_EXTRA, **args), killed,
                           kill_point(f"{strategy}-{nproc}-{precision}"))
     gpt2dist(*train_args(shards, params_file, killed, strategy, *RESUME_EXTRA, **args))
