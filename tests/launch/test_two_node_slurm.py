@@ -18,7 +18,7 @@ import pytest
 from gpt2dist.launch import emulated_nodes
 
 import slurm_cluster
-from conftest import gpt2dist, read_metrics, require, run_record, train_args
+from conftest import read_metrics, require, run_record, train_args
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 300
@@ -42,10 +42,9 @@ def cluster(tmp_path_factory):
             slurm_cluster.stop(started)
 
 
-def test_sbatch_on_two_nodes_trains_as_one_machine_does(cluster, shards, params_file, tmp_path):
+def test_sbatch_on_two_nodes_trains_as_one_machine_does(cluster, trained, shards, params_file, tmp_path):
     started, made = cluster
-    one_machine, two_nodes = tmp_path / "one", tmp_path / "two"
-    gpt2dist(*train_args(shards, params_file, one_machine, "ddp", nproc=2), timeout=TIMEOUT_S)
+    one_machine, two_nodes = trained("ddp", nproc=2), tmp_path / "two"
     script = tmp_path / "job.sh"
     train = " ".join(map(str, [sys.executable, "-m", "gpt2dist", *train_args(shards, params_file, two_nodes, "ddp",
                                                                              nproc=2)]))
