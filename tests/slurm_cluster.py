@@ -21,8 +21,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from gpt2dist.launch.emulated_nodes import EmulatedNodes
 from gpt2dist.launch import lifetime
+
+from conftest import REPO
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scancel")
@@ -186,3 +190,32 @@ def stop(cluster: Cluster) -> None:
             lifetime.stop(process, grace_s=20)
     if SYSTEM_CONF.exists() and SYSTEM_CONF.read_text().startswith(MARKER):
         SYSTEM_CONF.unlink()
+
+
+def edited_profile(dest: Path, cluster: Cluster) -> Path:
+    """workflow/profiles/slurm with what a user edits for their cluster: partition, account, sizes."""
+    config = yaml.safe_load((REPO / "workflow/profiles/slurm/config.yaml").read_text())
+    defaults = config["default-resources"]
+    del defaults["slurm_account"]  # this cluster keeps no accounts
+    defaults.update(slurm_partition=PARTITION, cpus_per_task=1, mem_mb=500, runtime=10)
+    config["set-resources"]["prepare"].update(slurm_partition=PARTITION, cpus_per_task=cluster.cpus,
+                                              mem_mb=1000)
+    # cpus_per_task is per rank: the 2-task jobs (selftests as their configuration's runs) must fit on the node
+    for rule in ("selftest", "train"):
+        config["set-resources"][rule].update(cpus_per_task=max(1, cluster.cpus // 2), mem_mb=1000, runtime=10)
+    config.update({
+        "slurm-status-command": "squeue",  # and has no accounting database for sacct
+        "slurm-init-seconds-before-status-checks": 2,  # tiny jobs: poll soon
+        "slurm-keep-successful-logs": True,
+    })
+    dest.mkdir()
+    (dest / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return dest
+
+
+def jobs(cluster: Cluster) -> list[dict[str, str]]:
+    """Every job the cluster still knows (MinJobAge keeps finished ones): id, state, comment, tasks."""
+    shown = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T|%k|%D|%C"],
+                           env=cluster.env, capture_output=True, text=True, check=True).stdout
+    keys = ("id", "state", "comment", "nodes", "cpus")
+    return [dict(zip(keys, line.split("|"))) for line in shown.split()]

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gpt2dist.errors import failure_line
+
 from conftest import gpt2dist
 
 CASES = {
@@ -90,3 +92,15 @@ def test_version_names_the_installed_package():
     from importlib.metadata import version
 
     assert gpt2dist("--version").stdout == f"gpt2dist {version('gpt2dist')}\n"
+
+
+def test_the_error_line_is_the_root_cause():
+    ranks = ("[1]<stderr>:Traceback (most recent call last):\n"
+             "[1]<stderr>:TypeError: zero_grad() got an unexpected keyword argument 'set_to_none'\n"
+             "[0]<stderr>:RuntimeError: Horovod has been shut down\n"
+             "error: training failed (horovodrun exited with 1); the ranks' messages are above\n")
+    assert failure_line(ranks) == "TypeError: zero_grad() got an unexpected keyword argument 'set_to_none'"
+    assert failure_line("warning: x\nerror: unknown preset 'gpu'\n") == "error: unknown preset 'gpu'"
+    assert failure_line("error: train.bin is corrupt\nerror: training failed (torchrun exited with 1)\n") == \
+        "error: train.bin is corrupt"
+    assert failure_line("") == "exited without a message"

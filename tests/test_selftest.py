@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpt2dist.selftest import one_line
 from gpt2dist.pipeline.study import plan_study, resume_cases
 
 from conftest import gpt2dist
@@ -59,15 +58,3 @@ def test_the_pipelines_job_checks_one_configuration_and_its_resume(params_file, 
     report = json.loads(out.read_text())
     assert [check["name"] for check in report["checks"]] == ["single-fp32-n1", "resume single-fp32-n1"]
     assert report["failed"] == 0, report
-
-
-def test_the_error_line_is_the_root_cause():
-    ranks = ("[1]<stderr>:Traceback (most recent call last):\n"
-             "[1]<stderr>:TypeError: zero_grad() got an unexpected keyword argument 'set_to_none'\n"
-             "[0]<stderr>:RuntimeError: Horovod has been shut down\n"
-             "error: training failed (horovodrun exited with 1); the ranks' messages are above\n")
-    assert one_line(ranks) == "TypeError: zero_grad() got an unexpected keyword argument 'set_to_none'"
-    assert one_line("warning: x\nerror: unknown preset 'gpu'\n") == "error: unknown preset 'gpu'"
-    assert one_line("error: train.bin is corrupt\nerror: training failed (torchrun exited with 1)\n") == \
-        "error: train.bin is corrupt"
-    assert one_line("") == "exited without a message"

@@ -24,6 +24,8 @@ Params = Annotated[Path, typer.Option(help="Parameter file.")]
 PresetName = Annotated[Optional[str], typer.Option(help="Preset; default: params.yaml's 'preset' (auto).")]
 Gpus = Annotated[Optional[int], typer.Option(
     help="Plan the study for this many GPUs per node (default: params.yaml's gpus_per_node, else the visible ones).")]
+Nodes = Annotated[Optional[int], typer.Option(
+    help="Plan the study for a cluster of this many nodes (default: params.yaml's nodes, else 1).")]
 RunsDir = Annotated[Path, typer.Option(help="Directory holding one directory per run id.")]
 Overrides = Annotated[Optional[list[str]], typer.Option("--set", help="Override a preset key: model.n_layer=2.")]
 
@@ -74,7 +76,9 @@ def train(
     strategy: Annotated[str, typer.Option(help=" | ".join(STRATEGIES) + " (`gpt2dist strategies` says what each is)")],
     out: Annotated[Path, typer.Option(help="Run directory: metrics.jsonl, run.json, checkpoint.pt.")],
     precision: Annotated[str, typer.Option(help=" | ".join(PRECISIONS))] = "fp32",
-    nproc: Annotated[int, typer.Option(help="Processes (devices for dp) on this machine.")] = 1,
+    nproc: Annotated[int, typer.Option(help="Processes (devices for dp), on all nodes together.")] = 1,
+    nodes: Annotated[int, typer.Option(help="Nodes of this SLURM job the processes spread over, nproc / nodes "
+                                            "each (the pipeline's multi-node jobs pass it).")] = 1,
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
     set_: Overrides = None,
@@ -112,10 +116,13 @@ def train(
         device = "cuda" if hosts_gpus(params, gpus, visible_gpus(), slots) else "cpu"
     if emulate_nodes is not None:
         device = "cpu"  # emulated nodes share this machine; its GPUs are not split between them
+    if nodes != 1 and (host_list or emulate_nodes is not None):
+        raise UsageError("--nodes is a SLURM job's nodes; --hosts and --emulate-nodes say their own")
+    spread = len(host_list) if host_list else nodes  # emulated nodes: launch.emulated's, checked there
     spec = runner.build_spec(data=data, out=out, strategy=strategy, precision=precision,
                              nproc=sum(h.slots for h in host_list) if host_list else nproc, params=params,
                              preset=preset, overrides=overrides, check_devices=host_list is None, device=device,
-                             keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint)
+                             nodes=spread, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint)
     if host_list:
         typer.echo("\n".join(runner.print_multinode(spec, host_list)))
         return
@@ -180,13 +187,15 @@ def _summary(directory: Path, meta: dict, verb: str) -> str:
     return f"ok: {directory}: {splits}, vocabulary {meta['vocab_size']:,} ({meta['tokenizer'].get('name')}), sha256 {verb}"
 
 
-def _study(params: Path, preset: str | None, gpus: int | None = None):
-    """The study planned for `gpus` per node, else params.yaml's gpus_per_node, else the visible GPUs."""
-    from gpt2dist.config.planning import planned_gpus
+def _study(params: Path, preset: str | None, gpus: int | None = None, nodes: int | None = None):
+    """The study planned for `gpus` per node (else params.yaml's gpus_per_node, else the visible GPUs) on
+    `nodes` nodes (else params.yaml's nodes, else 1)."""
+    from gpt2dist.config.planning import gpus_given, planned_gpus, planned_nodes
     from gpt2dist.pipeline.study import plan_study
     from gpt2dist.system.hardware import visible_gpus
 
-    return plan_study(params, preset, planned_gpus(params, visible_gpus()) if gpus is None else gpus)
+    return plan_study(params, preset, planned_gpus(params, visible_gpus()) if gpus is None else gpus,
+                      planned_nodes(params, nodes), gpus_given=gpus_given(params, gpus))
 
 
 @app.command()
@@ -198,11 +207,14 @@ def collect(
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
     gpus: Gpus = None,
+    nodes: Nodes = None,
+    mixed_hardware: Annotated[bool, typer.Option(help="Compare runs made on different hardware (GPU or CPU model, "
+                                                      "NVLink or PCIe) instead of refusing; the summary names them.")] = False,
 ) -> None:
     """Gather every run of the study into one tidy table and a per-configuration summary."""
     from gpt2dist.results.collect import collect as run_collect
 
-    result = run_collect(_study(params, preset, gpus), runs, data, out)
+    result = run_collect(_study(params, preset, gpus, nodes), runs, data, out, mixed_hardware=mixed_hardware)
     typer.echo(f"ok: {len(result['configs'])} configurations of preset {result['preset']} summarised in {out}")
 
 
@@ -233,11 +245,12 @@ def bundle(
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
     gpus: Gpus = None,
+    nodes: Nodes = None,
 ) -> None:
     """Pack the study's run records, shard description and parameters into one verifiable archive."""
     from gpt2dist.results.bundle import write_bundle
 
-    description = write_bundle(_study(params, preset, gpus), runs, data, params, out)
+    description = write_bundle(_study(params, preset, gpus, nodes), runs, data, params, out)
     missing = f", {len(description['missing_runs'])} missing (listed in its bundle.json)" if description[
         "missing_runs"] else ""
     typer.echo(f"ok: {out}: {len(description['runs'])} runs of preset {description['preset']}{missing}")
@@ -300,11 +313,12 @@ def dvc_yaml(
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
     gpus: Gpus = None,
+    nodes: Nodes = None,
 ) -> None:
     """Write dvc.yaml for this machine's study: the same commands and paths as the Snakefile."""
     from gpt2dist.pipeline.dvc_stages import write_dvc_yaml
 
-    study = _study(params, preset, gpus)
+    study = _study(params, preset, gpus, nodes)
     write_dvc_yaml(study, out)
     typer.echo(f"ok: {out} with {len(study.runs)} train stages of preset {study.preset_name}")
 
@@ -324,6 +338,7 @@ def schema(out: Annotated[Path, typer.Option(help="File to write.")] = Path("wor
 def doctor(
     no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Skip GPU checks (image builds, CPU nodes).")] = False,
     gpus: Gpus = None,
+    nodes: Nodes = None,
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
 ) -> None:
@@ -339,7 +354,7 @@ def doctor(
     for fact in facts(no_gpu):
         table.add_row(fact.name, fact.value, "yes" if fact.ok else "no")
     Console().print(table)
-    study = _study(params, preset, gpus)
+    study = _study(params, preset, gpus, nodes)
     missing = missing_for(study, no_gpu)
     if missing:
         raise UsageError(f"preset '{study.preset_name}' needs what is missing here: " + "; ".join(missing))
@@ -352,6 +367,7 @@ def estimate(
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
     gpus: Gpus = None,
+    nodes: Nodes = None,
     runs: RunsDir = Path("results/runs"),
     out: Annotated[Path, typer.Option(help="JSON file with the expected seconds of every job.")] = Path(
         "results/estimate.json"),
@@ -363,7 +379,7 @@ def estimate(
     from gpt2dist.system.conditions import run_cpus
     from gpt2dist.system.hardware import visible_gpus
 
-    study = _study(params, preset, gpus)
+    study = _study(params, preset, gpus, nodes)
     finished = finished_runs(study, runs)
     if len(finished) == len(study.runs):
         typer.echo(f"estimate: all {len(study.runs)} runs of preset '{study.preset_name}' are done; nothing to time")
@@ -385,6 +401,7 @@ def progress(
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
     gpus: Gpus = None,
+    nodes: Nodes = None,
     runs: RunsDir = Path("results/runs"),
     estimate: Annotated[Path, typer.Option(help="Written by `gpt2dist estimate`.")] = Path("results/estimate.json"),
 ) -> None:
@@ -392,7 +409,7 @@ def progress(
     from gpt2dist.pipeline.duration import finished_runs, progress_line
     from gpt2dist.results.inputs import read_json
 
-    study = _study(params, preset, gpus)
+    study = _study(params, preset, gpus, nodes)
     planned = read_json(estimate, "gpt2dist estimate") if estimate.exists() else None
     typer.echo(progress_line(study, finished_runs(study, runs), planned))
 
@@ -408,6 +425,7 @@ def selftest(
         help="Check only this configuration (e.g. ddp-bf16-n2); repeatable.")] = None,
     resume: Annotated[bool, typer.Option(help="With --only: also kill and resume each of them.")] = False,
     gpus: Gpus = None,
+    nodes: Nodes = None,
 ) -> None:
     """Run every configuration of the study for a few steps, and one resume per strategy: minutes, not hours."""
     from rich.console import Console
@@ -420,7 +438,7 @@ def selftest(
     console = Console(highlight=False)
     if gpus is not None:  # the pipeline's jobs pass the plan's count: a stale dvc.yaml shows here first
         check_plan_fits(params, gpus, visible_gpus())
-    study = _study(params, preset, gpus)
+    study = _study(params, preset, gpus, nodes)
 
     def progress(check, done: int, total: int) -> None:
         verdict = "ok" if check.ok else f"FAILED: {check.error}"

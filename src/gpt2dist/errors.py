@@ -1,5 +1,6 @@
 """The exception types the CLI turns into one `error:` line: bad input (exit 2) and a stop signal (exit 128+N)."""
 
+import re
 import signal
 
 
@@ -24,3 +25,15 @@ def error_line(problem: object) -> str:
     """The one line a failure is reported with: a message that embeds another tool's (a multi-line
     ImportError, say) is folded onto it."""
     return "error: " + " ".join(str(problem).split())
+
+
+EXCEPTION = re.compile(r"\b(\w+(?:Error|Exception)): .+")
+
+
+def failure_line(stderr: str) -> str:
+    """The line of a failed process's stderr that says what went wrong: the first exception a rank raised, else
+    the first `error:` line (a rank's own; the launcher's "training failed" comes after it), else the last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    raised = [match[0] for line in lines if (match := EXCEPTION.search(line)) and not line.startswith("error:")]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (raised[:1] or errors[:1] or lines[-1:] or ["exited without a message"])[0][:300]

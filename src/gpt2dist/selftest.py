@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import numpy as np
 from gpt2dist.config.schema import PRECISIONS
 from gpt2dist.config.strategies import REFERENCE, describe
 from gpt2dist.data.shards import write_shards
-from gpt2dist.errors import UsageError
+from gpt2dist.errors import UsageError, failure_line
 from gpt2dist.io import atomic_write_json
 from gpt2dist.launch.locks import hold_the_machine
 from gpt2dist.pipeline.duration import Calibration, wall_seconds
@@ -78,28 +77,16 @@ def write_random_shards(directory: Path, study: Study, rows_per_step: int, steps
     return directory
 
 
-EXCEPTION = re.compile(r"\b(\w+(?:Error|Exception)): .+")
-
-
-def one_line(stderr: str) -> str:
-    """The line that says what went wrong: the first exception a rank raised, else the first `error:`
-    line (a rank's own; the launcher's "training failed" comes after it), else the last line."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    raised = [match[0] for line in lines if (match := EXCEPTION.search(line)) and not line.startswith("error:")]
-    errors = [line for line in lines if line.startswith("error:")]
-    return (raised[:1] or errors[:1] or lines[-1:] or ["exited without a message"])[0][:300]
-
-
 def train(study: Study, params: Path, shards: Path, run: Run, out: Path, timeout_s: float, *sets: str) -> str | None:
     """`gpt2dist train` of one configuration with `--set` overrides; None when it succeeded, else its error line."""
     command = [sys.executable, "-m", "gpt2dist", "train", "--data", str(shards), "--out", str(out), "--params",
                str(params), "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
-               "--nproc", str(run.nproc), *run.emulation_args(), *(arg for value in sets for arg in ("--set", value))]
+               "--nproc", str(run.nproc), *run.node_args(), *(arg for value in sets for arg in ("--set", value))]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"no result within {timeout_s:g} s (a hung rank or collective?)"
-    return one_line(done.stderr) if done.returncode else None
+    return failure_line(done.stderr) if done.returncode else None
 
 
 class Selftest:
@@ -163,7 +150,8 @@ def resume_mismatch(resumed: Path, whole: Path, precision: str) -> str | None:
     record = json.loads((resumed / "run.json").read_text())
     if record.get("resumed_from_step") != RESUME_AT:
         return f"the re-run started at step {record.get('resumed_from_step')}, not at its checkpoint's {RESUME_AT}"
-    if not (whole / "metrics.jsonl").exists():
+    uninterrupted = whole / "run.json"
+    if not uninterrupted.exists() or json.loads(uninterrupted.read_text()).get("status") != "completed":
         return "no uninterrupted run to compare with (its configuration failed)"
     a, b = final_loss(resumed), final_loss(whole)
     rtol = RESUME_RTOL.get(precision, RESUME_RTOL_REDUCED)
@@ -192,8 +180,10 @@ def run_selftest(study: Study, params: Path, out: Path, *, only: list[str] | Non
     # The checks' own runs share the lock: a timeout must not count time spent waiting for another run.
     # Shared with other selftests (the pipeline runs one per configuration, several at once on a CPU
     # machine), never with a timed run. ignore_cleanup_errors: the ranks of a timed-out check may
-    # still be leaving their directory.
-    with tempfile.TemporaryDirectory(prefix="gpt2dist-selftest-", ignore_cleanup_errors=True) as tmp, \
+    # still be leaving their directory. Beside `out`, not in /tmp: a multi-node check's ranks on the
+    # other nodes read its shards, and a cluster shares the project's directory, not its nodes' /tmp.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".selftest-", dir=out.parent, ignore_cleanup_errors=True) as tmp, \
             hold_the_machine(shared=True):
         test = Selftest(study, params, Path(tmp), timeout_s)
         total = len(chosen) + len(resumed)

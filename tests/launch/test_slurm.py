@@ -10,7 +10,7 @@ import pytest
 
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
-from gpt2dist.launch.slurm import launch_command, srun_command
+from gpt2dist.launch.slurm import horovod_launch, launch_command, srun_command
 from gpt2dist.pipeline.study import Run
 from gpt2dist.system.allocation import Allocation, job_allocation, parse_show_job
 
@@ -53,12 +53,32 @@ def test_torchrun_over_two_nodes_on_the_host_is_this_environments():
                    "-m", "gpt2dist.launch.worker", str(SPEC)]
 
 
-def test_horovod_over_two_nodes():
-    assert launch_command("horovodrun", 16, TWO_NODES, SPEC) == [
+# what `srun --mpi=list` prints with and without the PMIx plugin
+MPI_TYPES = "MPI plugin types are...\n\tnone\n\tcray_shasta\n\tpmi2\n\tpmix\nspecific pmix plugin versions available: pmix_v4\n"
+NO_PMIX = "MPI plugin types are...\n\tnone\n\tpmi2\n"
+
+
+def test_horovod_over_two_nodes_starts_with_pmix_where_slurm_and_horovod_both_can():
+    pmix = horovod_launch(MPI_TYPES, mpi_built=True)
+    assert pmix.via == "srun --mpi=pmix" and not pmix.use_horovodrun
+    assert launch_command("horovodrun", 16, TWO_NODES, SPEC, horovod=pmix) == [
         "srun", "--mpi=pmix", "--nodes=2", "--ntasks-per-node=8", "--cpus-per-task=12", "--kill-on-bad-exit=1",
         sys.executable, "-m", "gpt2dist.launch.worker", str(SPEC)]
-    assert srun_command("horovodrun", TWO_NODES, SPEC, use_horovodrun=True)[:5] == [
-        "horovodrun", "-np", "16", "-H", "gpu07:8,gpu08:8"]
+
+
+@pytest.mark.parametrize("listed, mpi_built, why, gloo", [
+    (NO_PMIX, True, "srun --mpi=list shows no pmix plugin", False),
+    (MPI_TYPES, False, "Horovod was built without MPI", True),
+    (NO_PMIX, False, "srun --mpi=list shows no pmix plugin", True),
+])
+def test_horovod_over_two_nodes_otherwise_starts_with_horovodrun_over_ssh_and_says_why(listed, mpi_built, why, gloo):
+    chosen = horovod_launch(listed, mpi_built)
+    assert chosen.via == "horovodrun over ssh" and chosen.why.startswith(why) and chosen.gloo is gloo
+    command = launch_command("horovodrun", 16, TWO_NODES, SPEC, horovod=chosen)
+    assert command[1:5] == ["-np", "16", "-H", "gpu07:8,gpu08:8"] and command[0].endswith("horovodrun")
+    assert ("--gloo" in command) is gloo and command[-4:] == [sys.executable, "-m", "gpt2dist.launch.worker", str(SPEC)]
+    inside = srun_command("horovodrun", TWO_NODES, SPEC, image="gpt2dist.sif", horovod=chosen)
+    assert inside[:5] == ["apptainer", "exec", "--nv", "gpt2dist.sif", "horovodrun"] and inside[-4] == "python"
 
 
 def test_several_nodes_must_hold_exactly_the_ranks():

@@ -16,7 +16,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpt2dist.results.plots import FIGURES
 
@@ -44,32 +43,11 @@ def cluster(tmp_path_factory):
     slurm_cluster.stop(started)
 
 
-def edited_profile(dest: Path, cluster: slurm_cluster.Cluster) -> Path:
-    """workflow/profiles/slurm with what a user edits for their cluster: partition, account, sizes."""
-    config = yaml.safe_load((REPO / "workflow/profiles/slurm/config.yaml").read_text())
-    defaults = config["default-resources"]
-    del defaults["slurm_account"]  # this cluster keeps no accounts
-    defaults.update(slurm_partition=slurm_cluster.PARTITION, cpus_per_task=1, mem_mb=500, runtime=10)
-    config["set-resources"]["prepare"].update(slurm_partition=slurm_cluster.PARTITION, cpus_per_task=cluster.cpus,
-                                              mem_mb=1000)
-    config["set-resources"]["selftest"].update(cpus_per_task=cluster.cpus, mem_mb=1000, runtime=10)
-    # cpus_per_task is per rank: the 2-task jobs must fit on the node
-    config["set-resources"]["train"].update(cpus_per_task=max(1, cluster.cpus // 2), mem_mb=1000, runtime=10)
-    config.update({
-        "slurm-status-command": "squeue",  # and has no accounting database for sacct
-        "slurm-init-seconds-before-status-checks": 2,  # tiny jobs: poll soon
-        "slurm-keep-successful-logs": True,
-    })
-    dest.mkdir()
-    (dest / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    return dest
-
-
 @pytest.fixture(scope="module")
 def study_on_cluster(cluster, tmp_path_factory) -> Path:
     """The reduced study with one repeat (each run's numbers are compared with the local study's)."""
     work = copy_workflow(tmp_path_factory.mktemp("cluster-study"), repeats=1)
-    profile = edited_profile(work / "profile", cluster)
+    profile = slurm_cluster.edited_profile(work / "profile", cluster)
     result = run(["snakemake", "--profile", str(profile)], work, check=False, env=cluster.env)
     if result.returncode:
         raise AssertionError(f"snakemake --profile (slurm) failed ({result.returncode}):\n{result.stderr[-6000:]}\n"
@@ -77,16 +55,8 @@ def study_on_cluster(cluster, tmp_path_factory) -> Path:
     return work
 
 
-def _jobs(cluster: slurm_cluster.Cluster) -> list[dict[str, str]]:
-    """Every job the cluster still knows (MinJobAge keeps finished ones): id, state, comment, tasks."""
-    shown = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%i|%T|%k|%D|%C"],
-                           env=cluster.env, capture_output=True, text=True, check=True).stdout
-    keys = ("id", "state", "comment", "nodes", "cpus")
-    return [dict(zip(keys, line.split("|"))) for line in shown.split()]
-
-
 def test_every_cluster_rule_ran_as_a_completed_sbatch_job(study_on_cluster, cluster):
-    jobs = _jobs(cluster)
+    jobs = slurm_cluster.jobs(cluster)
     rules = sorted(job["comment"].split("_wildcards_")[0] for job in jobs)
     # collect, plot and report are localrules: seconds of CPU on the submit host
     assert rules == ["rule_prepare"] + ["rule_selftest"] * 2 + ["rule_train"] * 2, jobs  # a selftest per configuration

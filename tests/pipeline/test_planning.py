@@ -37,18 +37,63 @@ def test_snakemake_plans_the_paper_study_for_the_gpus_the_user_names(tmp_path):
     planned = run(["snakemake", "-n", "-p", "--config", "gpus_per_node=8", "preset=paper"], work).stdout
     jobs = resources(planned)
     assert len(jobs) == PAPER_CONFIGURATIONS * 3
-    assert jobs["ddp-bf16-n8-r0"]["gpu"] == "8" and jobs["ddp-bf16-n8-r0"]["tasks"] == "8"
-    assert jobs["dp-fp32-n8-r0"]["gpu"] == "8" and jobs["dp-fp32-n8-r0"]["tasks"] == "1"  # one process drives 8
-    assert jobs["single-fp32-n1-r0"]["runtime"] == "60"  # the preset's study.train_runtime_min
-    assert "--preset paper" in planned and "--gpus 8" in planned  # collect plans the same study later
-    selftests = re.findall(r"rule selftest:.*?wildcards: config=(\S+).*?resources: .*?gpu=(\d+)", planned, re.S)
-    assert len(selftests) == PAPER_CONFIGURATIONS and ("ddp-bf16-n8", "8") in selftests
+    assert jobs["ddp-bf16-n8-r0"]["gres"] == "gpu:8" and jobs["ddp-bf16-n8-r0"]["tasks"] == "8"
+    assert jobs["dp-fp32-n8-r0"]["gres"] == "gpu:8" and jobs["dp-fp32-n8-r0"]["tasks"] == "1"  # one process drives 8
+    assert jobs["single-fp32-n1-r0"]["runtime"] == "180"  # the preset's study.train_runtime_min
+    assert "--preset paper" in planned and "--gpus 8 --nodes 1" in planned  # collect plans the same study later
+    selftests = re.findall(r"rule selftest:.*?wildcards: config=(\S+).*?resources: .*?gres=(\S+)", planned, re.S)
+    assert len(selftests) == PAPER_CONFIGURATIONS and ("ddp-bf16-n8", "gpu:8") in selftests
+    # the paper preset's 2-node runs need a cluster of 2: dropped on one node, saying why
+    assert "ddp-bf16-n8-2nodes, fsdp-bf16-n8-2nodes" in planned_stderr(work, "gpus_per_node=8", "preset=paper")
 
     fewer = run(["snakemake", "-n", "--config", "gpus_per_node=2", "preset=paper"], work)
     two_gpus = plan_study(work / "params.yaml", "paper", 2)
     assert set(resources(fewer.stdout)) == {run.run_id for run in two_gpus.runs}
     assert max(run.nproc for run in two_gpus.runs) == 2
-    assert "dropped: dp-fp32-n4, dp-fp32-n8" in fewer.stderr
+    assert "dp-fp32-n4, ddp-fp32-n4" in fewer.stderr and "(4 processes per node, a node has 2 GPUs)" in fewer.stderr
+
+
+def planned_stderr(work, *config: str) -> str:
+    return run(["snakemake", "-n", "--config", *config], work).stderr
+
+
+def test_a_cluster_of_gpu_nodes_is_planned_from_a_host_without_gpus(tmp_path):
+    """2 nodes x 8 GPUs, planned here (no GPU) with the repository's SLURM profile: a 2-node run is one job of 2
+    nodes with 4 tasks and 4 GPUs on each, whose command spreads it over them, and so is its selftest; one-node
+    runs stay one node; every later stage plans the same cluster."""
+    work = copy_workflow(tmp_path)
+    planned = run(["snakemake", "-n", "-p", "--profile", "workflow/profiles/slurm", "--config", "preset=paper",
+                   "gpus_per_node=8", "nodes=2"], work).stdout
+    jobs = resources(planned)
+    slurm = ("nodes", "tasks", "tasks_per_node", "gres", "mpi")
+    assert {k: jobs["horovod-apex-O1-n8-2nodes-r0"][k] for k in slurm} == {
+        "nodes": "2", "tasks": "0", "tasks_per_node": "4", "gres": "gpu:4", "mpi": "srun"}
+    assert {k: jobs["ddp-bf16-n8-r0"][k] for k in slurm} == {
+        "nodes": "1", "tasks": "8", "tasks_per_node": "0", "gres": "gpu:8", "mpi": "srun"}
+    assert {k: jobs["single-fp32-n1-r0"][k] for k in slurm} == {
+        "nodes": "1", "tasks": "1", "tasks_per_node": "0", "gres": "gpu:1", "mpi": ""}
+    assert jobs["ddp-bf16-n8-2nodes-r2"]["runtime"] == "180" and len(jobs) == (PAPER_CONFIGURATIONS + 5) * 3
+    command = re.search(r"gpt2dist train [^\n]*--out results/runs/fsdp-bf16-n8-2nodes-r1 [^\n]*", planned)[0]
+    assert "--strategy fsdp --precision bf16 --nproc 8 " in command and " --nodes 2 " in command
+    selftest = re.search(r"wildcards: config=apex-ddp-apex-O2-n8-2nodes\n.*?resources: ([^\n]*)", planned, re.S)[1]
+    assert "nodes=2" in selftest and "tasks_per_node=4" in selftest and "gres=gpu:4" in selftest
+    assert "gpt2dist collect --runs results/runs --data data/tokens --out results --params params.yaml --preset paper " \
+           "--gpus 8 --nodes 2" in planned
+
+
+def test_a_gpu_study_on_a_host_without_gpus_needs_their_count_said(tmp_path, shards):
+    """This host has no GPU: planning the paper preset from what it sees would make a CPU study of GPT-2 small."""
+    work = copy_workflow(tmp_path)
+    refused = run(["snakemake", "-n", "--config", "preset=paper"], work, check=False)
+    assert refused.returncode != 0 and "preset 'paper' is a study for GPU nodes and this host has none" in refused.stderr
+    on_purpose = run(["snakemake", "-n", "--config", "preset=patwardhan2024", "gpus_per_node=0"], work)
+    assert "rule train" in on_purpose.stdout  # 0 said: a CPU study of it, as asked
+    trained = gpt2dist("train", "--data", shards, "--out", tmp_path / "run", "--params", work / "params.yaml",
+                       "--preset", "patwardhan2024", "--strategy", "ddp", "--nproc", "2", check=False)
+    assert trained.returncode == 2 and trained.stderr.strip().splitlines() == [
+        "error: preset 'patwardhan2024' is a study for GPU nodes and this machine has no CUDA GPU; train it on a GPU "
+        "node (print its commands for other machines with --hosts and --gpus), or choose a CPU preset such as cpu"]
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_papers_presets_plan_on_a_login_node_without_gpus(tmp_path):
@@ -57,13 +102,13 @@ def test_the_papers_presets_plan_on_a_login_node_without_gpus(tmp_path):
     work = copy_workflow(tmp_path)
     bai = resources(run(["snakemake", "-n", "--config", "gpus_per_node=4", "preset=bai2022"], work).stdout)
     assert len(bai) == 6 * 3
-    assert bai["apex-ddp-apex-O2-n4-r0"]["tasks"] == "4" and bai["apex-ddp-apex-O2-n4-r0"]["gpu"] == "4"
+    assert bai["apex-ddp-apex-O2-n4-r0"]["tasks"] == "4" and bai["apex-ddp-apex-O2-n4-r0"]["gres"] == "gpu:4"
     assert bai["horovod-apex-O1-n4-r2"]["tasks"] == "4" and bai["dp-fp32-n4-r0"]["tasks"] == "1"
     patwardhan = resources(run(["snakemake", "-n", "--config", "gpus_per_node=2", "preset=patwardhan2024"],
                                work).stdout)
     assert {run_id.rsplit("-", 2)[0] for run_id in patwardhan} == {"single-fp32", "ddp-fp32", "fsdp-fp32",
                                                                    "tp-fp32", "pp-fp32"}
-    assert patwardhan["pp-fp32-n2-r1"]["tasks"] == "2" and patwardhan["tp-fp32-n2-r0"]["gpu"] == "2"
+    assert patwardhan["pp-fp32-n2-r1"]["tasks"] == "2" and patwardhan["tp-fp32-n2-r0"]["gres"] == "gpu:2"
 
 
 def test_the_two_node_study_runs_each_link_on_emulated_nodes(tmp_path):

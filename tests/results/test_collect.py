@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from gpt2dist.config.schema import StudyConfig
+from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import parse_run_id, plan_study
 from gpt2dist.results import collect
 from gpt2dist.results.collect import SUMMARISED, baseline_of, summarise
@@ -28,10 +29,11 @@ def runs_table(rates: dict[str, list[float]], disturbed: dict[str, str] | None =
             run = parse_run_id(f"{config}-r{repeat}")
             rows.append({"config_id": config, "strategy": run.strategy, "precision": run.precision,
                          "nproc": run.nproc, "nodes": run.nodes, "link_mbit": run.link_mbit or math.nan,
+                         "emulated": run.nodes > 1,  # a cluster's nodes: pass emulated={config: False}
                          "repeat": repeat, "run_id": run.run_id,
                          **dict.fromkeys(SUMMARISED, rate), "param_bytes": 1.0, "grad_bytes": 1.0,
                          "optimizer_bytes": 2.0, "comm_bytes_per_step": 0.0, "link_bytes_per_step": math.nan,
-                         "grad_accum_steps": 1, "backend": "gloo",
+                         "grad_accum_steps": 1, "backend": "gloo", "busbw_gb_s": math.nan, "hardware": "CPU",
                          "disturbed": (disturbed or {}).get(run.run_id, ""),
                          **{k: v[config] if isinstance(v, dict) else v for k, v in columns.items()}})
     return pd.DataFrame(rows)
@@ -62,12 +64,51 @@ def test_speedup_pairs_rounds_so_a_slow_round_cancels():
     assert verdict(*paired_ratio(fast.iloc[:1], base)[1:3], 1) == "too few repeats"
 
 
+def _row(strategy: str, precision: str, nproc: int = 2, nodes: int = 1, emulated: bool = False) -> dict:
+    return {"strategy": strategy, "precision": precision, "nproc": nproc, "nodes": nodes, "emulated": emulated}
+
+
 def test_baseline_is_the_one_process_run_of_the_same_precision():
-    configs = {"single-fp32-n1", "ddp-apex-O1-n1", "ddp-apex-O1-n2", "horovod-fp16-n2"}
-    assert baseline_of("ddp", "fp32", configs) == "single-fp32-n1"
-    assert baseline_of("ddp", "apex-O1", configs) == "ddp-apex-O1-n1"  # no single apex run: ddp's own n=1
-    assert baseline_of("horovod", "apex-O1", configs) is None  # never another strategy's or precision's
-    assert baseline_of("horovod", "fp16", configs) is None  # never fp32: that would count fp16's gain as scaling
+    configs = {"single-fp32-n1", "ddp-apex-O1-n1", "ddp-apex-O1-n2", "horovod-fp16-n2", "ddp-bf16-n4"}
+    assert baseline_of(_row("ddp", "fp32"), configs) == "single-fp32-n1"
+    assert baseline_of(_row("ddp", "apex-O1"), configs) == "ddp-apex-O1-n1"  # no single apex run: ddp's own n=1
+    assert baseline_of(_row("horovod", "apex-O1"), configs) is None  # never another strategy's or precision's
+    assert baseline_of(_row("horovod", "fp16"), configs) is None  # never fp32: that would count fp16's gain as scaling
+    # across a cluster's nodes: the same strategy on one node with as many processes per node
+    assert baseline_of(_row("ddp", "bf16", nproc=8, nodes=2), configs) == "ddp-bf16-n4"
+    assert baseline_of(_row("ddp", "fp32", nproc=2, nodes=2, emulated=True), configs) == "single-fp32-n1"
+
+
+def test_across_a_clusters_nodes_speedup_is_over_one_node_and_efficiency_per_node(study):
+    rates = {"single-bf16-n1": [100.0, 100.0], "ddp-bf16-n4": [380.0, 380.0], "ddp-bf16-n8-2nodes": [608.0, 608.0]}
+    summary = summarise(runs_table(rates, emulated=False), study, None).set_index("config_id")
+    across = summary.loc["ddp-bf16-n8-2nodes"]
+    assert across["baseline"] == "ddp-bf16-n4" and across["speedup"] == pytest.approx(1.6)
+    assert across["scaling_efficiency"] == pytest.approx(0.8)  # 1.6 over 2 nodes, not over 8 processes
+    assert summary.loc["ddp-bf16-n4", "scaling_efficiency"] == pytest.approx(0.95)  # 3.8 over 4 processes
+
+
+def test_runs_from_different_hardware_are_not_compared_unless_asked():
+    runs = runs_table({"single-fp32-n1": [100.0, 100.0], "ddp-fp32-n2": [190.0, 190.0]})
+    collect.refuse_mixed_hardware(runs)  # one kind of machine: nothing to say
+    mixed = runs.assign(hardware=["NVIDIA H100 80GB HBM3 (NVLink)", "NVIDIA H100 80GB HBM3 (NVLink)",
+                                  "NVIDIA A100-SXM4-80GB (NVLink)", "NVIDIA H100 80GB HBM3 (NVLink)"])
+    with pytest.raises(UsageError, match=r"different hardware \(NVIDIA A100-SXM4-80GB \(NVLink\): ddp-fp32-n2-r0; "
+                                         r"NVIDIA H100 80GB HBM3 \(NVLink\): .*--mixed-hardware"):
+        collect.refuse_mixed_hardware(mixed)
+
+
+def test_hardware_is_the_device_model_and_how_gpus_are_linked():
+    cpu = {"devices": {"cpu": "AMD EPYC 7B13", "gpus": []}}
+    assert collect.hardware_of(cpu) == "AMD EPYC 7B13"
+    topology = "\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X \n"
+    h100 = {"devices": {"cpu": "x", "gpus": ["NVIDIA H100 80GB HBM3"] * 2, "topology": topology}}
+    assert collect.hardware_of(h100) == "NVIDIA H100 80GB HBM3 (NVLink)"
+    pcie = {"devices": {**h100["devices"], "topology": topology.replace("NV18", "PIX")}}
+    assert collect.hardware_of(pcie) == "NVIDIA H100 80GB HBM3 (PCIe)"
+    # every node's devices count, not only rank 0's
+    two = {**h100, "node_hardware": [{"devices": {"NVIDIA H100 80GB HBM3": 4}}, {"devices": {"NVIDIA H200": 4}}]}
+    assert collect.hardware_of(two) == "NVIDIA H100 80GB HBM3 + NVIDIA H200 (NVLink)"
 
 
 def test_summary_says_when_there_is_no_baseline(study):
@@ -246,3 +287,26 @@ def test_a_cpu_label_says_when_its_bf16_rows_ran_emulated():
     assert collect.hardware_label(native) == ("AMD EPYC 7B13 (2 cores)", None)
     old = {k: v | {"devices": {k2: v2 for k2, v2 in devices.items() if k2 != "cpu_bf16"}} for k, v in bf16.items()}
     assert collect.hardware_label(old) == ("AMD EPYC 7B13 (2 cores)", None)  # records made before the field
+
+
+def node_runs(kept_by_horovod: float, kept_by_ddp: float) -> pd.DataFrame:
+    """Horovod and ddp on one node of 4 processes and across 2 of a cluster's nodes of 4 each, keeping these shares
+    of twice their one-node throughput."""
+    rates = {"single-bf16-n1": [100.0, 101.0, 99.0]}
+    for strategy, kept in (("horovod", kept_by_horovod), ("ddp", kept_by_ddp)):
+        one = [380.0, 384.0, 376.0]
+        rates[f"{strategy}-bf16-n4"] = one
+        rates[f"{strategy}-bf16-n8-2nodes"] = [2 * r * kept * (1 + 0.01 * i) for i, r in enumerate(one)]
+    return runs_table(rates, model_state_bytes=1.0, emulated=False)
+
+
+def test_across_a_clusters_nodes_the_node_claims_use_those_runs_and_say_so(study):
+    found = findings(node_runs(kept_by_horovod=0.9, kept_by_ddp=0.7), study)
+    robust, sublinear = found["bai-horovod-apex-robust"], found["bai-sublinear-nodes"]
+    assert robust["verdict"] == SUPPORTED and "across a cluster's nodes" in robust["statistic"], robust
+    assert sublinear["verdict"] == SUPPORTED and "on a cluster's nodes" in sublinear["statistic"], sublinear
+    # controls: ddp keeping more contradicts the robustness; a speedup above the node count, the sublinearity
+    assert findings(node_runs(0.7, 0.9), study)["bai-horovod-apex-robust"]["verdict"] == CONTRADICTED
+    assert findings(node_runs(1.2, 1.1), study)["bai-sublinear-nodes"]["verdict"] == CONTRADICTED
+    # one-node claims still compare one-node runs only
+    assert "2nodes" not in found["bai-ddp-fastest-fp32"]["statistic"]

@@ -3,8 +3,10 @@
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from gpt2dist.pipeline import study as gs
+from gpt2dist.config.planning import planned_nodes
 from gpt2dist.errors import UsageError
 from gpt2dist.system.hardware import visible_gpus
 
@@ -13,17 +15,26 @@ PARAMS = "params.yaml"
 # machine whatever --cores is (and needs no --cores for --report or --lint).
 WHOLE_MACHINE = 1024
 
-# Snakemake plans where it is started, often a login node without GPUs: the GPUs per node come
-# from the user (`--config gpus_per_node=8`, or params.yaml), not from the planning host.
+# Snakemake plans where it is started, often a login node without GPUs: the GPUs per node and the
+# nodes a study may span come from the user (`--config gpus_per_node=8 nodes=2`, or params.yaml), not
+# from the planning host.
 GPUS = visible_gpus() if config.get("gpus_per_node") is None else int(config["gpus_per_node"])
 try:
-    STUDY = gs.plan_study(PARAMS, config.get("preset"), GPUS)
+    STUDY = gs.plan_study(PARAMS, config.get("preset"), GPUS, planned_nodes(PARAMS, config.get("nodes")),
+                          gpus_given=config.get("gpus_per_node") is not None)
 except UsageError as exc:
     sys.exit(f"error: {exc}")
 if STUDY.dropped:
-    print(f"warning: more processes than the {GPUS} GPUs per node, dropped: {', '.join(STUDY.dropped)}",
-          file=sys.stderr)
+    print(gs.dropped_warning(STUDY), file=sys.stderr)
 RUNS = {run.run_id: run for run in STUDY.runs}
+# Runs whose last attempt failed (or was stopped) left a record saying so: mark them to be trained again.
+for run_id in gs.unfinished_runs(STUDY):
+    Path(gs.retry_marker(run_id)).touch()
 CONFIGS = {run.config_id: run for run in gs.configurations(STUDY)}
 OUTPUTS = gs.stage_outputs(STUDY)
 
+
+def slurm_resources(run_of):
+    """A job's SLURM resources (gs.slurm_request), one callable per key; `run_of(wildcards)` is its run."""
+    return {key: (lambda wildcards, key=key: gs.slurm_request(STUDY, run_of(wildcards))[key])
+            for key in ("nodes", "tasks", "tasks_per_node", "mpi", "gres")}

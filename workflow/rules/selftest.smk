@@ -22,7 +22,8 @@ rule selftest:
     priority: 10  # before any train job that is ready at the same time
     resources:
         gpus=lambda wildcards: CONFIGS[wildcards.config].nproc if STUDY.device == "cuda" else 0,
-        gpu=lambda wildcards: CONFIGS[wildcards.config].nproc if STUDY.device == "cuda" else 0,  # SLURM plugin
+        # on a SLURM cluster: what its configuration's train jobs ask for, so its checks start as they will
+        **slurm_resources(lambda wildcards: CONFIGS[wildcards.config]),
     container:
         config["container"]
     shell:

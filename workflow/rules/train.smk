@@ -12,6 +12,8 @@ rule train:
         # of the machine hits all configurations alike. Order only: ancient() keeps a re-trained
         # earlier repeat from making every later one out of date.
         lambda wildcards: [ancient(gs.round_marker(r)) for r in gs.previous_rounds(RUNS[wildcards.run])],
+        # made when the run's last attempt did not complete (common.smk): newer than its outputs, so re-run
+        lambda wildcards: [marker] if Path(marker := gs.retry_marker(wildcards.run)).exists() else [],
     output:
         record=f"{gs.RUNS_DIR}/{{run}}/run.json",
         metrics=f"{gs.RUNS_DIR}/{{run}}/metrics.jsonl",
@@ -26,19 +28,19 @@ rule train:
         "logs/train/{run}.log",
     threads: WHOLE_MACHINE
     resources:
-        gpus=lambda wildcards: RUNS[wildcards.run].nproc if STUDY.device == "cuda" else 0,
-        gpu=lambda wildcards: RUNS[wildcards.run].nproc if STUDY.device == "cuda" else 0,  # SLURM plugin
-        # On a SLURM cluster: one task per process. `mpi` makes the plugin run the command in
-        # the batch script itself (not in a one-task srun), so `gpt2dist train` can start the
-        # ranks with its own srun; tasks_per_gpu=0 keeps the plugin from adding --ntasks-per-gpu.
-        tasks=lambda wildcards: RUNS[wildcards.run].processes,
-        mpi=lambda wildcards: "srun" if RUNS[wildcards.run].processes > 1 else "",
+        gpus=lambda wildcards: RUNS[wildcards.run].nproc if STUDY.device == "cuda" else 0,  # --resources gpus=N
+        # On a SLURM cluster (gs.slurm_request): nodes, one task per process and each node's GPUs;
+        # tasks_per_gpu=0 keeps the plugin from adding --ntasks-per-gpu.
+        **slurm_resources(lambda wildcards: RUNS[wildcards.run]),
         tasks_per_gpu=0,
         runtime=STUDY.preset.study.train_runtime_min,  # minutes
     container:
         config["container"]
+    # A run that fails in training does not stop the study: its run.json says so, with the error's line,
+    # collect, plot and report name it, and the next `snakemake` retries it alone. Without a record (bad
+    # input, found before training starts) the job fails. The time left is no reason to drop a run.
     shell:
-        "{params.command} > {log} 2>&1; {params.progress} || true"  # the time left is no reason to drop a run
+        "{params.command} > {log} 2>&1 || test -s {output.record}; {params.progress} || true"
 
 
 # Order only, no command: marks that every configuration's repeat {round} has trained. Through one

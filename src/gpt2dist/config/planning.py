@@ -1,5 +1,6 @@
-"""How many GPUs per node a study is planned for: what the user said (params.yaml's gpus_per_node, or the
-command line) over what the planning host happens to see, since plans are often made on a login node."""
+"""The cluster a study is planned for, GPUs per node and nodes: what the user said (params.yaml's gpus_per_node
+and nodes, or the command line) over what the planning host happens to see, since plans are often made on a
+login node."""
 
 from __future__ import annotations
 
@@ -17,6 +18,22 @@ def planned_gpus(path: Path, visible: int) -> int:
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
         raise UsageError(f"gpus_per_node in {path} must be a whole number of GPUs per node, 0 or more (not {gpus!r})")
     return gpus
+
+
+def gpus_given(path: Path, given: int | None) -> bool:
+    """Whether the user said how many GPUs a node has (--gpus, or params.yaml's gpus_per_node), rather than
+    leaving it to what the planning host sees."""
+    return given is not None or read_params(path).get("gpus_per_node") is not None
+
+
+def planned_nodes(path: Path, given: int | None = None) -> int:
+    """Nodes of the cluster a study may span: as given (--nodes, or Snakemake's --config nodes=N), else
+    params.yaml's nodes, else 1."""
+    nodes = read_params(path).get("nodes", 1) if given is None else given
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        where = "--nodes" if given is not None else f"nodes in {path}"
+        raise UsageError(f"{where} must be a whole number of nodes, 1 or more (not {nodes!r})")
+    return nodes
 
 
 def check_plan_fits(path: Path, planned: int, visible: int) -> None:

@@ -61,6 +61,9 @@ class TrainConfig(_Strict):
     eval_interval: int = Field(gt=0, description="Evaluate on the validation split every this many steps.")
     eval_batches: int = Field(gt=0, description="Global batches per evaluation.")
     checkpoint_interval: int = Field(gt=0, description="Write a resumable checkpoint every this many steps.")
+    checkpoint_minutes: float = Field(0, ge=0, description="Also write one when this many minutes passed since the "
+                                      "last (0: steps only), so a job stopped at a cluster's time limit loses at most "
+                                      "that much whatever its speed.")
     compile: bool = Field(False, description="torch.compile each transformer block.")
     ledger_steps: int = Field(2, ge=0, description="The run's last steps traced with torch.profiler for the time "
                               "ledger (compute, hidden and exposed communication, data, idle); they are left out of "
@@ -141,10 +144,20 @@ class RunGroup(_Strict):
     nproc: list[int] = Field(min_length=1, description="Processes (GPUs on CUDA machines) per run.")
     label: str | None = Field(None, description="What a paper calls these runs (e.g. 'Horovod + Apex'), shown "
                               "beside the configuration in tables and figures.")
-    nodes: int = Field(1, ge=1, description="Nodes the processes spread over. Above 1, nodes emulated on this machine "
-                       "(network namespaces, needs root; CPU only, the nodes share its cores).")
-    link_mbit: list[float] = Field([], description="With nodes > 1: each node's link bandwidth, Mbit/s each way, "
-                                   "one run per value (empty: unshaped).")
+    nodes: int = Field(1, ge=1, description="Nodes the processes spread over, nproc / nodes on each: a cluster's "
+                       "nodes (a SLURM allocation of that many; planned only where the study's `nodes` allows), or "
+                       "with emulate, nodes emulated on this machine.")
+    emulate: bool = Field(False, description="With nodes > 1: nodes emulated on this machine (network namespaces, "
+                          "needs root; CPU only, the nodes share its cores) instead of a cluster's. Implied by link_mbit.")
+    link_mbit: list[float] = Field([], description="Emulated nodes' link bandwidth, Mbit/s each way, one run per "
+                                   "value (empty: unshaped); only emulated links can be shaped, so it implies emulate.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shaped_links_are_emulated(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("link_mbit") and "emulate" not in data:
+            return {**data, "emulate": True}
+        return data
     repeats: int | None = Field(None, ge=1, description="Repeats of these runs (null: study.repeats); fewer where a "
                                 "run is costly, at the price of its interval.")
 
@@ -154,8 +167,10 @@ class RunGroup(_Strict):
             raise ValueError(f"nproc values must be >= 1, got {self.nproc}")
         if self.nodes > 1 and any(n % self.nodes for n in self.nproc):
             raise ValueError(f"nproc values must be multiples of nodes ({self.nodes}), got {self.nproc}")
-        if self.link_mbit and self.nodes == 1:
-            raise ValueError("link_mbit shapes emulated nodes' links; set nodes to 2 or more")
+        if self.emulate and self.nodes == 1:
+            raise ValueError("emulate makes nodes on this machine; set nodes to 2 or more")
+        if self.link_mbit and not self.emulate:
+            raise ValueError("link_mbit shapes emulated nodes' links, and emulate is false; drop one of them")
         if any(rate <= 0 for rate in self.link_mbit):
             raise ValueError(f"link_mbit values must be positive, got {self.link_mbit}")
         return self
@@ -164,6 +179,9 @@ class RunGroup(_Strict):
 class StudyConfig(_Strict):
     """Which runs the pipeline trains and how their numbers are summarised."""
 
+    needs_gpus: bool = Field(False, description="A study for GPU nodes: a host without GPUs plans it only where "
+                             "gpus_per_node is given (0 plans it for CPUs on purpose), and `gpt2dist train` there "
+                             "refuses rather than train it on the CPU.")
     repeats: int = Field(3, ge=1, description="Repeats per configuration (3 or more give confidence intervals).")
     excluded_steps: int = Field(5, ge=0, description="Leading steps of each run left out of throughput statistics "
                                 "(compilation, allocator and cache warm-up).")
@@ -209,6 +227,9 @@ class ParamsFile(_Strict):
     gpus_per_node: int | None = Field(
         None, ge=0, description="GPUs per node the study is planned for; null: the GPUs visible where it is "
         "planned. Set it (or `snakemake --config gpus_per_node=8`) when planning on a login node without GPUs.")
+    nodes: int = Field(1, ge=1, description="Nodes of the cluster a study may span: run groups with more nodes "
+                       "are dropped with a warning naming them (`snakemake --config nodes=2` says it on the command "
+                       "line).")
     container: str = Field(description="Image every pipeline rule runs in under --sdm apptainer.")
     presets: dict[str, Preset | ExtendingPreset] = Field(min_length=1)
 
@@ -222,6 +243,7 @@ class RunSpec(_Strict):
     strategy: StrategyName
     precision: PrecisionName
     nproc: int = Field(gt=0)
+    nodes: int = Field(1, gt=0, description="Machines the nproc processes spread over, nproc / nodes on each.")
     device: DeviceType
     model: ModelConfig
     train: TrainConfig
@@ -269,9 +291,12 @@ class RunSpec(_Strict):
 
     def fingerprint(self) -> str:
         """Identity of the computation; a checkpoint from another fingerprint is not resumed."""
-        identity = self.model_dump(exclude={"out_dir", "data_dir", "keep_checkpoint", "stale_checkpoint", "attempt"})
+        # where the processes run (nodes) changes no number they compute: a checkpoint resumes on other nodes
+        identity = self.model_dump(exclude={"out_dir", "data_dir", "keep_checkpoint", "stale_checkpoint", "attempt",
+                                            "nodes"})
         identity["train"].pop("max_steps")  # extending a run is a resume, not a new run
         identity["train"].pop("ledger_steps")  # tracing changes no number the run computes
+        identity["train"].pop("checkpoint_minutes")  # nor does when it saves
         blob = json.dumps(identity, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

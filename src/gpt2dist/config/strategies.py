@@ -385,5 +385,14 @@ def check_run(spec: RunSpec, visible_gpus: int) -> None:
         raise UsageError(
             f"train.global_batch_size ({train.global_batch_size}) must be divisible by {share} x "
             f"train.micro_batch_size ({divisor // train.micro_batch_size} x {train.micro_batch_size} = {divisor})")
-    if spec.device == "cuda" and spec.nproc > visible_gpus:
-        raise UsageError(f"--nproc {spec.nproc} exceeds the {visible_gpus} visible CUDA GPUs")
+    if spec.nodes > 1:
+        if description.one_process:
+            raise UsageError(f"strategy '{spec.strategy}' runs in one process, which cannot spread over {spec.nodes} "
+                             f"nodes; use one of {', '.join(n for n, d in STRATEGIES.items() if not d.one_process)}")
+        if spec.nproc % spec.nodes:
+            raise UsageError(f"--nproc {spec.nproc} does not divide over {spec.nodes} nodes; give each node as many "
+                             f"processes (e.g. --nproc {spec.nodes * max(1, spec.nproc // spec.nodes)})")
+    per_node = spec.nproc // spec.nodes
+    if spec.device == "cuda" and per_node > visible_gpus:
+        where = f" on each of {spec.nodes} nodes" if spec.nodes > 1 else ""
+        raise UsageError(f"--nproc {spec.nproc} needs {per_node} CUDA GPUs{where}, but this node sees {visible_gpus}")

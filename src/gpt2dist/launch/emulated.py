@@ -30,9 +30,9 @@ class Emulation:
             raise UsageError(f"--emulate-nodes {self.nodes} must be 2 or more and divide --nproc {spec.nproc}")
 
 
-def run(spec: RunSpec, emulation: Emulation) -> tuple[int, int | None, dict]:
+def run(spec: RunSpec, emulation: Emulation) -> tuple[int, int | None, dict, str | None]:
     """Start the run's ranks on `emulation.nodes` emulated nodes; return the launchers' exit code, the
-    stop signal forwarded to them (if any) and what run.json records of the nodes."""
+    stop signal forwarded to them (if any), what run.json records of the nodes, and a failure's line."""
     launcher = spec.description.launcher
     out = Path(spec.out_dir)
     with contextlib.ExitStack() as stack:
@@ -49,8 +49,8 @@ def run(spec: RunSpec, emulation: Emulation) -> tuple[int, int | None, dict]:
             used = {where: printed[where]}
             started = [made.nodes[0].command(commands.runnable(used[where]))]
         # the nodes share this machine's cores: the thread budget is split over every rank, not per node
-        code, stopped_by = lifetime.run_launchers(started, commands.launch_env(spec.nproc))
+        code, stopped_by, error = lifetime.run_launchers(started, commands.launch_env(spec.nproc))
         record = {"nodes": emulation.nodes, "ranks_per_node": hosts[0].slots, "link_mbit": emulation.link_mbit,
                   "latency": "not emulated", "commands": used,
                   "link_bytes": {node.name: node.interface_bytes() for node in made.nodes}}
-    return code, stopped_by, record
+    return code, stopped_by, record, error

@@ -14,6 +14,7 @@ it on.
 
 from __future__ import annotations
 
+import collections
 import os
 import select
 import signal
@@ -26,7 +27,7 @@ from typing import IO
 
 import psutil
 
-from gpt2dist.errors import Interrupted
+from gpt2dist.errors import Interrupted, failure_line
 from gpt2dist.system.parent_death import ends_with_this_process
 from gpt2dist.training import stops
 
@@ -35,6 +36,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GRACE_S = 3.0
 LAUNCHER_ENV = "GPT2DIST_LAUNCHER"  # process space:pid of the `gpt2dist train` process the ranks belong to
 WATCH_INTERVAL_S = 0.2  # how often a rank checks that its launcher still runs
+STDERR_KEPT = 256  # the last reads of each launcher's stderr, where a failure's first exception is looked for
 
 received: int | None = None  # the first stop signal this process got
 
@@ -57,9 +59,10 @@ def _process_space() -> str:
     return f"{boot_id}/{os.stat('/proc/self/ns/pid').st_ino}"
 
 
-def run_launchers(commands: list[list[str]], env: dict[str, str]) -> tuple[int, int | None]:
+def run_launchers(commands: list[list[str]], env: dict[str, str]) -> tuple[int, int | None, str | None]:
     """Run launcher children (one, or one per node for torchrun) to their end; return the first non-zero
-    exit code (or 0) and the stop signal forwarded to them, if any.
+    exit code (or 0), the stop signal forwarded to them, if any, and for a failure the line of their (and their
+    ranks') stderr that says what went wrong, for the run's record.
 
     Each child gets its own process group, so a terminal's Ctrl-C reaches it once, through this
     process. Their stderr (and their ranks') passes through here: once stopped, torchrun and horovodrun
@@ -70,8 +73,9 @@ def run_launchers(commands: list[list[str]], env: dict[str, str]) -> tuple[int, 
     children = [subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                  preexec_fn=ends_with_this_process(_death_signal(command))) for command in commands]
     forwarded: list[int] = []
-    relays = [threading.Thread(target=_relay_until_stopped, args=(child.stderr, forwarded), daemon=True)
-              for child in children]
+    tails: list[collections.deque] = [collections.deque(maxlen=STDERR_KEPT) for _ in children]
+    relays = [threading.Thread(target=_relay_until_stopped, args=(child.stderr, forwarded, tail), daemon=True)
+              for child, tail in zip(children, tails)]
     for relay in relays:
         relay.start()
 
@@ -89,7 +93,8 @@ def run_launchers(commands: list[list[str]], env: dict[str, str]) -> tuple[int, 
             signal.signal(sig, handler)
     for relay in relays:
         relay.join(timeout=GRACE_S)  # a rank that outlives its launcher may hold the pipe open
-    return code, (forwarded[0] if forwarded else None)
+    said = b"".join(chunk for tail in tails for chunk in tail).decode(errors="replace")
+    return code, (forwarded[0] if forwarded else None), failure_line(said) if code else None
 
 
 def stop(process: subprocess.Popen, grace_s: float) -> None:
@@ -120,9 +125,10 @@ def _wait_all(children: list[subprocess.Popen]) -> int:
     return code
 
 
-def _relay_until_stopped(source: IO[bytes], stopped: list[int]) -> None:
+def _relay_until_stopped(source: IO[bytes], stopped: list[int], kept: collections.deque) -> None:
     line_open = False  # a progress bar's line, to end before the launcher's error line
     while chunk := os.read(source.fileno(), 1 << 16):
+        kept.append(chunk)
         if not stopped:
             sys.stderr.buffer.write(chunk)
             sys.stderr.buffer.flush()

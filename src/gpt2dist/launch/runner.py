@@ -17,7 +17,7 @@ import torch
 from gpt2dist.config.presets import resolve_preset
 from gpt2dist.config.schema import PRECISIONS, RunSpec, write_spec
 from gpt2dist.config.strategies import STRATEGY_NAMES, check_run, describe
-from gpt2dist.errors import Interrupted, UsageError
+from gpt2dist.errors import Interrupted, UsageError, failure_line
 from gpt2dist.launch import commands, emulated, lifetime, locks, slurm
 from gpt2dist.logs import setup_logging
 from gpt2dist.system.allocation import Allocation, job_allocation
@@ -41,7 +41,7 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
 
 
 def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: int, params: Path,
-               preset: str | None, overrides: list[str], check_devices: bool = True,
+               preset: str | None, overrides: list[str], check_devices: bool = True, nodes: int = 1,
                device: str | None = None, keep_checkpoint: bool = True, stale_checkpoint: str = "fail") -> RunSpec:
     """The validated RunSpec; `device` defaults to what this machine has (cuda when visible)."""
     _choice(strategy, STRATEGY_NAMES, "--strategy")
@@ -49,10 +49,17 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
     _choice(stale_checkpoint, ("fail", "restart"), "--stale-checkpoint")
     if nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {nproc}")
+    if nodes < 1:
+        raise UsageError(f"--nodes must be at least 1, got {nodes}")
+    here = device is None  # on this machine, with what it has
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     name, chosen = resolve_preset(params, preset, cuda=device == "cuda", overrides=overrides)
+    if here and device == "cpu" and chosen.study.needs_gpus:
+        raise UsageError(f"preset '{name}' is a study for GPU nodes and this machine has no CUDA GPU; train it on a "
+                         "GPU node (print its commands for other machines with --hosts and --gpus), or choose a CPU "
+                         "preset such as cpu")
     spec = RunSpec(data_dir=str(Path(data).resolve()), out_dir=str(Path(out).resolve()), preset=name,
-                   strategy=strategy, precision=precision, nproc=nproc, device=device, model=chosen.model,
+                   strategy=strategy, precision=precision, nproc=nproc, nodes=nodes, device=device, model=chosen.model,
                    train=chosen.train, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint)
     preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
     if check_devices:
@@ -96,6 +103,9 @@ def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulat
                 if launch is not _in_process:
                     log.info("starting the ranks: %s", shown)
                 outcome = launch(spec)
+        except Exception as exc:  # in this process (single, dp): the record keeps what went wrong
+            outcome = Outcome(exit_code=1, facts={"error": failure_line(f"{type(exc).__name__}: {exc}")})
+            raise
         finally:  # whatever the outcome, the record says how busy the machine was meanwhile
             record = finish_record(spec, outcome, launched_at=launched_at, command_line=shlex.join(sys.argv),
                                    launch_command=shown, conditions={**monitor.summary(),
@@ -122,12 +132,20 @@ def _launch_mode(spec: RunSpec, emulation: emulated.Emulation | None) -> tuple[L
     # without srun (an image run by `snakemake --sdm apptainer` has no SLURM commands) the
     # ranks start on this node with its own launcher
     allocation = job_allocation() if shutil.which("srun") else None
+    if spec.nodes > 1 and (allocation is None or len(allocation.nodes) != spec.nodes):
+        held = f"this SLURM job holds {len(allocation.nodes)}" if allocation else "this is not a SLURM job"
+        raise UsageError(f"--nodes {spec.nodes}: the run spans {spec.nodes} nodes but {held}; start it inside an "
+                         f"allocation of {spec.nodes} nodes (sbatch --nodes={spec.nodes}, or snakemake --profile "
+                         "workflow/profiles/slurm), or print each node's command with --hosts")
     if allocation is not None:
+        horovod = slurm.detect_horovod_launch() if launcher == "horovodrun" and spec.nodes > 1 else None
         # GPT2DIST_IMAGE: run every task inside this image (when the job itself runs on the host)
         command = slurm.launch_command(launcher, spec.nproc, allocation, out / "spec.json",
-                                       image=os.environ.get("GPT2DIST_IMAGE"), run_id=out.name)
+                                       image=os.environ.get("GPT2DIST_IMAGE"), run_id=out.name, horovod=horovod)
         if command is not None:
-            return (lambda s: _with_srun(s, command, allocation)), " ".join(command)
+            facts = {"nodes": allocation.nodes, "ranks_per_node": allocation.ranks_per_node,
+                     **({"horovod_launch": horovod.via, "horovod_launch_why": horovod.why} if horovod else {})}
+            return (lambda s: _with_srun(s, command, allocation, facts)), " ".join(command)
     command = commands.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
     if command is None:
         return _in_process, f"(in this process) {spec.strategy}"
@@ -150,18 +168,18 @@ def _in_process(spec: RunSpec) -> Outcome:
 
 def _with_local_launcher(spec: RunSpec, command: list[str]) -> Outcome:
     """torchrun or horovodrun on this machine."""
-    code, stopped_by = lifetime.run_launchers([command], commands.launch_env(spec.nproc))
-    return Outcome(code, stopped_by)
+    code, stopped_by, error = lifetime.run_launchers([command], commands.launch_env(spec.nproc))
+    return Outcome(code, stopped_by, {"error": error} if error else {})
 
 
-def _with_srun(spec: RunSpec, command: list[str], allocation: Allocation) -> Outcome:
-    """srun inside a SLURM job that holds the ranks as tasks or nodes."""
+def _with_srun(spec: RunSpec, command: list[str], allocation: Allocation, facts: dict) -> Outcome:
+    """srun (or horovodrun over ssh) inside a SLURM job that holds the ranks as tasks or nodes."""
     ranks_here = allocation.ranks_per_node if len(allocation.nodes) > 1 else spec.nproc
-    code, stopped_by = lifetime.run_launchers([command], commands.launch_env(ranks_here))
-    return Outcome(code, stopped_by)
+    code, stopped_by, error = lifetime.run_launchers([command], commands.launch_env(ranks_here))
+    return Outcome(code, stopped_by, {"slurm_launch": facts, **({"error": error} if error else {})})
 
 
 def _on_emulated_nodes(spec: RunSpec, emulation: emulated.Emulation) -> Outcome:
     """The multi-node commands on nodes emulated on this machine."""
-    code, stopped_by, nodes = emulated.run(spec, emulation)
-    return Outcome(code, stopped_by, {"emulated_nodes": nodes})
+    code, stopped_by, nodes, error = emulated.run(spec, emulation)
+    return Outcome(code, stopped_by, {"emulated_nodes": nodes, **({"error": error} if error else {})})

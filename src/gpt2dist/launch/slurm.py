@@ -9,7 +9,9 @@ started by one `srun`. With an image, every task runs in it: `srun ... apptainer
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpt2dist.config.schema import DEFAULT_PORT
@@ -18,15 +20,55 @@ from gpt2dist.launch import commands
 from gpt2dist.system.allocation import Allocation
 
 
+@dataclass(frozen=True)
+class HorovodLaunch:
+    """How Horovod's ranks start over several nodes, and why: never guessed without a record."""
+
+    via: str  # "srun --mpi=pmix" or "horovodrun over ssh"
+    why: str
+    gloo: bool  # horovodrun's controller: Gloo where Horovod has no MPI
+
+    @property
+    def use_horovodrun(self) -> bool:
+        return self.via != PMIX
+
+
+PMIX = "srun --mpi=pmix"
+
+
+def horovod_launch(srun_mpi_types: str, mpi_built: bool) -> HorovodLaunch:
+    """srun --mpi=pmix where this SLURM has the PMIx plugin and Horovod was built with MPI (one task per rank,
+    SLURM wires them up); otherwise horovodrun from the first node over ssh, with Gloo where Horovod has no MPI.
+    `srun_mpi_types` is what `srun --mpi=list` printed."""
+    pmix = "pmix" in srun_mpi_types.lower()
+    if pmix and mpi_built:
+        return HorovodLaunch(PMIX, "SLURM lists the pmix plugin and Horovod was built with MPI", gloo=False)
+    reason = "Horovod was built without MPI" if pmix else "srun --mpi=list shows no pmix plugin"
+    return HorovodLaunch("horovodrun over ssh", f"{reason}: horovodrun starts the other nodes' ranks over ssh",
+                         gloo=not mpi_built)
+
+
+def detect_horovod_launch() -> HorovodLaunch:
+    """horovod_launch for this machine's SLURM and Horovod (inside the job, where srun knows its cluster)."""
+    from gpt2dist.system.environment import horovod_build
+
+    listed = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True)
+    build = horovod_build() or {}
+    return horovod_launch(listed.stdout + listed.stderr, bool(build.get("mpi")))
+
+
 def launch_command(launcher: str, nproc: int, allocation: Allocation, spec_path: Path, *, image: str | None = None,
-                   run_id: str = "gpt2dist") -> list[str] | None:
-    """How this allocation starts `nproc` ranks; None when the one-machine launcher applies."""
+                   run_id: str = "gpt2dist", horovod: HorovodLaunch | None = None) -> list[str] | None:
+    """How this allocation starts `nproc` ranks; None when the one-machine launcher applies. Over several nodes
+    Horovod starts as `horovod` says (detect_horovod_launch() when not given)."""
     if len(allocation.nodes) > 1:
         world = len(allocation.nodes) * allocation.ranks_per_node
         if world != nproc:
             raise UsageError(f"--nproc {nproc} does not match the SLURM allocation of {len(allocation.nodes)} nodes "
                              f"x {allocation.ranks_per_node} ranks ({world})")
-        return srun_command(launcher, allocation, spec_path, image=image, run_id=run_id)
+        if launcher == "horovodrun" and horovod is None:
+            horovod = detect_horovod_launch()
+        return srun_command(launcher, allocation, spec_path, image=image, run_id=run_id, horovod=horovod)
     if launcher == "torchrun" and nproc > 1 and allocation.tasks == nproc:
         return srun_tasks_command(allocation, spec_path, image=image)
     return None
@@ -48,7 +90,7 @@ def srun_tasks_command(allocation: Allocation, spec_path: Path, *, image: str | 
 
 
 def srun_command(launcher: str, allocation: Allocation, spec_path: Path, *, image: str | None = None,
-                 run_id: str = "gpt2dist", port: int = DEFAULT_PORT, use_horovodrun: bool = False) -> list[str]:
+                 run_id: str = "gpt2dist", port: int = DEFAULT_PORT, horovod: HorovodLaunch | None = None) -> list[str]:
     n, g = len(allocation.nodes), allocation.ranks_per_node
     inside = _inside(image)
     worker = ["-m", "gpt2dist.launch.worker", str(spec_path)]
@@ -60,9 +102,12 @@ def srun_command(launcher: str, allocation: Allocation, spec_path: Path, *, imag
                 "--kill-on-bad-exit=1", *torchrun, f"--nnodes={n}", f"--nproc-per-node={g}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={allocation.nodes[0]}:{port}", f"--rdzv-id={run_id}",
                 *worker]
-    if launcher == "horovodrun" and use_horovodrun:
+    if launcher == "horovodrun" and horovod is not None and horovod.use_horovodrun:
         hosts = ",".join(f"{node}:{g}" for node in allocation.nodes)
-        return [*inside, "horovodrun", "-np", str(n * g), "-H", hosts, "python", *worker]
+        horovodrun = [*inside, "horovodrun"] if image else [commands.horovodrun_bin()]
+        # with an image, horovodrun runs inside it on the first node, and so do the ranks it starts there
+        python = ["python"] if image else [sys.executable]
+        return [*horovodrun, "-np", str(n * g), "-H", hosts, *(["--gloo"] if horovod.gloo else []), *python, *worker]
     if launcher == "horovodrun":
         return ["srun", "--mpi=pmix", f"--nodes={n}", f"--ntasks-per-node={g}",
                 f"--cpus-per-task={allocation.cpus_per_task}", "--kill-on-bad-exit=1", *_python(image), *worker]

@@ -56,8 +56,9 @@ class Run:
     precision: str
     nproc: int
     repeat: int
-    nodes: int = 1  # above 1: emulated nodes on this machine (launch/emulated.py)
+    nodes: int = 1  # above 1: a cluster's nodes (a SLURM allocation), or emulated ones
     link_mbit: float | None = None  # each emulated node's link; None: unshaped
+    emulated: bool = False  # nodes emulated on this machine (launch/emulated.py)
 
     @property
     def config_id(self) -> str:
@@ -70,11 +71,17 @@ class Run:
     def run_id(self) -> str:
         return f"{self.config_id}-r{self.repeat}"
 
-    def emulation_args(self) -> list[str]:
-        """`gpt2dist train` options that put this run on its emulated nodes (none for one node)."""
+    def node_args(self) -> list[str]:
+        """`gpt2dist train` options that spread this run over its nodes (none for one node)."""
         if self.nodes == 1:
             return []
+        if not self.emulated:
+            return ["--nodes", str(self.nodes)]
         return ["--emulate-nodes", str(self.nodes), *(["--link-mbit", f"{self.link_mbit:g}"] if self.link_mbit else [])]
+
+    @property
+    def processes_per_node(self) -> int:
+        return self.processes // self.nodes if self.nodes > 1 else self.processes
 
     @property
     def processes(self) -> int:
@@ -96,8 +103,9 @@ class Study:
     preset: Preset
     device: str
     runs: list[Run]
-    dropped: list[str] = field(default_factory=list)
+    dropped: dict[str, str] = field(default_factory=dict)  # config id -> why it does not fit the planned cluster
     gpus: int = 0  # per node, as planned (not necessarily visible where the plan is made)
+    nodes: int = 1  # nodes the study may span, as planned
     labels: dict[str, str] = field(default_factory=dict)  # config id -> what the paper calls it
     param_keys: dict[str, list[str]] = field(default_factory=dict)  # section -> params.yaml keys it comes from
 
@@ -106,42 +114,73 @@ class Study:
         return self.preset.train.seed + run.repeat
 
 
-def plan_study(params: Path, preset: str | None, gpus: int) -> Study:
-    """Every run of the preset's study that this machine can hold; impossible runs are errors."""
+def plan_study(params: Path, preset: str | None, gpus: int, nodes: int = 1, *, gpus_given: bool = True) -> Study:
+    """Every run of the preset's study that `nodes` nodes of `gpus` GPUs each (0: CPU) can hold; runs that need
+    more are dropped, saying why; impossible runs are errors. `gpus_given`: the user said the GPU count (False:
+    it is what the planning host sees, which for a GPU study on a login node is not the nodes' count)."""
     name, chosen = resolve_preset(params, preset, cuda=gpus > 0)
+    if gpus == 0 and chosen.study.needs_gpus and not gpus_given:
+        raise UsageError(f"preset '{name}' is a study for GPU nodes and this host has none: say how many GPUs a node "
+                         "has (snakemake --config gpus_per_node=8, gpt2dist --gpus 8, or gpus_per_node in params.yaml; "
+                         "0 plans it for CPUs on purpose)")
     device = "cuda" if gpus else "cpu"
-    runs, dropped, labels = [], [], {}
+    runs, dropped, labels = [], {}, {}
     for group in chosen.study.runs:
-        if group.nodes > 1 and gpus:
-            raise UsageError(f"presets.{name}.study.runs: emulated nodes (nodes: {group.nodes}) train on CPU; "
-                             "plan this preset with gpus_per_node=0")
+        if group.emulate and gpus:
+            raise UsageError(f"presets.{name}.study.runs: emulated nodes (emulate: true) train on CPU; plan this "
+                             "preset with gpus_per_node=0")
         links = group.link_mbit or [None]
         for strategy, precision, nproc, link in itertools.product(group.strategies, group.precisions, group.nproc, links):
-            config = Run(strategy, precision, nproc, 0, group.nodes, link).config_id
+            config = Run(strategy, precision, nproc, 0, group.nodes, link, group.emulate).config_id
             if group.label:
                 labels[config] = group.label
-            if gpus and nproc > gpus:
-                dropped.append(config)
+            if not group.emulate and group.nodes > nodes:
+                dropped[config] = f"{group.nodes} nodes, the study may span {nodes}"
+                continue
+            if gpus and nproc // group.nodes > gpus:
+                dropped[config] = f"{nproc // group.nodes} processes per node, a node has {gpus} GPUs"
                 continue
             spec = RunSpec(data_dir="", out_dir="", preset=name, strategy=strategy, precision=precision, nproc=nproc,
-                           device=device, model=chosen.model, train=chosen.train)
+                           nodes=group.nodes, device=device, model=chosen.model, train=chosen.train)
             try:
                 check_run(spec, gpus)
-                if group.nodes > 1 and describe(strategy).one_process:
-                    raise UsageError(f"{strategy} runs in one process, which cannot spread over nodes")
             except UsageError as exc:
                 raise UsageError(f"presets.{name}.study.runs: {config}: {exc}") from None
             repeats = group.repeats or chosen.study.repeats
-            runs.extend(Run(strategy, precision, nproc, r, group.nodes, link) for r in range(repeats))
+            runs.extend(Run(strategy, precision, nproc, r, group.nodes, link, group.emulate) for r in range(repeats))
     ids = [run.run_id for run in runs]
     if len(set(ids)) != len(ids):
         raise UsageError(f"presets.{name}.study.runs lists a configuration twice")
     if not runs:
-        raise UsageError(f"no run of preset '{name}' fits this machine ({gpus} GPUs); dropped: {', '.join(dropped)}")
+        raise UsageError(f"no run of preset '{name}' fits {nodes} node(s) of {gpus} GPUs; dropped: "
+                         f"{', '.join(dropped)}")
     # Round-major: every configuration's repeat 0, then every repeat 1, ... A slow period of the
     # machine then hits all configurations alike instead of all repeats of one.
     runs.sort(key=lambda run: run.repeat)
-    return Study(name, chosen, device, runs, dropped, gpus, labels, section_keys(params, name))
+    return Study(name, chosen, device, runs, dropped, gpus, nodes, labels, section_keys(params, name))
+
+
+def dropped_warning(study: Study) -> str | None:
+    """One line naming the configurations the planned cluster cannot hold, and why."""
+    if not study.dropped:
+        return None
+    reasons = collections.defaultdict(list)
+    for config, reason in study.dropped.items():
+        reasons[reason].append(config)
+    return "warning: dropped, " + "; ".join(f"{', '.join(configs)} ({reason})" for reason, configs in reasons.items())
+
+
+def slurm_request(study: Study, run: Run) -> dict[str, int | str]:
+    """What a train or selftest job of `run` asks SLURM for (the executor plugin's resources): its nodes, one
+    task per process, the same number on each node, and each node's GPUs (gres counts per node). `mpi` makes
+    the plugin run the command in the batch script itself, so `gpt2dist train` starts the tasks with its own
+    srun: a selftest's checks start the way its configuration's runs will."""
+    nodes = 1 if run.emulated else run.nodes  # emulated nodes live inside one machine
+    per_node = run.processes // nodes
+    tasks = {"tasks": 0, "tasks_per_node": per_node} if nodes > 1 and per_node > 1 else {
+        "tasks": run.processes, "tasks_per_node": 0}  # the plugin takes one of the two, and tasks_per_node > 1
+    return {"nodes": nodes, **tasks, "mpi": "srun" if run.processes > 1 else "",
+            "gres": f"gpu:{run.nproc // nodes}" if study.device == "cuda" else ""}
 
 
 def previous_rounds(run: Run) -> list[int]:
@@ -171,6 +210,12 @@ def preset_json(study: Study, *sections: str) -> str:
     return json.dumps({name: preset[name] for name in sections}, sort_keys=True)
 
 
+def _cluster(study: Study) -> list[object]:
+    """The options that make a stage's command plan the same study as the workflow did (its GPUs per node and
+    nodes, which the planning host need not have)."""
+    return ["--gpus", study.gpus, "--nodes", study.nodes]
+
+
 def _cmd(*parts: object) -> str:
     return " ".join(shlex.quote(str(p)) for p in parts)
 
@@ -194,6 +239,26 @@ def resume_cases(study: Study) -> list[Run]:
     return list(chosen.values())
 
 
+def retry_marker(run_id: str) -> str:
+    """Made by the Snakefile for a run whose record says it did not complete: an input newer than the run's
+    outputs, so Snakemake trains it again (resuming from its checkpoint where it has one)."""
+    return f"{RUNS_DIR}/{run_id}/retry"
+
+
+def unfinished_runs(study: Study, root: Path = Path(".")) -> list[str]:
+    """Runs of the study whose record exists and says they did not complete (failed, stopped, or launched and
+    never finished)."""
+    unfinished = []
+    for run in study.runs:
+        record = root / RUNS_DIR / run.run_id / "run.json"
+        try:
+            if json.loads(record.read_text()).get("status") != "completed":
+                unfinished.append(run.run_id)
+        except (OSError, ValueError):  # none yet, or being written: nothing to retry
+            continue
+    return unfinished
+
+
 def selftest_file(run: Run) -> str:
     return f"{SELFTEST_DIR}/{run.config_id}.json"
 
@@ -201,33 +266,33 @@ def selftest_file(run: Run) -> str:
 def selftest_command(study: Study, run: Run, params: str = "params.yaml") -> str:
     """The pipeline's selftest of one configuration (a job of its own: see workflow/rules/selftest.smk)."""
     resume = ["--resume"] if run.config_id in {case.config_id for case in resume_cases(study)} else []
-    return _cmd("gpt2dist", "selftest", "--params", params, "--preset", study.preset_name, "--gpus", study.gpus,
+    return _cmd("gpt2dist", "selftest", "--params", params, "--preset", study.preset_name, *_cluster(study),
                 "--only", run.config_id, *resume, "--out", selftest_file(run))
 
 
 def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
     return _cmd("gpt2dist", "train", "--data", DATA_DIR, "--out", f"{RUNS_DIR}/{run.run_id}", "--params", params,
                 "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
-                "--nproc", run.nproc, "--seed", study.seed(run), *run.emulation_args(),
+                "--nproc", run.nproc, "--seed", study.seed(run), *run.node_args(),
                 # the tools re-run a job whose settings changed, and would keep every run's checkpoint
                 "--no-keep-checkpoint", "--stale-checkpoint", "restart")
 
 
 def estimate_command(study: Study, params: str = "params.yaml") -> str:
     """Before the study's first job: time the preset's model here and print the study's expected duration."""
-    return _cmd("gpt2dist", "estimate", "--params", params, "--preset", study.preset_name, "--gpus", study.gpus,
+    return _cmd("gpt2dist", "estimate", "--params", params, "--preset", study.preset_name, *_cluster(study),
                 "--runs", RUNS_DIR, "--out", ESTIMATE_FILE)
 
 
 def progress_command(study: Study, params: str = "params.yaml") -> str:
     """After each run: how many runs are done and about how long the rest takes."""
-    return _cmd("gpt2dist", "progress", "--params", params, "--preset", study.preset_name, "--gpus", study.gpus,
+    return _cmd("gpt2dist", "progress", "--params", params, "--preset", study.preset_name, *_cluster(study),
                 "--runs", RUNS_DIR, "--estimate", ESTIMATE_FILE)
 
 
 def collect_command(study: Study, params: str = "params.yaml") -> str:
     return _cmd("gpt2dist", "collect", "--runs", RUNS_DIR, "--data", DATA_DIR, "--out", RESULTS_DIR,
-                "--params", params, "--preset", study.preset_name, "--gpus", study.gpus)
+                "--params", params, "--preset", study.preset_name, *_cluster(study))
 
 
 def plot_command() -> str:

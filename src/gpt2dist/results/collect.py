@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -41,7 +42,8 @@ from gpt2dist.system.hardware import mfu, peak_flops
 
 log = logging.getLogger(__name__)
 
-CONFIG_KEYS = ["config_id", "strategy", "precision", "nproc", "nodes", "link_mbit"]  # link_mbit: NaN when unshaped
+# link_mbit: NaN when unshaped; emulated: nodes emulated on one machine (False for one node and a cluster's)
+CONFIG_KEYS = ["config_id", "strategy", "precision", "nproc", "nodes", "emulated", "link_mbit"]
 SUMMARISED = ["tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "step_time_s", "step_time_p90_s",
               "time_per_epoch_s", "overhead_s", "peak_mem_bytes", "model_state_bytes", "final_val_loss",
               "final_val_ppl"]
@@ -56,7 +58,9 @@ def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
         raise UsageError(f"run {run_dir.name} has no run.json in {run_dir}; train it first")
     record = read_json(record_path, "gpt2dist train")
     if record.get("status") != "completed":
-        raise UsageError(f"run {run_dir.name} is not completed (status '{record.get('status')}'); re-run it")
+        error = f": {record['error']}" if record.get("error") else ""
+        raise UsageError(f"run {run_dir.name} did not complete (status '{record.get('status')}'{error}); running the "
+                         "study again retries it")
     lines = read_jsonl(run_dir / "metrics.jsonl", "gpt2dist train")
     return record, pd.DataFrame([line for line in lines if line.get("kind") != "ledger"])  # run.json has the ledger
 
@@ -76,7 +80,7 @@ def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, di
         evals = lines[lines["kind"] == "eval"].reindex(columns=["step", "val_loss", "val_ppl"])
         table = train.merge(evals, on="step", how="outer")
         frames.append(table.assign(run_id=run.run_id, config_id=run.config_id, strategy=run.strategy,
-                                   precision=run.precision, nproc=run.nproc, nodes=run.nodes,
+                                   precision=run.precision, nproc=run.nproc, nodes=run.nodes, emulated=run.emulated,
                                    link_mbit=run.link_mbit if run.link_mbit else math.nan, repeat=run.repeat))
     if not frames:
         first = next(iter(missing.values()))
@@ -145,6 +149,8 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
             "final_val_ppl": evals["val_ppl"].iloc[-1] if len(evals) else math.nan,
             "grad_accum_steps": record.get("grad_accum_steps"),
             "backend": (record.get("placement") or {}).get("backend"),
+            "busbw_gb_s": (record.get("interconnect") or {}).get("busbw_gb_s", math.nan),
+            "hardware": hardware_of(record),
             **_ledger_of(record.get("ledger")),
             **measures,
             "disturbed": disturbance(measures, study.preset.study),
@@ -162,14 +168,17 @@ def in_study_order(frame: pd.DataFrame) -> pd.DataFrame:
     return ordered.drop(columns=["_order", "_nodes", "_link"]).reset_index(drop=True)
 
 
-def baseline_of(strategy: str, precision: str, configs: set[str]) -> str | None:
-    """The one-process run of the same precision that a configuration's speedup divides by:
-    single's, else the strategy's own at one process. Never another precision: dividing an
-    fp16 run by an fp32 one would count the mixed-precision gain as scaling."""
-    for candidate in (f"single-{precision}-n1", f"{strategy}-{precision}-n1"):
-        if candidate in configs:
-            return candidate
-    return None
+def baseline_of(row: dict, configs: set[str]) -> str | None:
+    """What a configuration's speedup divides by. On one machine: the one-process run of the same precision,
+    single's, else the strategy's own. Across a cluster's nodes: the same strategy and precision on one node
+    with the same processes per node, so the speedup is what the extra nodes bring. Never another precision:
+    dividing an fp16 run by an fp32 one would count the mixed-precision gain as scaling."""
+    strategy, precision = row["strategy"], row["precision"]
+    if row["nodes"] > 1 and not row["emulated"]:
+        candidates = [f"{strategy}-{precision}-n{row['nproc'] // row['nodes']}"]
+    else:
+        candidates = [f"single-{precision}-n1", f"{strategy}-{precision}-n1"]
+    return next((candidate for candidate in candidates if candidate in configs), None)
 
 
 def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.DataFrame:
@@ -189,11 +198,12 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
             row[part] = chosen[part].median()
         row["grad_accum_steps"] = chosen["grad_accum_steps"].iloc[0]
         row["backend"] = chosen["backend"].iloc[0]
+        row["busbw_gb_s"] = chosen["busbw_gb_s"].median()
         rows.append(row)
     summary = in_study_order(pd.DataFrame(rows))
     summary["label"] = summary["config_id"].map(study.labels).fillna("")
     configs = set(summary["config_id"])
-    summary["baseline"] = [baseline_of(s, p, configs) for s, p in zip(summary["strategy"], summary["precision"])]
+    summary["baseline"] = [baseline_of(row, configs) for row in summary.to_dict("records")]
     ratios = []
     only_disturbed = set(summary.loc[summary["from_disturbed"], "config_id"])
     for config, baseline in zip(summary["config_id"], summary["baseline"]):
@@ -207,8 +217,11 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
             ratios.append((*ratio, "only disturbed runs" if {config, baseline} & only_disturbed else judged))
     summary[["speedup", "speedup_ci_low", "speedup_ci_high", "speedup_pairs", "vs_baseline"]] = pd.DataFrame(
         ratios, index=summary.index)
+    # the speedup per unit of what was added: processes over the baseline's (nodes, across a cluster)
+    nproc = summary.set_index("config_id")["nproc"]
+    added = summary["nproc"] / summary["baseline"].map(nproc).fillna(1)
     for column in ("", "_ci_low", "_ci_high"):
-        summary[f"scaling_efficiency{column}"] = summary[f"speedup{column}"] / summary["nproc"]
+        summary[f"scaling_efficiency{column}"] = summary[f"speedup{column}"] / added
     per_token = flops_per_token(study.preset.model)
 
     def utilisation(row) -> float:
@@ -218,6 +231,27 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
 
     summary["mfu"] = summary.apply(utilisation, axis=1)
     return summary
+
+
+def hardware_of(record: dict) -> str:
+    """What a run's throughput depends on besides its strategy: the device model of every node (GPU, else CPU)
+    and, with GPUs, how they are linked within a node (NVLink or PCIe, from `nvidia-smi topo -m`)."""
+    devices = record["devices"]
+    nodes = record.get("node_hardware") or [{"devices": {(devices.get("gpus") or [devices["cpu"]])[0]: 1}}]
+    models = sorted({model for node in nodes for model in node["devices"]})
+    if not devices.get("gpus"):
+        return " + ".join(models)
+    links = "NVLink" if re.search(r"\bNV\d+\b", devices.get("topology") or "") else "PCIe"
+    return f"{' + '.join(models)} ({links})"
+
+
+def refuse_mixed_hardware(runs: pd.DataFrame) -> None:
+    """Throughput from different machines is not a comparison of strategies."""
+    kinds = runs.groupby("hardware")["run_id"].apply(list)
+    if len(kinds) > 1:
+        where = "; ".join(f"{kind}: {', '.join(ids[:3])}{' ...' if len(ids) > 3 else ''}" for kind, ids in kinds.items())
+        raise UsageError(f"the runs were made on different hardware ({where}); re-run them on one kind of machine, or "
+                         "compare them anyway with `gpt2dist collect --mixed-hardware`")
 
 
 def hardware_label(records: dict[str, dict]) -> tuple[str, str | None]:
@@ -244,11 +278,13 @@ def _json_rows(frame: pd.DataFrame, key: str) -> dict:
             for row in json.loads(frame.to_json(orient="records"))}
 
 
-def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path) -> dict:
+def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixed_hardware: bool = False) -> dict:
     table, records, missing = tidy_table(study, Path(runs_dir))
     train_tokens = read_meta(Path(data_dir))["splits"]["train"]["tokens"]
     hardware, gpu_name = hardware_label(records)
     runs = per_run(table, records, study, train_tokens)
+    if not mixed_hardware:
+        refuse_mixed_hardware(runs)
     disturbed = runs[runs["disturbed"] != ""]
     refuse_if_too_disturbed(disturbed, study.preset.study.max_disturbed, runs_dir)
     summary = summarise(runs, study, gpu_name)
@@ -270,6 +306,7 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path) -> dict
         "excluded_steps": study.preset.study.excluded_steps,
         "versions": first["versions"],
         "dropped_configurations": study.dropped,
+        "mixed_hardware": sorted(runs["hardware"].unique()) if mixed_hardware else None,
         "missing_runs": missing,
         "disturbed_runs": dict(zip(disturbed["run_id"], disturbed["disturbed"])),
         "answer": rank(runs, summary),

@@ -39,15 +39,18 @@ class Finding:
 
 class Tables:
     """The collected tables, with the lookups the checks share. `summary` holds the one-machine
-    configurations (the one-node claims' rivals), `spread` those on emulated nodes."""
+    configurations (the one-node claims' rivals), `spread` those on emulated nodes, `across` those on a
+    cluster's nodes."""
 
     def __init__(self, runs: pd.DataFrame, summary: pd.DataFrame, link_model: pd.DataFrame | None = None):
         self.runs = runs[runs["disturbed"].fillna("") == ""]
         self.everything = summary.set_index("config_id")
         nodes = self.everything["nodes"] if "nodes" in self.everything else pd.Series(1, index=self.everything.index)
-        one_machine = nodes == 1
-        self.summary = self.everything[one_machine]
-        self.spread = self.everything[~one_machine]
+        # summaries from before a cluster's nodes could be planned: every spread run was emulated
+        emulated = self.everything["emulated"].astype(bool) if "emulated" in self.everything else nodes > 1
+        self.summary = self.everything[nodes == 1]
+        self.spread = self.everything[(nodes > 1) & emulated]
+        self.across = self.everything[(nodes > 1) & ~emulated]
         self.link_model = link_model if link_model is not None else pd.DataFrame()
 
     def usable(self, config: str) -> bool:
@@ -175,19 +178,35 @@ def _kept_on_slowest_link(t: Tables) -> tuple[float, dict[str, pd.Series]]:
     return slowest, kept
 
 
+def _kept_across_nodes(t: Tables) -> dict[str, pd.Series]:
+    """Per configuration on a cluster's nodes: its throughput over (nodes x) the same configuration's on one
+    node with as many processes per node, per repeat round: the node-scaling efficiency."""
+    kept = {}
+    for config, row in t.across.iterrows():
+        baseline = row.get("baseline")
+        if isinstance(baseline, str) and t.usable(config) and t.usable(baseline):
+            kept[config] = t.per_round(config) / t.per_round(baseline) / row["nodes"]
+    return kept
+
+
 def horovod_most_robust(t: Tables) -> Finding:
-    """Horovod keeps more of its one-machine throughput on the slowest link than every other data-parallel
-    strategy, paired by round; with Apex where the study has it (Apex needs CUDA, emulated nodes run on CPU)."""
-    if _on_links(t).empty:
+    """Horovod keeps more of its one-node throughput across nodes than every other data-parallel strategy,
+    paired by round; with Apex where the study has it. On a cluster's nodes where the study has them (what
+    each node adds), else on emulated nodes' slowest link (Apex needs CUDA, emulated nodes run on CPU)."""
+    if not t.across.empty:
+        kept, where = _kept_across_nodes(t), "across a cluster's nodes (throughput over nodes x one node's)"
+    elif not _on_links(t).empty:
+        slowest, kept = _kept_on_slowest_link(t)
+        where = f"on emulated nodes at {slowest:g} Mbit/s against one machine"
+    else:
         return _untestable(LINKS_NEEDED)
-    slowest, kept = _kept_on_slowest_link(t)
     name = {c: f"{t.everything.loc[c, 'strategy']} {t.everything.loc[c, 'precision']}" for c in kept}
     strategy = {c: t.everything.loc[c, "strategy"] for c in kept}
     horovod = sorted((c for c in kept if strategy[c] == HOROVOD), key=lambda c: "apex" not in c)
     rivals = [c for c in kept if strategy[c] != HOROVOD and STRATEGIES[strategy[c]].data_parallel]
     if not horovod or not rivals:
-        return _untestable(f"needs undisturbed {HOROVOD} runs and another data-parallel strategy's on the slowest "
-                           "link and on one machine")
+        return _untestable(f"needs undisturbed {HOROVOD} runs and another data-parallel strategy's across nodes "
+                           "and on one node")
     favourite = horovod[0]
     shares = "; ".join(f"{name[c]} {log_interval(kept[c])[0]:.2f}" for c in [favourite, *rivals])
     parts, verdicts = [], []
@@ -195,7 +214,7 @@ def horovod_most_robust(t: Tables) -> Finding:
         value, low, high, pairs = paired_ratio(kept[favourite], kept[rival])
         parts.append(f"{name[favourite]}/{name[rival]} = {ratio_text(value, low, high)}")
         verdicts.append(verdict(low, high, pairs))
-    statistic = (f"throughput kept at {slowest:g} Mbit/s against one machine: {shares}; ratios of what is kept: "
+    statistic = (f"throughput kept {where}: {shares}; ratios of what is kept: "
                  + "; ".join(parts) + ("" if "apex" in favourite else "; without Apex (needs CUDA)"))
     if "slower" in verdicts:
         return Finding(CONTRADICTED, statistic)
@@ -204,8 +223,29 @@ def horovod_most_robust(t: Tables) -> Finding:
     return Finding(NOISE, statistic)
 
 
+def _sublinear_across_nodes(t: Tables) -> Finding:
+    """On a cluster's nodes: each configuration's speedup over one node stays below the node count."""
+    kept = _kept_across_nodes(t)
+    if not kept:
+        return _untestable("needs undisturbed runs across a cluster's nodes and of the same strategy on one node")
+    parts, verdicts = [], []
+    for config, efficiency in kept.items():
+        value, low, high = log_interval(efficiency)
+        parts.append(f"{config} {ratio_text(value, low, high)} of linear")
+        verdicts.append("slower" if high < 1 else "faster" if low > 1 else "neither")
+    statistic = f"node-scaling efficiency (speedup over one node / nodes) on a cluster's nodes: {'; '.join(parts)}"
+    if "faster" in verdicts:
+        return Finding(CONTRADICTED, statistic)
+    if all(v == "slower" for v in verdicts):
+        return Finding(SUPPORTED, statistic)
+    return Finding(NOISE, statistic)
+
+
 def communication_makes_nodes_sublinear(t: Tables) -> Finding:
-    """Throughput falls as the link narrows, by about what the link model's communication time says."""
+    """Across a cluster's nodes where the study has them: sublinear speedup over one node. Else, on emulated
+    nodes: throughput falls as the link narrows, by about what the link model's communication time says."""
+    if not t.across.empty:
+        return _sublinear_across_nodes(t)
     links = _on_links(t)
     if links.empty:
         return _untestable(LINKS_NEEDED)
@@ -223,8 +263,8 @@ def communication_makes_nodes_sublinear(t: Tables) -> Finding:
     if not parts:
         return _untestable("no configuration has undisturbed runs at both the fastest and the slowest link")
     worst = worst_error(t.link_model)
-    statistic = (f"throughput on the slowest over the fastest link: {'; '.join(parts)}; link model's worst error "
-                 f"{worst:.0%}; {SHARED_CORES}")
+    statistic = (f"on emulated nodes, throughput on the slowest over the fastest link: {'; '.join(parts)}; link "
+                 f"model's worst error {worst:.0%}; {SHARED_CORES}")
     if "faster" in verdicts:
         return Finding(CONTRADICTED, statistic)
     if all(v == "slower" for v in verdicts) and worst <= MODEL_TOLERANCE:

@@ -67,6 +67,8 @@ def _placement(row: dict) -> str:
     nodes = row.get("nodes", 1)
     if pd.isna(nodes) or nodes == 1:
         return processes
+    if not row.get("emulated", True):  # a cluster's nodes (older summaries: every spread was emulated)
+        return f"{processes} on {nodes:g} nodes"
     link = row.get("link_mbit")
     return f"{processes} on {nodes:g} nodes, " + ("unshaped link" if pd.isna(link) else f"{link:g} Mbit/s")
 
@@ -170,7 +172,8 @@ def memory(runs, summary, metrics, title):
 
 
 def _scaling(summary: pd.DataFrame, column: str, ideal: Callable, ylabel: str, title: str) -> plt.Figure:
-    """Against processes on one machine; runs on emulated nodes are in the links figure."""
+    """Against processes on one machine; runs on emulated nodes are in the links figure, and those across a
+    cluster's nodes (whose speedup is over one node) in the throughput and ranking."""
     data = summary.dropna(subset=[column])
     if "nodes" in data:
         data = data[data["nodes"] == 1]

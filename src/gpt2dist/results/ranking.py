@@ -11,7 +11,7 @@ import pandas as pd
 from gpt2dist.results.statistics import paired_ratio, ratio_text, verdict
 from gpt2dist.results.time_ledger import why_slower, why_text
 
-PLACEMENT = ["nproc", "nodes", "link_mbit"]
+PLACEMENT = ["nproc", "nodes", "emulated", "link_mbit"]
 
 
 def _placement(row: dict) -> str:
@@ -19,6 +19,8 @@ def _placement(row: dict) -> str:
     nodes = row.get("nodes") or 1
     if nodes == 1:
         return f"{processes} on one machine"
+    if not row.get("emulated", True):  # summaries from before a cluster's nodes: every spread was emulated
+        return f"{processes} on {nodes} nodes"
     link = row.get("link_mbit")
     shaped = "unshaped links" if link is None or (isinstance(link, float) and math.isnan(link)) else f"{link:g} Mbit/s"
     return f"{processes} on {nodes} emulated nodes, {shaped}"

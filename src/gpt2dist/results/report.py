@@ -49,9 +49,14 @@ def _mark(row: dict) -> str:
 def warnings_markdown(summary: dict) -> str:
     """What is missing or was disturbed, first, so nobody reads the table without knowing."""
     lines = []
+    if summary.get("mixed_hardware"):
+        lines.append(f"**These runs were made on different hardware ({'; '.join(summary['mixed_hardware'])}), "
+                     "compared at the user's request (collect --mixed-hardware): a gap between strategies may be "
+                     "a gap between machines.**\n")
     if summary.get("missing_runs"):
         lines.append(f"**Failed or missing runs: {len(summary['missing_runs'])}. Their configurations are "
-                     "summarised from the runs that completed, or not at all:**\n")
+                     "summarised from the runs that completed, or not at all; running the study again "
+                     "(`snakemake --cores all`, or `dvc repro --ignore-errors`) trains these alone:**\n")
         lines += [f"- `{run_id}`: {why}" for run_id, why in summary["missing_runs"].items()]
         lines.append("")
     if summary.get("disturbed_runs"):
@@ -69,10 +74,14 @@ def findings_markdown(summary: dict) -> str:
 
 
 def _where(row: dict) -> str:
-    if (row.get("nodes") or 1) == 1:
+    nodes = row.get("nodes") or 1
+    if nodes == 1:
         return "one machine"
+    if not row.get("emulated", True):  # summaries from before real nodes existed: every spread was emulated
+        busbw = row.get("busbw_gb_s")
+        return f"{nodes} nodes" + ("" if _missing(busbw) else f", {busbw:,.1f} GB/s busbw")
     link = row.get("link_mbit")
-    return f"{row['nodes']} emulated nodes, " + ("unshaped" if _missing(link) else f"{link:g} Mbit/s")
+    return f"{nodes} emulated nodes, " + ("unshaped" if _missing(link) else f"{link:g} Mbit/s")
 
 
 def link_model_markdown(summary: dict) -> str:
@@ -140,7 +149,7 @@ model (for a ring all-reduce over n ranks, 2(n-1)/n of the payload).
 def summary_markdown(summary: dict) -> str:
     configs = in_study_order(pd.DataFrame(summary["configs"].values())).to_dict("records")
     named = any(row.get("label") for row in configs)  # a paper preset: its names for the rows come first
-    spread = any((row.get("nodes") or 1) > 1 for row in configs)  # a study with runs on emulated nodes
+    spread = any((row.get("nodes") or 1) > 1 for row in configs)  # a study with runs on several nodes
     rows = [
         [*([row.get("label") or ""] if named else []), row["strategy"], row["precision"], row["nproc"],
          *([_where(row)] if spread else []), row["repeats"],
@@ -160,7 +169,7 @@ def summary_markdown(summary: dict) -> str:
                                     "model state MiB/rank", "sent MiB/step", "peak MiB", "final val loss", "MFU"],
                      tablefmt="github")
     versions = ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v)
-    dropped = ", ".join(summary["dropped_configurations"]) or "none"
+    dropped = ", ".join(f"{config} ({why})" for config, why in summary["dropped_configurations"].items()) or "none"
     ledger = ledger_markdown(in_study_order(pd.DataFrame(summary["configs"].values())))
     drawn = FIGURES + ((LINK_FIGURE,) if summary.get("link_model") else ())
     figures = "\n".join(f"![{name}](figures/{name}.png)" for name in drawn)
@@ -175,11 +184,12 @@ Hardware: {summary['hardware']}. Software: {versions}.
 Each run's throughput is its median after its first {summary['excluded_steps']} steps. The table gives the geometric
 mean over a configuration's undisturbed repeats with a 95% t-interval on the log scale (it cannot leave the
 positive numbers; with two or three repeats it is wide, as it should be). Speedup is over the one-process run
-of the same precision (`single`'s, else the strategy's own), paired by repeat round, and says whether its
-interval excludes 1 ("faster", "slower") or not ("not distinguishable"); efficiency is speedup / processes.
+of the same precision (`single`'s, else the strategy's own; across a cluster's nodes, the same strategy on one
+node with as many processes per node), paired by repeat round, and says whether its interval excludes 1
+("faster", "slower") or not ("not distinguishable"); efficiency is speedup / the processes (or nodes) added.
 Overhead is wall time outside the training steps (start-up, evaluation, checkpoints). Model state is the
 parameters, gradients and optimizer state rank 0 holds. Sent is what the busiest rank sends per step by
-the strategy's traffic model (ring collectives, activations at pipeline boundaries), not a measurement. Configurations dropped for lack of GPUs: {dropped}.
+the strategy's traffic model (ring collectives, activations at pipeline boundaries), not a measurement. Configurations the planned cluster cannot hold: {dropped}.
 
 {table}
 

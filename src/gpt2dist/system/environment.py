@@ -45,7 +45,7 @@ def versions() -> dict:
     }
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -57,7 +57,7 @@ def _cpu_model() -> str:
 
 def devices() -> dict:
     info = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_bf16": cpu_bf16(),
         "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "hostname": platform.node(),

@@ -24,6 +24,7 @@ from gpt2dist.system.gpu_telemetry import GpuTelemetry
 from gpt2dist.training import stops
 from gpt2dist.training.batches import BatchSampler
 from gpt2dist.training.checkpoint import load_checkpoint, save_checkpoint
+from gpt2dist.training.interconnect import nodes_of, probe_bandwidth, this_node
 from gpt2dist.training.ledger import StepTracer, building_batch, timed_step
 from gpt2dist.training.matmul_precision import pin_fp32_arithmetic
 from gpt2dist.training.metrics import (
@@ -36,7 +37,7 @@ from gpt2dist.training.metrics import (
 from gpt2dist.training.model import build_model, compile_blocks, compiled_head_loss, head_loss
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
-from gpt2dist.training.run_record import RankReport
+from gpt2dist.training.run_record import METRICS, RankReport
 from gpt2dist.training.strategies import REGISTRY, Strategy
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,10 @@ class Trainer:
         self.spec, self.strategy = spec, strategy
         self.place = strategy.setup()
         self.matmul = pin_fp32_arithmetic(spec.precision, self.place.device)  # before any matmul runs
+        # where the ranks run and how fast they reach each other, measured before anything else uses the links
+        self.node_hardware = nodes_of(strategy.gather(this_node(self.place.device)))
+        self.interconnect = probe_bandwidth(strategy.all_reduce_sum, strategy.barrier, self.place.device,
+                                            self.place.world_size) if self.place.world_size > 1 else None
         self.rank0 = self.place.rank == 0
         self.out = Path(spec.out_dir)
         shards = open_shards(Path(spec.data_dir), check_hash=False)  # the launcher verified hashes
@@ -107,6 +112,11 @@ class Trainer:
         self.tokens_per_step = t.global_batch_size * spec.model.n_positions
         self.telemetry = GpuTelemetry(self.place.device) if self.rank0 else None
         self.state_bytes: dict | None = None  # measured once, at the first step this process runs
+        self.saved_at, self.save_due = time.monotonic(), False  # train.checkpoint_minutes' clock
+
+    def _save_due(self) -> bool:
+        minutes = self.spec.train.checkpoint_minutes
+        return bool(minutes) and time.monotonic() - self.saved_at >= 60 * minutes
 
     # -- one optimizer step -------------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -144,8 +154,11 @@ class Trainer:
             self.optimizer.zero_grad()  # set_to_none is the default; Horovod rejects the kwarg
             # The step's one wait for the device: loss and gradient norm come back to the host together; the
             # micro-steps above queue work without reading anything back (tests/training/test_engine_structure.py).
-            loss_mean = strategy.all_reduce_mean(loss_sum)
-            loss_value, norm_value = torch.stack([loss_mean.float(), grad_norm.float().to(loss_mean.device)]).tolist()
+            # A rank whose clock says a checkpoint is due says so in the same reduction, so all ranks agree.
+            reduced = strategy.all_reduce_mean(torch.stack([loss_sum, loss_sum.new_tensor(float(self._save_due()))]))
+            loss_value, norm_value, due = torch.stack(
+                [reduced[0], grad_norm.float().to(reduced.device), reduced[1]]).tolist()
+            self.save_due = due > 0
             elapsed, cpu_time = time.perf_counter() - started, time.process_time() - cpu_started
         return {
             "kind": "train",
@@ -214,7 +227,7 @@ class Trainer:
         report = RankReport(self.out, self.spec.attempt) if self.rank0 else None
         if report is not None:  # capture() runs git, mpirun, nvidia-smi
             report.update(status="running", **self._run_facts(start))
-        self.metrics = metrics = MetricsLog(self.out / "metrics.jsonl", enabled=self.rank0, history=history)
+        self.metrics = metrics = MetricsLog(self.out / METRICS, enabled=self.rank0, history=history)
         # A bar at a terminal; in a log file (every pipeline job) one readable line per 5% of the run,
         # not a carriage-return bar that `less` shows as one endless line.
         interactive = sys.stderr.isatty()
@@ -245,8 +258,9 @@ class Trainer:
                              f"{line['tokens_per_s']:,.0f}")
                 if done % t.eval_interval == 0 or done == t.max_steps:
                     metrics.write(self.evaluate(done))
-                if done % t.checkpoint_interval == 0 or done == t.max_steps:
+                if done % t.checkpoint_interval == 0 or done == t.max_steps or self.save_due:
                     self.checkpoint(done, report)
+                    self.saved_at = time.monotonic()
         except Interrupted as stop:
             if report is not None:
                 report.update(status="interrupted", signal=stop.signal_name, interrupted_at_step=step,
@@ -272,6 +286,8 @@ class Trainer:
             "compile_skipped": self.compile_skipped,
             "tokens_per_step": self.tokens_per_step,
             "placement": self.strategy.placement_record(),
+            "node_hardware": self.node_hardware,
+            "interconnect": self.interconnect,
             "wrapping": self.strategy.wrapping,
             "communication": dataclasses.asdict(traffic(spec)),  # modelled bytes per step, not measured
             "matmul": self.matmul,

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt2dist.config.schema import RunSpec
-from gpt2dist.io import atomic_write_json
+from gpt2dist.io import atomic_write_json, atomic_write_text
 from gpt2dist.training.metrics import now_iso
 
-RECORD, REPORT = "run.json", "rank0.json"
+RECORD, REPORT, METRICS = "run.json", "rank0.json", "metrics.jsonl"
 
 
 def new_attempt() -> str:
@@ -90,4 +90,6 @@ def finish_record(spec: RunSpec, outcome: Outcome, **facts) -> dict:
     atomic_write_json(out / RECORD, record)
     if record["status"] == "completed" and not spec.keep_checkpoint:
         (out / "checkpoint.pt").unlink(missing_ok=True)
+    if not (out / METRICS).exists():  # a run that failed before its first step: the workflow tools' outputs
+        atomic_write_text(out / METRICS, "")  # exist, and run.json says what happened
     return record

@@ -125,6 +125,14 @@ class Strategy:
     def all_reduce_mean(self, value: torch.Tensor) -> torch.Tensor:
         return value
 
+    def all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks, in place where the backend allows (the interconnect probe's collective)."""
+        return value
+
+    def gather(self, value: object) -> list:
+        """A small picklable value from every rank, in rank order, on every rank."""
+        return [value]
+
     def state_module(self, model: nn.Module) -> nn.Module:
         """The module whose state dict is checkpointed (DCP understands DDP and FSDP wrappers)."""
         return model

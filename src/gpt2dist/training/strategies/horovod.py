@@ -65,6 +65,12 @@ class Horovod(Strategy):
         with comm_wait():
             return self.hvd.allreduce(value, op=self.hvd.Average)
 
+    def all_reduce_sum(self, value):
+        return self.hvd.allreduce_(value, op=self.hvd.Sum)
+
+    def gather(self, value):
+        return self.hvd.allgather_object(value)
+
     def barrier(self):
         self.hvd.barrier()
 

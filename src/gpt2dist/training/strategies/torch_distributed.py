@@ -50,6 +50,15 @@ class TorchDistributed(Strategy):
         dist.all_reduce(value, op=dist.ReduceOp.SUM)  # gloo has no AVG
         return value / self.placement.world_size
 
+    def all_reduce_sum(self, value):
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        return value
+
+    def gather(self, value):
+        gathered = [None] * self.placement.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
     def barrier(self):
         dist.barrier()
 
