@@ -101,8 +101,12 @@ def test_every_job_ran_on_the_cluster_and_the_summary_compares_one_node_with_two
     assert "2 processes on 2 nodes" in places and "1 process on one machine" in places
     markdown = (study / "results" / "summary.md").read_text()
     assert "| 2 nodes, " in markdown and "GB/s busbw" in markdown
+    # the across-nodes claims judge these runs (undisturbed ones: the two nodes share this machine's cores, so
+    # runs spanning both are often starved and flagged), never emulated links
     claims = {finding["claim"]: finding for finding in summary["findings"]}
-    assert "across a cluster's nodes" in claims["bai-horovod-apex-robust"]["statistic"]
+    for claim in ("bai-horovod-apex-robust", "bai-sublinear-nodes"):
+        statistic = claims[claim]["statistic"]
+        assert "across" in statistic and "emulated" not in statistic and "Mbit/s" not in statistic, claims[claim]
     # prepare, a selftest and a run per configuration, each an sbatch job that completed; the 2-node ones on 2
     jobs = slurm_cluster.jobs(started)
     rules = sorted(job["comment"].split("_wildcards_")[0] for job in jobs)

@@ -1,6 +1,11 @@
-"""Peak FLOP/s lookup: the most specific GPU name wins, and MFU uses the peak of the arithmetic that ran."""
+"""Peak FLOP/s lookup: the most specific GPU name wins, and MFU uses the peak of the arithmetic that ran; the
+CUDA GPUs a launcher counts without importing torch."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -54,3 +59,18 @@ def test_fp32_mfu_is_not_measured_against_the_bf16_peak():
     tokens_per_s, per_token = 10_000.0, 1e9  # 10 TFLOP/s achieved on one A100
     assert mfu(tokens_per_s, per_token, 1, peak_flops("NVIDIA A100-SXM4-80GB", "fp32")) == pytest.approx(10 / 19.5)
     assert mfu(tokens_per_s, per_token, 2, peak_flops("NVIDIA A100-SXM4-80GB", "bf16")) == pytest.approx(10 / 624)
+
+
+@pytest.mark.parametrize("cuda_build", [True, False])
+def test_cuda_gpus_are_the_visible_ones_only_with_a_cuda_build_of_torch(cuda_build, tmp_path):
+    """The launcher's count, read without importing torch: a torch package shipping libtorch_cuda.so is a CUDA
+    build; the one installed here is not, so a stand-in package (first on the path) plays each kind."""
+    torch_dir = tmp_path / "torch"
+    (torch_dir / "lib").mkdir(parents=True)
+    (torch_dir / "__init__.py").write_text("raise ImportError('never imported')\n")
+    if cuda_build:
+        (torch_dir / "lib" / "libtorch_cuda.so").write_bytes(b"")
+    code = "from gpt2dist.system.hardware import cuda_gpus; print(cuda_gpus())"
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONPATH": str(tmp_path), "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert shown.stdout.strip() == ("2" if cuda_build else "0")

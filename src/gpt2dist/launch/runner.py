@@ -12,8 +12,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from gpt2dist.config.presets import resolve_preset
 from gpt2dist.config.schema import PRECISIONS, RunSpec, write_spec
 from gpt2dist.config.strategies import STRATEGY_NAMES, check_run, describe
@@ -22,12 +20,13 @@ from gpt2dist.launch import commands, emulated, lifetime, locks, slurm
 from gpt2dist.logs import setup_logging
 from gpt2dist.system.allocation import Allocation, job_allocation
 from gpt2dist.system.conditions import LoadMonitor, wait_for_quiet
+from gpt2dist.system.hardware import cuda_gpus
 from gpt2dist.training import preflight
-from gpt2dist.training.metrics import now_iso
 from gpt2dist.training.run_record import (
     Outcome,
     finish_record,
     new_attempt,
+    now_iso,
     start_record,
 )
 
@@ -52,7 +51,8 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
     if nodes < 1:
         raise UsageError(f"--nodes must be at least 1, got {nodes}")
     here = device is None  # on this machine, with what it has
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    gpus = cuda_gpus()
+    device = device or ("cuda" if gpus else "cpu")
     name, chosen = resolve_preset(params, preset, cuda=device == "cuda", overrides=overrides)
     if here and device == "cpu" and chosen.study.needs_gpus:
         raise UsageError(f"preset '{name}' is a study for GPU nodes and this machine has no CUDA GPU; train it on a "
@@ -63,7 +63,7 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
                    train=chosen.train, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint)
     preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
     if check_devices:
-        check_run(spec, torch.cuda.device_count())
+        check_run(spec, gpus)
     return spec
 
 

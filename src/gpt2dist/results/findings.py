@@ -233,7 +233,7 @@ def _sublinear_across_nodes(t: Tables) -> Finding:
         value, low, high = log_interval(efficiency)
         parts.append(f"{config} {ratio_text(value, low, high)} of linear")
         verdicts.append("slower" if high < 1 else "faster" if low > 1 else "neither")
-    statistic = f"node-scaling efficiency (speedup over one node / nodes) on a cluster's nodes: {'; '.join(parts)}"
+    statistic = f"node-scaling efficiency (speedup over one node / nodes) across a cluster's nodes: {'; '.join(parts)}"
     if "faster" in verdicts:
         return Finding(CONTRADICTED, statistic)
     if all(v == "slower" for v in verdicts):

@@ -4,6 +4,7 @@ one a rank drives, and optional command facts."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -70,6 +71,15 @@ def visible_gpus() -> int:
         return len([d for d in listed.split(",") if d.strip() and d.strip() != "-1"])
     out = command_output(["nvidia-smi", "-L"]) or ""
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def cuda_gpus() -> int:
+    """The CUDA GPUs torch can use here, without importing torch (seconds a launcher need not spend): the visible
+    GPUs, when the installed torch is a CUDA build (its CUDA library ships with it)."""
+    spec = importlib.util.find_spec("torch")
+    built_with_cuda = spec is not None and any(
+        (Path(location) / "lib" / "libtorch_cuda.so").exists() for location in spec.submodule_search_locations or [])
+    return visible_gpus() if built_with_cuda else 0
 
 
 def device_index(local_rank: int, visible: int) -> int:

@@ -30,14 +30,13 @@ from gpt2dist.training.matmul_precision import pin_fp32_arithmetic
 from gpt2dist.training.metrics import (
     MetricsLog,
     model_state_bytes,
-    now_iso,
     peak_memory_bytes,
     peak_reserved,
 )
 from gpt2dist.training.model import build_model, compile_blocks, compiled_head_loss, head_loss
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
-from gpt2dist.training.run_record import METRICS, RankReport
+from gpt2dist.training.run_record import METRICS, RankReport, now_iso
 from gpt2dist.training.strategies import REGISTRY, Strategy
 
 log = logging.getLogger(__name__)

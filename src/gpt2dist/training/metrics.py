@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import resource
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -85,6 +84,3 @@ class MetricsLog:
         if self._handle:
             self._handle.close()
 
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -15,13 +15,17 @@ import json
 import signal
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.io import atomic_write_json, atomic_write_text
-from gpt2dist.training.metrics import now_iso
 
 RECORD, REPORT, METRICS = "run.json", "rank0.json", "metrics.jsonl"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def new_attempt() -> str:
