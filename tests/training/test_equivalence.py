@@ -32,7 +32,8 @@ ATOL_PARAMS = 1e-5  # final parameters, absolute
 # precision itself does (single in it against single in fp32), a tolerance measured in each session
 MARGIN = 3
 
-pytestmark = pytest.mark.slow
+# Every strategy's 2-rank run against single's is the fast tier (`pytest -m "not slow"`); the fault-injected
+# controls, which train more runs, are slow.
 
 
 def _relative_gap(reference: float, value: float) -> float:
@@ -81,6 +82,7 @@ def assert_follows_in_precision(single_fp32, single_reduced, run) -> None:
     assert all(d[k] <= MARGIN * own[k] for k in d), {"run vs single": d, "the precision alone": own}
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "horovod", "tp", "pp"])
 def test_two_ranks_follow_single_process(strategy, reference, trained):
     run = trained(strategy, nproc=2)
@@ -222,6 +224,7 @@ FAULTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("fault", FAULTS)
 def test_comparison_catches_injected_fault(fault, reference, shards, params_file, tmp_path):
@@ -235,6 +238,7 @@ def test_comparison_catches_injected_fault(fault, reference, shards, params_file
         assert first_run["loss"] != pytest.approx(first_ref["loss"], rel=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_reduced_precision_tolerance_catches_summed_gradients(single_in, shards, params_file, tmp_path):
     """The measured bf16 tolerance is loose enough for rounding (the mixed-precision tests) and tight

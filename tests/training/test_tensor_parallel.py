@@ -15,7 +15,7 @@ from gpt2dist.training.strategies.tensor_parallel import FSDPTensorParallel, Ten
 
 from conftest import gpt2dist, read_metrics, run_record, train_args
 
-pytestmark = pytest.mark.slow
+# fsdp-tp's run against single's is the fast tier; the fault-injected controls are slow
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
@@ -41,6 +41,7 @@ def test_fsdp_tp_on_four_ranks_follows_single_process(reference, trained):
     assert 0.25 <= held < 0.5  # FSDP halves everything; TP halves the block matrices again
 
 
+@pytest.mark.timeout(300)
 def test_refused_splits_name_the_fix(shards, params_file, tmp_path):
     three = gpt2dist(*train_args(shards, params_file, tmp_path / "a", "fsdp-tp", nproc=3), check=False)
     assert three.returncode == 2 and "divisible by train.tensor_parallel_size (2)" in three.stderr, three.stderr
@@ -66,6 +67,7 @@ def _split_fused_qkv_as_is() -> None:
     tensor_parallel.qkv_order = lambda width, tp: torch.arange(3 * width)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("fault", ["dropped-shard", "fused-qkv-split-as-is"])
 def test_comparison_catches_a_broken_split(fault, reference, shards, params_file, tmp_path):
@@ -87,6 +89,7 @@ class SummingFSDPTensorParallel(FSDPTensorParallel):
         return wrapped, optimizer
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_comparison_catches_fsdp_tp_summing_over_its_replicas(reference, shards, params_file, tmp_path):
     train_with_fault(SummingFSDPTensorParallel, shards, params_file, tmp_path, nproc=4)
