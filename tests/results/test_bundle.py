@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import shutil
+import subprocess
 import tarfile
 
 import pytest
@@ -101,6 +102,19 @@ def test_the_shipped_reference_bundle_reproduces_docs_reference(study, tmp_path)
     for name in ("summary.csv", "summary.md", "findings.md", "link_model.csv"):
         assert (tmp_path / "rebuilt" / name).read_bytes() == (reference / name).read_bytes(), name
     assert {p.name for p in (reference / "figures").iterdir()} <= {p.name for p in (tmp_path / "rebuilt" / "figures").iterdir()}
+
+
+def test_the_committed_dvc_views_are_the_reference_studys():
+    """results/headline/ (what `dvc metrics show` reads) and results/loss_curves.csv (`dvc plots`), which git
+    versions, come from the same study as docs/reference/cpu-study; no root dvc.lock claims another one."""
+    reference, committed = REPO / "docs" / "reference" / "cpu-study", REPO / "results"
+    headline = sorted(p.name for p in (committed / "headline").iterdir())
+    assert headline == sorted(p.name for p in (reference / "headline").iterdir()) and headline
+    for name in headline:
+        assert (committed / "headline" / name).read_bytes() == (reference / "headline" / name).read_bytes(), name
+    assert (committed / "loss_curves.csv").read_bytes() == (reference / "loss_curves.csv").read_bytes()
+    tracked = subprocess.run(["git", "ls-files", "dvc.lock"], cwd=REPO, capture_output=True, text=True).stdout
+    assert not (REPO / "dvc.lock").exists() and not tracked.strip()
 
 
 def test_one_altered_byte_is_refused_and_nothing_is_written(tmp_path):
