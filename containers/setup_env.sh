@@ -4,7 +4,8 @@
 # Used by the README's two commands and by .ci/run; the container recipe calls
 # install_horovod.sh the same way.
 #
-# Env: TORCH_VERSION (default 2.13.0), VENV (default .venv), PYTHON (default python3),
+# Env: TORCH_VERSION (default 2.13.0), VENV (default .venv), PYTHON (default python3), APEX (none: skip Apex
+#      on a GPU node),
 #      HOROVOD_FLAVOUR (--cpu, --gpu, or none to skip Horovod; default: install_horovod.sh
 #      decides, which picks --gpu for a CUDA build of torch when nvcc exists, even without a GPU)
 set -euo pipefail
@@ -23,6 +24,16 @@ py=$VENV/bin/python
 "$py" -m pip install --quiet -e ".[test,cluster]"
 if [[ ${HOROVOD_FLAVOUR:-} != none ]]; then
   PYTHON=$py bash containers/install_horovod.sh ${HOROVOD_FLAVOUR:-}
+fi
+# On a GPU node, `preset: auto` is the paper study, whose Apex rows need NVIDIA Apex's CUDA extensions: built
+# where the CUDA toolkit is (nvcc), else one line says what to run (a CPU machine needs nothing of it).
+if [[ ${APEX:-auto} != none ]] && command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  if command -v nvcc >/dev/null; then
+    PYTHON=$py bash containers/install_apex.sh
+  else
+    echo "setup_env: this node has NVIDIA GPUs, and the paper study's Apex rows need NVIDIA Apex: install the CUDA" \
+         "toolkit (nvcc) and run PYTHON=$py containers/install_apex.sh, or run in the image (containers/)" >&2
+  fi
 fi
 # GPT-2's tokenizer files, for the paper preset and the tests that check the real vocabulary.
 bash containers/fetch_gpt2_tokenizer.sh \
