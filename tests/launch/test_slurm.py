@@ -12,7 +12,7 @@ from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.slurm import horovod_launch, launch_command, srun_command
 from gpt2dist.pipeline.study import Run
-from gpt2dist.system.allocation import Allocation, job_allocation, parse_show_job
+from gpt2dist.system.allocation import Allocation, job_allocation, parse_show_job, rendezvous_port
 
 from conftest import gpt2dist, require
 
@@ -70,7 +70,7 @@ def test_horovod_over_two_nodes_starts_with_pmix_where_slurm_and_horovod_both_ca
     (NO_PMIX, True, "srun --mpi=list shows no pmix plugin", False),
     (MPI_TYPES, False, "Horovod was built without MPI", True),
     (NO_PMIX, False, "srun --mpi=list shows no pmix plugin", True),
-])
+], ids=["mpi-without-pmix", "pmix-without-mpi", "neither"])
 def test_horovod_over_two_nodes_otherwise_starts_with_horovodrun_over_ssh_and_says_why(listed, mpi_built, why, gloo):
     chosen = horovod_launch(listed, mpi_built)
     assert chosen.via == "horovodrun over ssh" and chosen.why.startswith(why) and chosen.gloo is gloo
@@ -79,6 +79,14 @@ def test_horovod_over_two_nodes_otherwise_starts_with_horovodrun_over_ssh_and_sa
     assert ("--gloo" in command) is gloo and command[-4:] == [sys.executable, "-m", "gpt2dist.launch.worker", str(SPEC)]
     inside = srun_command("horovodrun", TWO_NODES, SPEC, image="gpt2dist.sif", horovod=chosen)
     assert inside[:5] == ["apptainer", "exec", "--nv", "gpt2dist.sif", "horovodrun"] and inside[-4] == "python"
+
+
+def test_each_job_meets_at_a_port_of_its_own():
+    """Two jobs sharing a node (two multi-node selftests, say) must not both rendezvous at one port."""
+    assert rendezvous_port({"SLURM_JOB_ID": "4242"}) == 29742 != rendezvous_port({"SLURM_JOB_ID": "4243"})
+    assert rendezvous_port({}) == 29500
+    command = srun_command("torchrun", TWO_NODES, SPEC, port=rendezvous_port({"SLURM_JOB_ID": "4242"}))
+    assert "--rdzv-endpoint=gpu07:29742" in command
 
 
 def test_several_nodes_must_hold_exactly_the_ranks():

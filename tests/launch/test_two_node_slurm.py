@@ -90,6 +90,18 @@ def test_each_strategy_trains_across_both_nodes_as_on_one(strategy, study):
 
 
 @pytest.mark.timeout(1200)
+def test_the_gradients_crossed_the_links_between_the_nodes(study, cluster):
+    """Each node's link sent at least the modelled bytes of every step of every run that spanned both nodes
+    (and more: start-up, evaluation, the selftests, headers)."""
+    _, made = cluster
+    spanning = [_record(study, f"{strategy}-fp32-n2-2nodes-r0") for strategy in STRATEGIES]
+    steps = pd.read_csv(study / "results" / "metrics.csv").dropna(subset=["loss"]).groupby("run_id")["step"].size()
+    modelled = sum(record["communication"]["bytes_per_step"] * steps[record["run_id"]] for record in spanning)
+    sent = {node.name: node.interface_bytes()["tx_bytes"] for node in made.nodes}
+    assert modelled > 0 and all(count >= modelled for count in sent.values()), (sent, modelled)
+
+
+@pytest.mark.timeout(1200)
 def test_every_job_ran_on_the_cluster_and_the_summary_compares_one_node_with_two(study, cluster):
     started, _ = cluster
     summary = json.loads((study / "results" / "summary.json").read_text())

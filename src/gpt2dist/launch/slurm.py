@@ -14,10 +14,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt2dist.config.schema import DEFAULT_PORT
 from gpt2dist.errors import UsageError
 from gpt2dist.launch import commands
-from gpt2dist.system.allocation import Allocation
+from gpt2dist.system.allocation import Allocation, rendezvous_port
 
 
 @dataclass(frozen=True)
@@ -90,8 +89,11 @@ def srun_tasks_command(allocation: Allocation, spec_path: Path, *, image: str | 
 
 
 def srun_command(launcher: str, allocation: Allocation, spec_path: Path, *, image: str | None = None,
-                 run_id: str = "gpt2dist", port: int = DEFAULT_PORT, horovod: HorovodLaunch | None = None) -> list[str]:
+                 run_id: str = "gpt2dist", port: int | None = None, horovod: HorovodLaunch | None = None) -> list[str]:
+    """The command that starts the ranks over the allocation's nodes; torchrun's rendezvous on the first node at
+    `port` (default: this job's, allocation.rendezvous_port)."""
     n, g = len(allocation.nodes), allocation.ranks_per_node
+    port = rendezvous_port() if port is None else port
     inside = _inside(image)
     worker = ["-m", "gpt2dist.launch.worker", str(spec_path)]
     if launcher == "torchrun":

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import hostlist
 
+from gpt2dist.config.schema import DEFAULT_PORT
 from gpt2dist.errors import UsageError
 
 
@@ -25,6 +26,13 @@ class Allocation:
     def ranks_per_node(self) -> int:
         """One rank per GPU; on CPU nodes, one per task."""
         return self.gpus_per_node or max(1, self.tasks // len(self.nodes))
+
+
+def rendezvous_port(env: dict[str, str] | None = None) -> int:
+    """The port a SLURM job's ranks meet at: DEFAULT_PORT offset by the job id, so two jobs that share a node (two
+    multi-node selftests, say) never try the same one; DEFAULT_PORT outside a job."""
+    job_id = (os.environ if env is None else env).get("SLURM_JOB_ID", "")
+    return DEFAULT_PORT + (int(job_id) % 1000 if job_id.isdigit() else 0)
 
 
 def _count(value: str | None) -> int:

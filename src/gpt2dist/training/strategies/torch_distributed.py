@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
-from gpt2dist.config.schema import DEFAULT_PORT
+from gpt2dist.system.allocation import rendezvous_port
 from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu
 
 
@@ -24,7 +24,7 @@ def _env_from_slurm_tasks() -> None:
         WORLD_SIZE=os.environ["SLURM_NTASKS"],
         LOCAL_RANK=os.environ["SLURM_LOCALID"],
         MASTER_ADDR=first_node,
-        MASTER_PORT=str(DEFAULT_PORT + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000),
+        MASTER_PORT=str(rendezvous_port()),
     )
 
 
