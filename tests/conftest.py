@@ -199,6 +199,15 @@ def read_metrics(run_dir: Path, kind: str = "train") -> list[dict]:
     return [line for line in lines if line["kind"] == kind]
 
 
+def assert_same_losses(expected: Path, got: Path, rtol: float = 1e-6) -> None:
+    """Every step's loss of `got` within `rtol` of `expected`'s: the same fp32 computation, started another way
+    (two processes' runs of it differ by up to 1e-7 here)."""
+    want, have = read_metrics(expected), read_metrics(got)
+    assert [line["step"] for line in have] == [line["step"] for line in want]
+    worst = max(abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(want, have))
+    assert worst <= rtol, f"{got} left {expected}'s losses by {worst:.2e} (allowed {rtol:g})"
+
+
 def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]
 

@@ -21,7 +21,8 @@ import pytest
 from gpt2dist.config.strategies import describe
 from gpt2dist.launch import emulated_nodes
 
-from conftest import Launch, gpt2dist, require, has_checkpoint, rank_report, read_metrics, run_record, train_args
+from conftest import (Launch, assert_same_losses, gpt2dist, has_checkpoint, rank_report, read_metrics, require,
+                      run_record, train_args)
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 240
@@ -88,10 +89,8 @@ def test_two_node_run_equals_the_one_machine_run(strategy, trained, shards, para
     one_machine, two_nodes = trained(strategy, nproc=2), tmp_path / "two"
     result = gpt2dist(*train_args(shards, params_file, two_nodes, strategy, "--emulate-nodes", "2", nproc=2),
                       timeout=TIMEOUT_S)
-    expected, got = read_metrics(one_machine), read_metrics(two_nodes)
-    assert [line["step"] for line in got] == [line["step"] for line in expected]
-    worst = max(abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(expected, got))
-    assert worst <= 1e-6, f"{strategy} on two nodes left the one-machine losses by {worst:.2e}"
+    assert_same_losses(one_machine, two_nodes)  # its control: tests/training/test_equivalence.py
+    got = read_metrics(two_nodes)
     record = run_record(two_nodes)
     nodes = record["emulated_nodes"]
     assert record["status"] == "completed" and record["placement"]["world_size"] == 2

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from matplotlib.collections import PathCollection
 
-from reduced_study import REPO, copy_workflow, run
+from reduced_study import REPO, assert_same_training_numbers, copy_workflow, run
 
 pytestmark = pytest.mark.slow
 
@@ -98,6 +98,20 @@ def test_report_html_has_every_figure(finished_study):
     html = (finished_study / "results" / "report.html").read_text(errors="ignore")
     assert len(html) > 100_000 and "loss_deviation.png" in html and "throughput.png" in html and "findings.md" in html
     assert "Study: preset cpu, 2 configurations, 4 runs (2 repeats each)" in html  # captions name the study they show
+
+
+def test_the_same_numbers_check_catches_one_loss_off_by_two_parts_in_a_million(finished_study, tmp_path):
+    """The control of the cluster's and the image's studies' equality with this one (reduced_study)."""
+    results = finished_study / "results"
+    metrics = pd.read_csv(results / "metrics.csv")
+    run_ids = sorted(metrics["run_id"].unique())
+    assert_same_training_numbers(results, results, run_ids)
+    row = metrics.index[(metrics["run_id"] == "ddp-fp32-n2-r0") & metrics["loss"].notna()][3]
+    metrics.loc[row, "loss"] *= 1 + 2e-6
+    (tmp_path / "results").mkdir()
+    metrics.to_csv(tmp_path / "results" / "metrics.csv", index=False)
+    with pytest.raises(AssertionError, match="Series are different"):
+        assert_same_training_numbers(tmp_path / "results", results, run_ids)
 
 
 def test_figures_are_drawn_from_the_table(finished_study):

@@ -24,7 +24,7 @@ from gpt2dist.launch.commands import horovodrun_bin
 from gpt2dist.training.strategies.ddp import DDP
 from gpt2dist.training.strategies.fsdp import FSDP
 
-from conftest import REPO, final_params, gpt2dist, read_metrics, run_record, train_args
+from conftest import REPO, assert_same_losses, final_params, gpt2dist, read_metrics, run_record, train_args
 
 RTOL = 1e-5  # per-step loss and grad norm, relative
 ATOL_PARAMS = 1e-5  # final parameters, absolute
@@ -222,6 +222,15 @@ FAULTS = {
     "fsdp-summed-gradients": lambda shards, params, out: train_with_fault(SummingFSDP, shards, params, out),
     "horovod-summed-gradients": train_horovod_with_summed_gradients,
 }
+
+
+def test_the_same_computation_bound_catches_what_a_precision_changes(reference, single_in, trained):
+    """The control of the 1e-6 equalities (a run on emulated nodes against one machine's): it holds for the
+    same fp32 computation in two processes, and fails on a change as small as bf16's rounding."""
+    assert_same_losses(reference, reference)
+    assert_same_losses(reference, trained("ddp", nproc=2))  # two ranks, the same arithmetic up to summation order
+    with pytest.raises(AssertionError, match="left .* losses by"):
+        assert_same_losses(reference, single_in("bf16"))
 
 
 @pytest.mark.slow
