@@ -270,6 +270,59 @@ def figures(
     typer.echo(f"ok: {len(summary['configs'])} configurations of preset {summary['preset']} rebuilt in {out}")
 
 
+@app.command()
+@one_line_errors
+def plan(
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpus: Gpus = None,
+    nodes: Nodes = None,
+    gpu: Annotated[str, typer.Option(help="GPU whose peak FLOP/s sets a GPU study's compute time.")] = "H100",
+    mfu: Annotated[float, typer.Option(help="Assumed model FLOP utilisation of a GPU study's compute.")] = 0.4,
+    memory_gb: Annotated[str, typer.Option(help="GPU memory sizes to check the fit against, in GB.")] = "80,40",
+    out: Annotated[Optional[Path], typer.Option(help="Also write the plan as CSV here.")] = None,
+) -> None:
+    """Before running: each configuration's predicted memory per rank and step time, the study's duration, and
+    what will not fit a GPU's memory."""
+    from tabulate import tabulate
+
+    from gpt2dist.io import atomic_open
+    from gpt2dist.results.plan import USABLE_SHARE, fit_lines, plan as plan_table
+
+    try:
+        sizes = [float(part) for part in memory_gb.split(",")]
+    except ValueError:
+        raise UsageError(f"--memory-gb '{memory_gb}' is not a comma-separated list of GB, e.g. 80,40") from None
+    study = _study(params, preset, gpus, nodes)
+    table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes)
+    on_gpus = study.device == "cuda"
+    typer.echo(f"Plan of preset {study.preset_name} ({len(study.runs)} runs, {len(table)} configurations) on "
+               + (f"{study.nodes} node(s) of {study.gpus} {gpu} GPUs: a prediction, not a measurement.\n" if on_gpus
+                  else "CPUs: a prediction, not a measurement.\n"))
+    gpu_only = [] if on_gpus else ["step_ms", "run_min", *(c for c in table if c.startswith("margin_"))]
+    shown = table.drop(columns=["strategy", "precision", *gpu_only])
+    typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
+    typer.echo("\nMemory per rank: the model state (parameters, gradients, AdamW's state) on rank 0, which holds the "
+               "largest share, as every collected run checks it; activations of one forward pass with the logits, "
+               "and communication buffers, estimated (not yet checked on a GPU)"
+               + (f". A margin is what is left of {USABLE_SHARE:.0%} of the GPU's memory (the CUDA context and the "
+                  "allocator take the rest)." if on_gpus else "."))
+    if on_gpus:
+        hours = (table["run_min"] * table["repeats"]).sum() / 60
+        typer.echo(f"Step time: single's FLOPs at an assumed MFU of {mfu:.0%} of the {gpu}'s peak, divided over the "
+                   "GPUs, a pipeline's bubble, and the traffic model's bytes over NVLink (450 GB/s) inside a node "
+                   "and InfiniBand (50 GB/s per GPU) across nodes, without overlap. Training steps alone, one run "
+                   f"at a time: {hours:,.1f} hours (start-up, evaluation and checkpoints come on top).")
+    else:
+        typer.echo("Step time on CPUs: `gpt2dist estimate` times this machine.")
+    for line in fit_lines(table, sizes) if on_gpus else []:
+        typer.echo(line)
+    if out:
+        with atomic_open(out, "w") as handle:
+            table.to_csv(handle, index=False)
+        typer.echo(f"ok: {out}")
+
+
 @app.command("project-scaling")
 @one_line_errors
 def project_scaling(

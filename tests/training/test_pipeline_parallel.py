@@ -9,7 +9,8 @@ import pytest
 import torch
 from test_equivalence import assert_follows_in_precision, assert_follows_reference, train_with_fault
 
-from gpt2dist.training.strategies.pipeline_parallel import PipelineParallel, stage_blocks
+from gpt2dist.config.strategies import stage_blocks
+from gpt2dist.training.strategies.pipeline_parallel import PipelineParallel
 
 from conftest import gpt2dist, read_metrics, run_record, train_args
 

@@ -21,6 +21,20 @@ def parameter_count(m: ModelConfig) -> int:
     return non_embedding_params(m) + m.n_positions * m.n_embd
 
 
+def parameter_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter tensor of training/gpt2.py by name, Linear weights out x in, the head tied to wte (listed
+    once): what a memory prediction divides over ranks tensor by tensor, as FSDP2 and DTensor do."""
+    d = m.n_embd
+    block = {"ln_1.weight": (d,), "ln_1.bias": (d,), "attn.c_attn.weight": (3 * d, d), "attn.c_attn.bias": (3 * d,),
+             "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,), "ln_2.weight": (d,), "ln_2.bias": (d,),
+             "mlp.c_fc.weight": (4 * d, d), "mlp.c_fc.bias": (4 * d,), "mlp.c_proj.weight": (d, 4 * d),
+             "mlp.c_proj.bias": (d,)}
+    shapes = {"transformer.wte.weight": (m.vocab_size, d), "transformer.wpe.weight": (m.n_positions, d)}
+    for layer in range(m.n_layer):
+        shapes |= {f"transformer.h.{layer}.{name}": shape for name, shape in block.items()}
+    return shapes | {"transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}
+
+
 def split_parameter_count(m: ModelConfig) -> int:
     """What tensor parallelism splits: q/k/v and the first MLP matrix with their biases, and both projections'
     matrices (their biases stay whole)."""

@@ -9,10 +9,11 @@ training/strategies/ with the same `name`, and its equivalence, resume and bad-i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from gpt2dist.config.sizes import parameter_count, split_parameter_count
+from gpt2dist.config.sizes import parameter_count, parameter_shapes, split_parameter_count
 from gpt2dist.errors import UsageError
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 BAI, PATWARDHAN = "Bai 2022", "Patwardhan et al. 2024"
 FP32, HALF = 4, 2  # bytes per element
 APEX_PRECISIONS = ("apex-O1", "apex-O2")
+HOROVOD_FUSION_BYTES = 64 * 2**20  # Horovod's documented default fusion buffer (HOROVOD_FUSION_THRESHOLD)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,30 @@ def ring_all_reduce(size: float, n: int) -> float:
 def ring_gather(size: float, n: int) -> float:
     """Bytes one rank sends in a ring all-gather or reduce-scatter of a full tensor of `size` bytes."""
     return (n - 1) / n * size
+
+
+def first_chunk(shape: tuple[int, ...], ranks: int) -> tuple[int, ...]:
+    """Rank 0's piece of a tensor split along dim 0 into `ranks` chunks (torch.chunk's sizes, as FSDP2's Shard(0)
+    cuts it): the first piece is the largest."""
+    return (-(-shape[0] // ranks), *shape[1:])
+
+
+def stage_blocks(n_layer: int, stages: int) -> list[range]:
+    """Contiguous blocks per pipeline stage, the first stages taking one more where they do not divide evenly."""
+    base, extra = divmod(n_layer, stages)
+    bounds = [0]
+    for stage in range(stages):
+        bounds.append(bounds[-1] + base + (stage < extra))
+    return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def gathered_bytes(spec: RunSpec) -> int:
+    """FSDP's gathered parameters at the peak: the root's (embeddings and ln_f, kept after forward) and two blocks'
+    (the one computing and the one prefetched), each rank's tensor-parallel slice of them."""
+    shapes = parameter_shapes(spec.model)
+    root = sum(math.prod(shape) for name, shape in shapes.items() if not name.startswith("transformer.h."))
+    block = sum(math.prod(shape) for name, shape in shapes.items() if name.startswith("transformer.h.0."))
+    return round((root + 2 * block) * FP32 / spec.tensor_parallel_size)
 
 
 def activation_bytes(spec: RunSpec) -> int:
@@ -120,6 +146,15 @@ class Description:
 
     def check(self, spec: RunSpec, visible_gpus: int) -> None:
         """Refuse what this strategy cannot run, naming the key and what is allowed."""
+
+    def held_shapes(self, spec: RunSpec) -> list[tuple[int, ...]]:
+        """The parameter tensors rank 0 holds, by local shape (rank 0 holds the largest share): every one, whole."""
+        return list(parameter_shapes(spec.model).values())
+
+    def buffer_bytes(self, spec: RunSpec) -> int:
+        """Device memory its communication takes beyond the model state (an estimate): none, since DDP's buckets
+        are the gradients themselves (gradient_as_bucket_view)."""
+        return 0
 
     def traffic(self, spec: RunSpec) -> Traffic:
         size = parameter_count(spec.model) * gradient_bytes(spec.precision)
@@ -184,6 +219,9 @@ class Horovod(Description):
     extras = ("horovod.torch",)
     papers = {BAI: "Horovod"}
 
+    def buffer_bytes(self, spec):
+        return HOROVOD_FUSION_BYTES
+
 
 class ApexDDP(Description):
     name = "apex-ddp"
@@ -214,6 +252,12 @@ class FSDP(Description):
             raise UsageError(f"train.fsdp_mixed_precision applies to --strategy fsdp {self.options['fsdp_mixed_precision']}, "
                              f"not fsdp with {spec.precision}; set train.fsdp_mixed_precision=false")
 
+    def held_shapes(self, spec):
+        return [first_chunk(shape, spec.nproc) for shape in super().held_shapes(spec)]
+
+    def buffer_bytes(self, spec):
+        return gathered_bytes(spec)
+
     def traffic(self, spec):
         params, n, accum = parameter_count(spec.model), spec.nproc, spec.grad_accum_steps
         gathered = HALF if spec.train.fsdp_mixed_precision else FP32
@@ -239,6 +283,22 @@ class _SplitsLayers(Description):
             raise UsageError(f"strategy '{spec.strategy}' with fp16 on CUDA: the loss scaler checks all gradients in "
                              "one fused kernel, which refuses tensor parallelism's mix of DTensor and plain gradients; "
                              f"use {spec.strategy} with bf16")
+
+    def held_shapes(self, spec):
+        """Column-parallel layers (q/k/v, the first MLP matrix) split their output rows and biases, row-parallel
+        ones (both projections) their input columns; the rest stays whole. Sharded state: FSDP2 then cuts each
+        local tensor along dim 0 over the replicas."""
+        tp, shapes = spec.tensor_parallel_size, []
+        for name, (rows, *rest) in parameter_shapes(spec.model).items():
+            if name.endswith(("attn.c_attn.weight", "attn.c_attn.bias", "mlp.c_fc.weight", "mlp.c_fc.bias")):
+                rows //= tp
+            elif name.endswith(("attn.c_proj.weight", "mlp.c_proj.weight")):
+                rest = [rest[0] // tp]
+            shapes.append((rows, *rest))
+        return [first_chunk(shape, spec.replicas) for shape in shapes] if self.shards_state else shapes
+
+    def buffer_bytes(self, spec):
+        return gathered_bytes(spec) if self.shards_state else 0
 
     def activation_traffic(self, spec: RunSpec) -> float:
         """All-reduces of activations after each block's two row-parallel projections, forward and backward."""
@@ -322,6 +382,14 @@ class PipelineParallel(Description):
             raise UsageError(f"train.pipeline_schedule '1f1b' needs at least one micro-batch per stage, but "
                              f"global_batch_size / micro_batch_size is {micro_batches} for {spec.nproc} stages; use a "
                              f"smaller train.micro_batch_size, or train.pipeline_schedule=gpipe")
+
+    def held_shapes(self, spec):
+        """The first stage's: the embeddings and its blocks (the last stage's ln_f and head copy are smaller than
+        wpe and the first stage's extra block)."""
+        first = stage_blocks(spec.model.n_layer, spec.nproc)[0]
+        return [shape for name, shape in parameter_shapes(spec.model).items()
+                if name.startswith(("transformer.wte.", "transformer.wpe."))
+                or any(name.startswith(f"transformer.h.{block}.") for block in first)]
 
     def traffic(self, spec):
         m, n, micro_batches = spec.model, spec.nproc, spec.pipeline_micro_batches

@@ -114,6 +114,12 @@ class Study:
         return self.preset.train.seed + run.repeat
 
 
+def planned_spec(preset_name: str, preset: Preset, run: Run, device: str) -> RunSpec:
+    """The run's spec as its training would read it, for checks and predictions made before it exists."""
+    return RunSpec(data_dir="", out_dir="", preset=preset_name, strategy=run.strategy, precision=run.precision,
+                   nproc=run.nproc, nodes=run.nodes, device=device, model=preset.model, train=preset.train)
+
+
 def plan_study(params: Path, preset: str | None, gpus: int, nodes: int = 1, *, gpus_given: bool = True) -> Study:
     """Every run of the preset's study that `nodes` nodes of `gpus` GPUs each (0: CPU) can hold; runs that need
     more are dropped, saying why; impossible runs are errors. `gpus_given`: the user said the GPU count (False:
@@ -140,8 +146,7 @@ def plan_study(params: Path, preset: str | None, gpus: int, nodes: int = 1, *, g
             if gpus and nproc // group.nodes > gpus:
                 dropped[config] = f"{nproc // group.nodes} processes per node, a node has {gpus} GPUs"
                 continue
-            spec = RunSpec(data_dir="", out_dir="", preset=name, strategy=strategy, precision=precision, nproc=nproc,
-                           nodes=group.nodes, device=device, model=chosen.model, train=chosen.train)
+            spec = planned_spec(name, chosen, Run(strategy, precision, nproc, 0, group.nodes), device)
             try:
                 check_run(spec, gpus)
             except UsageError as exc:

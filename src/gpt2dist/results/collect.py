@@ -21,8 +21,10 @@ import re
 from pathlib import Path
 
 import pandas as pd
+from pydantic import ValidationError
 
-from gpt2dist.config.schema import PRECISIONS
+from gpt2dist.config.memory import predict as predict_memory
+from gpt2dist.config.schema import PRECISIONS, RunSpec
 from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.config.strategies import STRATEGY_NAMES
 from gpt2dist.data.shards import read_meta
@@ -35,6 +37,7 @@ from gpt2dist.results.disturbance import conditions_of, disturbance
 from gpt2dist.results.findings import check_claims
 from gpt2dist.results.inputs import read_json, read_jsonl
 from gpt2dist.results.link_model import predicted_vs_measured
+from gpt2dist.results.prediction import with_predictions
 from gpt2dist.results.ranking import rank
 from gpt2dist.results.statistics import log_interval, paired_ratio, verdict
 from gpt2dist.results.time_ledger import LEDGER
@@ -48,7 +51,8 @@ SUMMARISED = ["tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "step_
               "time_per_epoch_s", "overhead_s", "peak_mem_bytes", "model_state_bytes", "final_val_loss",
               "final_val_ppl"]
 # Fixed by the configuration (model-state bytes by part, modelled traffic): every repeat has the same value
-PER_CONFIGURATION = ["param_bytes", "grad_bytes", "optimizer_bytes", "comm_bytes_per_step", "link_bytes_per_step"]
+PER_CONFIGURATION = ["param_bytes", "grad_bytes", "optimizer_bytes", "predicted_model_state_bytes", "comm_bytes_per_step",
+                     "link_bytes_per_step"]
 
 
 def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
@@ -109,6 +113,15 @@ def _ledger_of(ledger: dict | None) -> dict:
                     else math.nan}
 
 
+def _predicted_state(record: dict) -> float:
+    """config.memory's model state for the run's own spec; NaN for a record of a spec this code no longer reads."""
+    try:
+        spec = RunSpec.model_validate(record["config"])
+    except ValidationError:
+        return math.nan
+    return predict_memory(spec).state
+
+
 def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_tokens: int) -> pd.DataFrame:
     """One row per run: steady-state medians after warm-up, percentiles, memory, the final validation
     loss, the conditions it ran in, and whether they disturbed it."""
@@ -143,6 +156,7 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
             "param_bytes": state.get("params", math.nan),
             "grad_bytes": state.get("grads", math.nan),
             "optimizer_bytes": state.get("optimizer", math.nan),
+            "predicted_model_state_bytes": _predicted_state(record),
             "comm_bytes_per_step": (record.get("communication") or {}).get("bytes_per_step", math.nan),
             "link_bytes_per_step": _link_bytes_per_step(record, len(run.dropna(subset=["tokens_per_s"]))),
             "final_val_loss": evals["val_loss"].iloc[-1] if len(evals) else math.nan,
@@ -230,7 +244,8 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
         return mfu(row["tokens_per_s"], per_token, row["nproc"], peak) if peak else math.nan
 
     summary["mfu"] = summary.apply(utilisation, axis=1)
-    return summary
+    train = study.preset.train
+    return with_predictions(summary, study.device, train.global_batch_size // train.micro_batch_size)
 
 
 def hardware_of(record: dict) -> str:

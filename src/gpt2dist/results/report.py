@@ -14,6 +14,7 @@ from gpt2dist.pipeline.study import FIGURES, LINK_FIGURE
 from gpt2dist.results.collect import in_study_order
 from gpt2dist.results.inputs import read_json
 from gpt2dist.results.link_model import worst_error
+from gpt2dist.results.prediction import STEP_TARGET, prediction_errors
 from gpt2dist.results.ranking import answer_markdown
 from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns
 
@@ -113,6 +114,33 @@ Worst error of the model on these links: {_num(worst, '.0%')}.
 """
 
 
+def prediction_markdown(configs: pd.DataFrame) -> str:
+    """The planner's predictions against this study's runs: its error per strategy, and what it leaves out."""
+    if "step_time_error" not in configs:
+        return ""  # collected before predictions existed
+    errors = prediction_errors(configs)
+    rows = [[row["strategy"], row["configurations"], _num(row["worst_state_error"], "+.1%"),
+             _num(row["median_step_error"], "+.0%"), _num(row["worst_step_error"], "+.0%")]
+            for row in errors.to_dict("records")]
+    table = tabulate(rows, headers=["strategy", "configurations", "model state: worst error",
+                                    "step time: median error", "step time: worst error"], tablefmt="github")
+    missed = errors[errors["worst_step_error"].abs() > STEP_TARGET]["strategy"].tolist()
+    verdict = (f"Beyond {STEP_TARGET:.0%} here: {', '.join(missed)}." if missed
+               else f"Every strategy within {STEP_TARGET:.0%} here.")
+    return f"""## Predictions against the runs
+
+What `gpt2dist plan` predicts, checked on this study (error = predicted / measured - 1). Model state is
+counted from the parameters each strategy leaves rank 0 (config/memory.py); step time is single's measured
+step divided among the processes (sharing the machine's cores on CPUs, a device each on GPUs), a pipeline's
+bubble, and the traffic model's bytes at the bus bandwidth each run measured before training, with no
+overlap. Single's step calibrates the model, so its own error is not counted. The model does not know that
+tensor parallelism's smaller matrices compute less efficiently, nor each rank's Python overhead.
+{verdict}
+
+{table}
+"""
+
+
 def ledger_markdown(configs: pd.DataFrame) -> str:
     """'Where the time goes': each configuration's traced step split into the ledger's parts."""
     columns = ledger_columns(configs)
@@ -194,6 +222,7 @@ the strategy's traffic model (ring collectives, activations at pipeline boundari
 {table}
 
 {ledger}
+{prediction_markdown(in_study_order(pd.DataFrame(summary["configs"].values())))}
 ## The papers' claims on this study's data
 
 {findings_markdown(summary)}

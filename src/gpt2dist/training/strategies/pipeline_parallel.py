@@ -24,21 +24,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from gpt2dist.config.strategies import stage_blocks
 from gpt2dist.training.model import head_loss
 from gpt2dist.training.strategies.base import describe
 from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
 EMBEDDING, HEAD = "transformer.wte.weight", "lm_head.weight"
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-
-
-def stage_blocks(n_layer: int, stages: int) -> list[range]:
-    """Contiguous blocks per stage, the first stages taking one more where they do not divide evenly."""
-    base, extra = divmod(n_layer, stages)
-    bounds = [0]
-    for stage in range(stages):
-        bounds.append(bounds[-1] + base + (stage < extra))
-    return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
 
 
 class Stage(nn.Module):

@@ -1,0 +1,56 @@
+"""`gpt2dist plan` before a GPU study: every configuration's memory per rank and step time, the study's
+duration, and what a GPU's memory cannot hold; bad input is one error line and no file."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from conftest import REPO, gpt2dist
+
+
+@pytest.fixture(scope="module")
+def paper_plan(tmp_path_factory) -> tuple[str, pd.DataFrame]:
+    out = tmp_path_factory.mktemp("plan") / "plan.csv"
+    result = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper", "--gpus", "8",
+                      "--memory-gb", "80,16", "--out", out)
+    return result.stdout, pd.read_csv(out).set_index("config_id")
+
+
+def test_the_paper_plan_says_what_fits_which_gpu(paper_plan):
+    text, table = paper_plan
+    assert "a prediction, not a measurement" in text
+    assert "every configuration fits a 80 GB GPU; the tightest" in text
+    overflowing = table.index[table["margin_16gb_gib"] < 0]
+    assert "single-fp32-n1" in overflowing  # GPT-2 small's fp32 logits at 16 rows of 1024 tokens
+    assert f"will not fit a 16 GB GPU: {overflowing[0]} (" in text
+    assert all(name in text for name in overflowing)
+
+
+def test_the_plan_divides_what_each_strategy_divides(paper_plan):
+    _, table = paper_plan
+    ddp, fsdp = table.loc["ddp-bf16-n8"], table.loc["fsdp-bf16-n8"]
+    assert fsdp["state_mib"] == pytest.approx(ddp["state_mib"] / 8, rel=1e-3)  # FSDP2 shards the state 8 ways
+    assert table.loc["tp-bf16-n4", "activations_mib"] < ddp["activations_mib"]  # tensor parallelism splits them
+    assert table.loc["ddp-bf16-n8", "step_ms"] < table.loc["ddp-bf16-n1", "step_ms"] / 7  # NVLink's all-reduce is small
+    assert table.loc["pp-bf16-n2", "step_ms"] > table.loc["ddp-bf16-n2", "step_ms"]  # the pipeline's bubble
+    assert (table["run_min"] > 0).all() and "hours (start-up, evaluation and checkpoints come on top)" in paper_plan[0]
+
+
+def test_a_cpu_plan_leaves_gpu_step_times_to_the_estimate():
+    result = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "cpu", "--gpus", "0")
+    assert "`gpt2dist estimate` times this machine" in result.stdout
+    assert "margin_" not in result.stdout and "will not fit" not in result.stdout
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--memory-gb", "80,forty", "error: --memory-gb '80,forty' is not a comma-separated list of GB"),
+    ("--mfu", "1.5", "error: --mfu is a fraction of the peak in (0, 1], got 1.5"),
+    ("--gpu", "V100", "error: no peak FLOP/s known for GPU 'V100'"),
+])
+def test_bad_plan_input_is_one_error_line_and_no_file(option, value, message, tmp_path):
+    out = tmp_path / "plan.csv"
+    result = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper", "--gpus", "8", option, value,
+                      "--out", out, check=False)
+    assert result.returncode != 0 and result.stderr.strip().startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()

@@ -1,0 +1,60 @@
+"""The planner's model state (config.memory) is what each rank measured, to the byte: on every run of both
+reference studies and on each strategy's run here, fsdp-tp on 4 ranks and dp included. The control: without
+its strategy's division of the parameters, the same count misses every sharded or split run. The activation
+estimate is checked against CUDA's peak in tests/training/test_gpu_memory.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import tarfile
+
+import pytest
+
+from gpt2dist.config.memory import model_state, predict
+from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.strategies import Description, STRATEGIES
+
+from conftest import REPO, run_record
+
+BUNDLES = ("cpu-study", "two-node-cpu")
+
+
+def bundle_records(name: str) -> list[dict]:
+    with tarfile.open(REPO / "docs" / "reference" / f"{name}.tar.gz") as bundle:
+        return [json.load(bundle.extractfile(member)) for member in bundle.getmembers()
+                if member.name.endswith("/run.json")]
+
+
+def measured(record: dict) -> tuple[int, int, int]:
+    state = record["model_state_bytes"]
+    return state["params"], state["grads"], state["optimizer"]
+
+
+@pytest.mark.parametrize("bundle", BUNDLES)
+def test_the_predicted_state_is_every_reference_runs_to_the_byte(bundle):
+    records = bundle_records(bundle)
+    assert len(records) >= 39
+    misses = [(r["run_id"], measured(r), model_state(RunSpec.model_validate(r["config"]))) for r in records
+              if measured(r) != model_state(RunSpec.model_validate(r["config"]))]
+    assert misses == []
+
+
+def test_without_the_strategys_division_the_count_misses_every_divided_run():
+    """Control: rank 0 counted as holding every parameter whole, as a description that forgot its sharding or
+    splitting would count it."""
+    divided = [r for r in bundle_records("cpu-study") if r["strategy"] in ("fsdp", "tp", "pp") and r["nproc"] > 1]
+    assert {r["strategy"] for r in divided} == {"fsdp", "tp", "pp"}
+    for record in divided:
+        spec = RunSpec.model_validate(record["config"])
+        whole = Description.held_shapes(STRATEGIES[spec.strategy], spec)
+        assert sum(math.prod(shape) for shape in whole) * 4 > measured(record)[0], record["run_id"]
+
+
+@pytest.mark.parametrize("strategy, nproc", [("dp", 1), ("ddp", 2), ("horovod", 2), ("fsdp", 2), ("tp", 2), ("pp", 2),
+                                             ("fsdp-tp", 4)])
+def test_the_predicted_state_is_each_strategys_run_here(strategy, nproc, trained):
+    record = run_record(trained(strategy, nproc=nproc))
+    spec = RunSpec.model_validate(record["config"])
+    assert model_state(spec) == measured(record)
+    assert predict(spec).state == record["model_state_bytes"]["total"]
