@@ -104,3 +104,7 @@ def test_the_error_line_is_the_root_cause():
     assert failure_line("error: train.bin is corrupt\nerror: training failed (torchrun exited with 1)\n") == \
         "error: train.bin is corrupt"
     assert failure_line("") == "exited without a message"
+    refused = ("[1]<stderr>:error: --resume-from x: its single run keeps AdamW's state by parameter name\n"
+               "Traceback (most recent call last):\n"
+               "RuntimeError: Horovod detected that one or more processes exited with non-zero status\n")
+    assert failure_line(refused) == "error: --resume-from x: its single run keeps AdamW's state by parameter name"

@@ -95,6 +95,9 @@ def train(
     keep_checkpoint: Annotated[bool, typer.Option(help="Keep checkpoint.pt once the run completes.")] = True,
     stale_checkpoint: Annotated[str, typer.Option(help="A checkpoint of other settings in --out: fail, or restart "
                                                   "afresh (for workflow tools re-running a changed job).")] = "fail",
+    resume_from: Annotated[Optional[Path], typer.Option(help="Continue another run's checkpoint (its checkpoint.pt or "
+                                                        "directory) under this strategy and process count, when --out "
+                                                        "has none of its own.")] = None,
 ) -> None:
     """Train GPT-2 with one strategy; re-running the same command resumes from the last checkpoint."""
     from gpt2dist.launch import commands, emulated, runner
@@ -122,7 +125,8 @@ def train(
     spec = runner.build_spec(data=data, out=out, strategy=strategy, precision=precision,
                              nproc=sum(h.slots for h in host_list) if host_list else nproc, params=params,
                              preset=preset, overrides=overrides, check_devices=host_list is None, device=device,
-                             nodes=spread, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint)
+                             nodes=spread, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
+                             resume_from=resume_from)
     if host_list:
         typer.echo("\n".join(runner.print_multinode(spec, host_list)))
         return

@@ -28,12 +28,15 @@ def error_line(problem: object) -> str:
 
 
 EXCEPTION = re.compile(r"\b(\w+(?:Error|Exception)): .+")
+RANK_PREFIX = re.compile(r"^\[\d+\]<std(?:err|out)>:")
 
 
 def failure_line(stderr: str) -> str:
-    """The line of a failed process's stderr that says what went wrong: the first exception a rank raised, else
-    the first `error:` line (a rank's own; the launcher's "training failed" comes after it), else the last line."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    raised = [match[0] for line in lines if (match := EXCEPTION.search(line)) and not line.startswith("error:")]
-    errors = [line for line in lines if line.startswith("error:")]
-    return (raised[:1] or errors[:1] or lines[-1:] or ["exited without a message"])[0][:300]
+    """The line of a failed process's stderr that says what went wrong: the first a rank raised or said (an
+    exception's last line, or an `error:` line; the launchers' own failures come after it), else the last line.
+    horovodrun's prefix of a rank's lines ("[1]<stderr>:") is dropped."""
+    lines = [RANK_PREFIX.sub("", line).strip() for line in stderr.splitlines()]
+    lines = [line for line in lines if line]
+    said = [line if line.startswith("error:") else match[0] for line in lines
+            if line.startswith("error:") or (match := EXCEPTION.search(line))]
+    return (said[:1] or lines[-1:] or ["exited without a message"])[0][:300]

@@ -234,6 +234,11 @@ class ParamsFile(_Strict):
     presets: dict[str, Preset | ExtendingPreset] = Field(min_length=1)
 
 
+# How a computation is spread over processes, not what it computes (RunSpec.computation_fingerprint)
+PLACEMENT = ("strategy", "nproc")
+PLACEMENT_TRAIN = ("tensor_parallel_size", "pipeline_schedule")
+
+
 class RunSpec(_Strict):
     """One training run, fully resolved. Written to OUT/spec.json; every rank reads it."""
 
@@ -252,6 +257,9 @@ class RunSpec(_Strict):
     stale_checkpoint: Literal["fail", "restart"] = Field(
         "fail", description="A checkpoint of other settings: fail (by hand: the directory is another run's) or "
         "restart (a workflow tool re-runs the job because its settings changed).")
+    resume_from: str | None = Field(None, description="Another run's checkpoint.pt to continue from when out_dir has "
+                                    "none: the same computation, trained so far under another strategy or process "
+                                    "count (its checkpoint is in single's layout).")
     attempt: str | None = Field(None, description="The launch this spec belongs to, set by `gpt2dist train`, "
                                 "which writes the run's record; None for ranks started by hand from printed "
                                 "commands, whose rank 0 then writes it.")
@@ -290,15 +298,32 @@ class RunSpec(_Strict):
         return self.train.global_batch_size // (self.replicas * self.rows_per_pass)
 
     def fingerprint(self) -> str:
-        """Identity of the computation; a checkpoint from another fingerprint is not resumed."""
-        # where the processes run (nodes) changes no number they compute: a checkpoint resumes on other nodes
+        """Identity of the run; a checkpoint from another fingerprint is not resumed in its directory."""
+        return _digest(self._identity())
+
+    def computation_fingerprint(self) -> str:
+        """Identity of what the run computes, whatever strategy and processes compute it: every strategy with the
+        same global batch follows single's curve, so a checkpoint of another placement may continue it."""
+        identity = self._identity()
+        for key in PLACEMENT:
+            identity.pop(key)
+        for key in PLACEMENT_TRAIN:
+            identity["train"].pop(key)
+        return _digest(identity)
+
+    def _identity(self) -> dict:
+        # where the processes run (nodes) changes no number they compute: a checkpoint resumes on other nodes;
+        # nor does which checkpoint a run started from
         identity = self.model_dump(exclude={"out_dir", "data_dir", "keep_checkpoint", "stale_checkpoint", "attempt",
-                                            "nodes"})
+                                            "nodes", "resume_from"})
         identity["train"].pop("max_steps")  # extending a run is a resume, not a new run
         identity["train"].pop("ledger_steps")  # tracing changes no number the run computes
         identity["train"].pop("checkpoint_minutes")  # nor does when it saves
-        blob = json.dumps(identity, sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return identity
+
+
+def _digest(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def validation_message(err: ValidationError, model: type[BaseModel], prefix: str) -> str:

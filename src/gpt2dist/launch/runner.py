@@ -41,7 +41,8 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
 
 def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: int, params: Path,
                preset: str | None, overrides: list[str], check_devices: bool = True, nodes: int = 1,
-               device: str | None = None, keep_checkpoint: bool = True, stale_checkpoint: str = "fail") -> RunSpec:
+               device: str | None = None, keep_checkpoint: bool = True, stale_checkpoint: str = "fail",
+               resume_from: Path | None = None) -> RunSpec:
     """The validated RunSpec; `device` defaults to what this machine has (cuda when visible)."""
     _choice(strategy, STRATEGY_NAMES, "--strategy")
     _choice(precision, PRECISIONS, "--precision")
@@ -50,6 +51,12 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
         raise UsageError(f"--nproc must be at least 1, got {nproc}")
     if nodes < 1:
         raise UsageError(f"--nodes must be at least 1, got {nodes}")
+    if resume_from is not None:
+        resume_from = Path(resume_from).resolve()
+        resume_from = resume_from / "checkpoint.pt" if resume_from.is_dir() else resume_from
+        if not resume_from.is_file():
+            raise UsageError(f"--resume-from {resume_from} is no checkpoint: name another run's checkpoint.pt or its "
+                             "directory (a run keeps it unless trained with --no-keep-checkpoint)")
     here = device is None  # on this machine, with what it has
     gpus = cuda_gpus()
     device = device or ("cuda" if gpus else "cpu")
@@ -60,7 +67,8 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
                          "preset such as cpu")
     spec = RunSpec(data_dir=str(Path(data).resolve()), out_dir=str(Path(out).resolve()), preset=name,
                    strategy=strategy, precision=precision, nproc=nproc, nodes=nodes, device=device, model=chosen.model,
-                   train=chosen.train, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint)
+                   train=chosen.train, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
+                   resume_from=str(resume_from) if resume_from else None)
     preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
     if check_devices:
         check_run(spec, gpus)

@@ -23,7 +23,7 @@ from gpt2dist.system import environment
 from gpt2dist.system.gpu_telemetry import GpuTelemetry
 from gpt2dist.training import stops
 from gpt2dist.training.batches import BatchSampler
-from gpt2dist.training.checkpoint import load_checkpoint, save_checkpoint
+from gpt2dist.training.checkpoint import load_checkpoint, load_other_runs_checkpoint, save_checkpoint
 from gpt2dist.training.interconnect import nodes_of, probe_bandwidth, this_node
 from gpt2dist.training.ledger import StepTracer, building_batch, timed_step
 from gpt2dist.training.matmul_precision import pin_fp32_arithmetic
@@ -94,6 +94,7 @@ class Trainer:
         model = build_model(spec.model, seed=t.seed)
         conflict = strategy.compile_conflict or self.precision.compile_conflict
         self.compiled = t.compile and conflict is None
+        self.continued: dict | None = None  # set by resume() from another run's checkpoint
         self.compile_skipped = conflict if t.compile else None  # run.json says why a requested compile did not apply
         if self.compiled:
             # past the recompile limit, dynamo would run eager code without a word; stop the run instead
@@ -199,9 +200,10 @@ class Trainer:
                 save_checkpoint(
                     self.out / "checkpoint.pt",
                     step=step,
-                    fingerprint=self.spec.fingerprint(),
+                    spec=self.spec,
                     model=model_state,
                     optimizer=optim_state,
+                    optimizer_by_name=self.strategy.optimizer_keyed_by_name(self.precision),
                     precision=self.precision.state_dict(self.optimizer),
                     metrics=self.metrics.history,
                 )
@@ -209,14 +211,20 @@ class Trainer:
         self.strategy.barrier()
 
     def resume(self) -> tuple[int, list[dict]]:
-        """The step to start from and the metrics lines measured before it."""
-        state = load_checkpoint(self.out / "checkpoint.pt", self.spec.fingerprint(), stale=self.spec.stale_checkpoint)
+        """The step to start from and the metrics lines measured before it: from this run's own checkpoint,
+        else from the other run's that spec.resume_from names."""
+        path = self.out / "checkpoint.pt"
+        state = load_checkpoint(path, self.spec.fingerprint(), stale=self.spec.stale_checkpoint)
+        if state is None and self.spec.resume_from:
+            path = Path(self.spec.resume_from)
+            state = load_other_runs_checkpoint(path, self.spec, self.strategy.optimizer_keyed_by_name(self.precision))
+            self.continued = {"checkpoint": str(path), "step": state["step"], **state["placement"]}
         if state is None:
             return 0, []
         self.strategy.load_full_state_dict(self.model, self.optimizer, self.precision,
                                            state["model"], state["optimizer"])
         self.precision.load_state_dict(state["precision"], self.optimizer)
-        log.info("resumed from %s at step %d", self.out / "checkpoint.pt", state["step"])
+        log.info("resumed from %s at step %d", path, state["step"])
         return state["step"], state["metrics"]
 
     # -- the run --------------------------------------------------------------------------
@@ -293,6 +301,7 @@ class Trainer:
             "config": spec.model_dump(),
             "fingerprint": spec.fingerprint(),
             "resumed_from_step": resumed_from,
+            "continued_from": self.continued,  # another run's checkpoint (--resume-from), its strategy and step
             "checkpoint_step": resumed_from,
             "started_at": now_iso(),
             "threads": environment.threads(),

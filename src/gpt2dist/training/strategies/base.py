@@ -137,6 +137,11 @@ class Strategy:
         """The module whose state dict is checkpointed (DCP understands DDP and FSDP wrappers)."""
         return model
 
+    def optimizer_keyed_by_name(self, precision: Precision) -> bool:
+        """Whether checkpoints key AdamW's state by parameter name (else torch's positional form), which another
+        strategy's run can continue."""
+        return self.optimizer_state_by_name and precision.optimizer_state_by_name
+
     def full_state_dict(self, model: nn.Module, optimizer, precision: Precision) -> tuple[dict, dict]:
         """Unsharded model state keyed by parameter name; the optimizer's keyed by name too where the
         strategy and the precision allow it, else torch's positional form."""

@@ -23,9 +23,30 @@ from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu, de
 
 class Horovod(Strategy):
     name = "horovod"
-    # DCP's loader calls optimizer.zero_grad(set_to_none=True), which Horovod's zero_grad() rejects;
-    # every rank holds the whole optimizer, so torch's positional state dict is exact.
+    # DCP's loader calls optimizer.zero_grad(set_to_none=True), which Horovod's zero_grad() rejects; every rank
+    # holds the whole optimizer, so torch's positional state dict is exact, and checkpoints key it by parameter
+    # name through the model's own names (as every other strategy's), so another strategy may continue it.
     optimizer_state_by_name = False
+
+    def optimizer_keyed_by_name(self, precision):
+        return precision.optimizer_state_by_name
+
+    def full_state_dict(self, model, optimizer, precision):
+        model_state, positional = super().full_state_dict(model, optimizer, precision)
+        if not self.optimizer_keyed_by_name(precision):
+            return model_state, positional
+        names = _optimizer_order(model, optimizer)
+        return model_state, {"state": {names[index]: state for index, state in positional["state"].items()},
+                             "param_groups": [{**group, "params": [names[index] for index in group["params"]]}
+                                              for group in positional["param_groups"]]}
+
+    def load_full_state_dict(self, model, optimizer, precision, model_state, optim_state):
+        if self.optimizer_keyed_by_name(precision):
+            index = {name: position for position, name in enumerate(_optimizer_order(model, optimizer))}
+            optim_state = {"state": {index[name]: state for name, state in optim_state["state"].items()},
+                           "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                                            for group in optim_state["param_groups"]]}
+        super().load_full_state_dict(model, optimizer, precision, model_state, optim_state)
 
     def setup(self) -> Placement:
         self.hvd = hvd = import_horovod()
@@ -76,3 +97,9 @@ class Horovod(Strategy):
 
     def teardown(self):
         self.hvd.shutdown()
+
+
+def _optimizer_order(model, optimizer) -> list[str]:
+    """The model's parameter names in the order torch's positional optimizer state numbers them."""
+    name_of = {id(parameter): name for name, parameter in model.named_parameters()}
+    return [name_of[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]

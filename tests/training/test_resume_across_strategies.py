@@ -1,0 +1,99 @@
+"""A run continues under another strategy and process count (`gpt2dist train --resume-from`): one chain of
+runs passes the training on, two steps each, through every strategy the engine runs on CPU, from one process
+to four and back, and follows single's uninterrupted run step for step (fp32, the equivalence tolerance).
+Its control: a checkpoint whose AdamW moments were lost continues off that curve. What cannot be continued is
+refused, saying why: another computation, or a path with no checkpoint. (Apex amp's optimizer state, kept by
+position, is refused too: a GPU path, training.checkpoint's own check.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_equivalence import ATOL_PARAMS, RTOL
+
+from conftest import TINY_PRESET, final_params, gpt2dist, read_metrics, run_record, train_args
+
+pytestmark = pytest.mark.timeout(600)
+
+# each strategy once as the one continued and once as the one continuing
+CHAIN = [("single", 1), ("ddp", 2), ("horovod", 2), ("fsdp", 2), ("tp", 2), ("fsdp-tp", 4), ("pp", 2), ("dp", 1),
+         ("single", 1)]
+STEPS_EACH = 2
+# The cosine decay is laid out over max_steps: a flat tail (min_lr = lr) makes the learning rate a function of
+# the step alone, so links of 2, 4, 6, ... steps and the whole run of 18 apply the same one.
+FLAT = ("--set", f"train.min_lr={TINY_PRESET['train']['lr']}")
+TIMEOUT_S = 240
+
+
+def continued(shards, params_file, out, strategy: str, nproc: int, steps: int, previous=None, check=True):
+    extra = [*FLAT, "--max-steps", str(steps), *(["--resume-from", str(previous)] if previous else [])]
+    return gpt2dist(*train_args(shards, params_file, out, strategy, *extra, nproc=nproc), check=check,
+                    timeout=TIMEOUT_S)
+
+
+def off_curve(expected: list[dict], got: list[dict]) -> list[tuple]:
+    """Steps whose loss or gradient norm leaves the uninterrupted run's by more than RTOL."""
+    assert [line["step"] for line in got] == [line["step"] for line in expected]
+    return [(a["step"], key, a[key], b[key]) for a, b in zip(expected, got) for key in ("loss", "grad_norm")
+            if abs(a[key] - b[key]) > RTOL * abs(a[key])]
+
+
+@pytest.fixture(scope="module")
+def whole(shards, params_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole")
+    continued(shards, params_file, out, "single", 1, STEPS_EACH * len(CHAIN))
+    return out
+
+
+def test_a_run_passed_through_every_strategy_follows_singles(whole, shards, params_file, tmp_path):
+    previous = None
+    for link, (strategy, nproc) in enumerate(CHAIN):
+        out = tmp_path / f"{link}-{strategy}-n{nproc}"
+        continued(shards, params_file, out, strategy, nproc, STEPS_EACH * (link + 1), previous)
+        record = run_record(out)
+        assert record["resumed_from_step"] == STEPS_EACH * link
+        if previous:
+            assert record["continued_from"] == {"checkpoint": str(previous / "checkpoint.pt"),
+                                                "step": STEPS_EACH * link, "strategy": CHAIN[link - 1][0],
+                                                "nproc": CHAIN[link - 1][1]}
+        previous = out
+    assert off_curve(read_metrics(whole), read_metrics(previous)) == []
+    got, expected = final_params(previous), final_params(whole)
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, rtol=0, atol=ATOL_PARAMS, msg=name)
+
+
+def test_a_checkpoint_that_lost_its_adam_moments_continues_off_the_curve(whole, shards, params_file, tmp_path):
+    """Control: the same hand-over with AdamW's moments zeroed in the file is caught by the same check."""
+    first = tmp_path / "first"
+    continued(shards, params_file, first, "single", 1, STEPS_EACH * 2)
+    checkpoint = torch.load(first / "checkpoint.pt", weights_only=False)
+    for state in checkpoint["optimizer"]["state"].values():
+        state["exp_avg"].zero_()
+        state["exp_avg_sq"].zero_()
+    (tmp_path / "broken").mkdir()
+    torch.save(checkpoint, tmp_path / "broken" / "checkpoint.pt")
+    out = tmp_path / "after"
+    continued(shards, params_file, out, "ddp", 2, STEPS_EACH * 3, tmp_path / "broken")
+    steps = len(read_metrics(out))
+    missed = off_curve(read_metrics(whole)[:steps], read_metrics(out))
+    assert {step for step, *_ in missed} >= {STEPS_EACH * 2 + 1}, missed  # the first step after the hand-over
+
+
+def test_what_cannot_be_continued_is_refused_in_one_line(shards, params_file, tmp_path):
+    first = tmp_path / "first"
+    continued(shards, params_file, first, "single", 1, STEPS_EACH)
+    cases = [("ddp", 2, ["--seed", "8"], "computes something else"),
+             ("horovod", 2, ["--set", "train.weight_decay=0.05"], "computes something else")]
+    for strategy, nproc, extra, message in cases:
+        out = tmp_path / f"refused-{strategy}"
+        result = gpt2dist(*train_args(shards, params_file, out, strategy, *FLAT, *extra, "--max-steps", "4",
+                                      "--resume-from", str(first), nproc=nproc), check=False, timeout=TIMEOUT_S)
+        record = run_record(out)  # the ranks refuse it; the record keeps the line that says why
+        assert result.returncode != 0 and message in record["error"], result.stderr[-2000:]
+        assert record["status"] == "failed" and read_metrics(out) == []
+    result = gpt2dist(*train_args(shards, params_file, tmp_path / "none", "ddp", "--resume-from",
+                                  str(tmp_path / "nowhere"), nproc=2), check=False)
+    assert result.returncode != 0 and result.stderr.strip().startswith("error: --resume-from ")
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "none").exists()
