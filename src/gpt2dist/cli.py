@@ -327,6 +327,65 @@ def plan(
         typer.echo(f"ok: {out}")
 
 
+@app.command()
+@one_line_errors
+def recommend(
+    gpus: Annotated[int, typer.Option(help="GPUs per node of the cluster.")],
+    nodes: Annotated[int, typer.Option(help="Nodes of the cluster.")] = 1,
+    gpu: Annotated[str, typer.Option(help="The cluster's GPU (H100, H200, A100, ...).")] = "H100",
+    memory_gb: Annotated[float, typer.Option(help="Memory of one GPU, GB.")] = 80.0,
+    params: Params = Path("params.yaml"),
+    preset: Annotated[str, typer.Option(help="Preset whose model and micro-batch to train.")] = "paper",
+    precision: Annotated[str, typer.Option(help="Arithmetic of the runs.")] = "bf16",
+    tokens: Annotated[float, typer.Option(help="Tokens to train.")] = 1e10,
+    mfu: Annotated[float, typer.Option(help="Assumed model FLOP utilisation of the compute.")] = 0.4,
+    studies: Annotated[Optional[list[Path]], typer.Option(
+        "--study", help="A collected study (results directory) whose runs measure the model's error; repeatable. "
+        "Default: the reference studies under docs/reference.")] = None,
+) -> None:
+    """Rank the strategies for a GPU cluster by predicted hours to train --tokens, with memory fit, an interval
+    from the step-time model's leave-one-out error on stored studies, and what it extrapolates beyond."""
+    from tabulate import tabulate
+
+    from gpt2dist.config.presets import resolve_preset
+    from gpt2dist.results.recommend import HIGH, LOW, extrapolations, read_stored, recommend as ranked
+
+    directories = studies or sorted(p.parent / p.name.removesuffix(".tar.gz")
+                                    for p in (params.parent / "docs" / "reference").glob("*.tar.gz"))
+    if not directories:
+        raise UsageError("no stored study to measure the model's error on: pass --study <results directory>")
+    stored = read_stored(directories)
+    name, chosen = resolve_preset(params, preset, cuda=True)
+    table, errors = ranked(name, chosen, stored, gpu=gpu, gpus_per_node=gpus, nodes=nodes, precision=precision,
+                           mfu=mfu, tokens=tokens, memory_gb=memory_gb)
+    typer.echo(f"Recommendation (a prediction, not a measurement) for {nodes} node(s) of {gpus} {gpu} "
+               f"({memory_gb:g} GB), preset {name}'s model in {precision}, {tokens:,.0f} tokens, each GPU at the "
+               f"preset's micro-batch, compute at an assumed MFU of {mfu:.0%}:\n")
+    runnable = table[table["note"] == ""]
+    shown = runnable[["strategy", "gpus", "fits", "peak_gib", "step_ms", "hours", "hours_low", "hours_high"]].astype(
+        {"gpus": int})
+    typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
+    for row in table[table["note"] != ""].itertuples():
+        typer.echo(f"{row.strategy}: {row.note}")
+    best = runnable[runnable["fits"]]
+    typer.echo("\n" + (f"Fastest that fits: {best.iloc[0]['strategy']}, {best.iloc[0]['hours']:,.2f} hours "
+                       f"({best.iloc[0]['hours_low']:,.2f} to {best.iloc[0]['hours_high']:,.2f})."
+                       if len(best) else "No strategy fits this GPU's memory at the preset's micro-batch."))
+    def spread(column: str) -> str:
+        e = errors[column].dropna()
+        return f"median |error| {e.abs().median():.0%}, {e.quantile(LOW):+.0%} to {e.quantile(HIGH):+.0%}"
+
+    corrected = any(s.device == "cuda" for s in stored)
+    typer.echo(f"The step-time model's error (predicted / measured - 1, {LOW:.0%} to {HIGH:.0%} percentiles) on "
+               f"{len(errors)} configurations of the stored studies ({', '.join(s.name for s in stored)}): as it "
+               f"runs here, {spread('uncorrected_error')}; with each strategy's correction learned from its other "
+               f"configurations (left out one at a time), {spread('error')}. The hours' intervals span the "
+               f"{'corrected' if corrected else 'uncorrected'} errors' percentiles, the strategy's own where it "
+               "has three or more.")
+    for note in extrapolations(stored, gpus * nodes, nodes):
+        typer.echo(f"Extrapolating: {note}.")
+
+
 @app.command("project-scaling")
 @one_line_errors
 def project_scaling(

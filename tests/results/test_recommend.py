@@ -1,0 +1,76 @@
+"""`gpt2dist recommend`: strategies for a described GPU cluster ranked by predicted hours, fitting ones first,
+with the step-time model's leave-one-out error over the stored reference studies and what it extrapolates."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pytest
+
+from gpt2dist.results.recommend import Stored, leave_one_out, read_stored
+
+from conftest import REPO, gpt2dist
+
+REFERENCE_STUDIES = [REPO / "docs" / "reference" / name for name in ("cpu-study", "two-node-cpu")]
+
+
+def test_each_configuration_is_predicted_from_the_others_of_its_strategy():
+    summary = pd.DataFrame({
+        "config_id": ["single-n1", "ddp-a", "ddp-b", "ddp-c", "fsdp-a"],
+        "strategy": ["single", "ddp", "ddp", "ddp", "fsdp"],
+        "step_time_s": [1.0, 1.0, 1.2, 1.4, 2.0],
+        "predicted_step_time_s": [1.0, 1.0, 1.0, 1.0, 1.0],
+    }).assign(step_time_error=lambda s: s["predicted_step_time_s"] / s["step_time_s"] - 1)
+    errors = leave_one_out([Stored("study", "cpu", summary)]).set_index("config_id")
+    assert list(errors.index) == ["ddp-a", "ddp-b", "ddp-c", "fsdp-a"]  # single calibrates; it is not predicted
+    assert errors.loc["ddp-a", "error"] == pytest.approx(1.3 / 1.0 - 1)  # corrected by the median of 1.2 and 1.4
+    assert errors.loc["ddp-c", "error"] == pytest.approx(1.1 / 1.4 - 1)
+    assert errors.loc["fsdp-a", "learned_from"] == 0 and errors.loc["fsdp-a", "error"] == pytest.approx(-0.5)
+    # a study on another device kind teaches nothing about this one
+    gpu = leave_one_out([Stored("study", "cpu", summary), Stored("gpus", "cuda", summary)])
+    assert gpu[gpu["study"] == "study"].set_index("config_id").loc["ddp-a", "learned_from"] == 2
+
+
+def recommended(*args: str):
+    return gpt2dist("recommend", "--params", REPO / "params.yaml", *args)
+
+
+def table_of(text: str) -> pd.DataFrame:
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("|") and not line.startswith("|--")]
+    return pd.DataFrame(rows[1:], columns=rows[0])
+
+
+def test_the_ranking_puts_what_fits_first_then_the_fastest():
+    text = recommended("--gpus", "8", "--gpu", "A100", "--memory-gb", "16").stdout
+    table = table_of(text)
+    fits = table["fits"] == "True"
+    assert fits.any() and (~fits).any() and not fits[fits.idxmin():].any()  # every fitting row above the rest
+    hours = table.loc[fits, "hours"].str.replace(",", "").astype(float)
+    assert hours.is_monotonic_increasing
+    assert f"Fastest that fits: {table.loc[0, 'strategy']}," in text
+    assert "tp: cannot run here: tp splits attention heads over 8 ranks" in text  # GPT-2 small's 12 heads
+    assert "No strategy fits" in recommended("--gpus", "8", "--memory-gb", "1").stdout
+
+
+def test_the_stated_error_is_the_leave_one_out_over_the_stored_studies():
+    text = recommended("--gpus", "8", "--nodes", "2").stdout
+    errors = leave_one_out(read_stored(REFERENCE_STUDIES))
+    assert f"on {len(errors)} configurations of the stored studies (cpu-study, two-node-cpu)" in text
+    stated = re.search(r"left out one at a time\), median \|error\| (\d+)%", text)
+    assert stated and int(stated[1]) == round(errors["error"].abs().median() * 100)
+    assert "Extrapolating: no stored study ran on GPUs" in text
+    assert "Extrapolating: 16 processes, the stored studies ran at most 2." in text
+    assert "Extrapolating: 2 real nodes" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", "0"], "error: --gpus and --nodes count at least 1"),
+    (["--gpus", "8", "--study", "/nonexistent/results"], "error: "),
+    (["--gpus", "8", "--tokens", "0"], "error: --mfu is a fraction of the peak in (0, 1], --tokens and --memory-gb"),
+])
+def test_bad_recommend_input_is_one_error_line(args, message):
+    result = gpt2dist("recommend", "--params", REPO / "params.yaml", *args, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1 and lines[0].startswith(message), result.stderr
