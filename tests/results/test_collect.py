@@ -32,7 +32,8 @@ def runs_table(rates: dict[str, list[float]], disturbed: dict[str, str] | None =
                          "emulated": run.nodes > 1,  # a cluster's nodes: pass emulated={config: False}
                          "repeat": repeat, "run_id": run.run_id,
                          **dict.fromkeys(SUMMARISED, rate), "param_bytes": 1.0, "grad_bytes": 1.0,
-                         "optimizer_bytes": 2.0, "comm_bytes_per_step": 0.0, "link_bytes_per_step": math.nan,
+                         "optimizer_bytes": 2.0, "predicted_model_state_bytes": 4.0, "steps_to_target": 10.0,
+                         "comm_bytes_per_step": 0.0, "link_bytes_per_step": math.nan,
                          "grad_accum_steps": 1, "backend": "gloo", "busbw_gb_s": math.nan, "hardware": "CPU",
                          "disturbed": (disturbed or {}).get(run.run_id, ""),
                          **{k: v[config] if isinstance(v, dict) else v for k, v in columns.items()}})

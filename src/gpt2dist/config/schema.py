@@ -196,6 +196,9 @@ class StudyConfig(_Strict):
                                  "Waiting on communication counts as idle: undisturbed tp and fsdp ranks at 2 processes "
                                  "get 0.74-0.87; a starved one far less. Not applied to pp, whose stages idle by design, "
                                  "nor on emulated nodes' shaped links, where ranks wait for the link.")
+    target_val_loss: float | None = Field(None, gt=0, description="Validation loss each run is timed to (time to "
+                                          "target, beside throughput); null: 1% above the worst final validation "
+                                          "loss of single's fp32 runs.")
     max_disturbed: int | None = Field(None, ge=0, description="collect refuses the study when more runs than this "
                                       "are disturbed, naming the command that re-runs them; null: mark them, leave "
                                       "them out of the statistics, and go on.")

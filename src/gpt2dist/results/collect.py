@@ -26,13 +26,20 @@ from pydantic import ValidationError
 from gpt2dist.config.memory import predict as predict_memory
 from gpt2dist.config.schema import PRECISIONS, RunSpec
 from gpt2dist.config.sizes import flops_per_token
-from gpt2dist.config.strategies import STRATEGY_NAMES
+from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES
 from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
 from gpt2dist.pipeline.duration import wall_seconds
 from gpt2dist.pipeline.study import Study, configurations
 from gpt2dist.results.compact import write_compact_views
+from gpt2dist.results.convergence import (
+    REFERENCE_PRECISION,
+    energy_per_token,
+    needs_more_steps,
+    target_loss,
+    to_target,
+)
 from gpt2dist.results.disturbance import conditions_of, disturbance
 from gpt2dist.results.findings import check_claims
 from gpt2dist.results.inputs import read_json, read_jsonl
@@ -49,7 +56,7 @@ log = logging.getLogger(__name__)
 CONFIG_KEYS = ["config_id", "strategy", "precision", "nproc", "nodes", "emulated", "link_mbit"]
 SUMMARISED = ["tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "step_time_s", "step_time_p90_s",
               "time_per_epoch_s", "overhead_s", "peak_mem_bytes", "model_state_bytes", "final_val_loss",
-              "final_val_ppl"]
+              "final_val_ppl", "time_to_target_s", "energy_j_per_token", "energy_to_target_j"]
 # Fixed by the configuration (model-state bytes by part, modelled traffic): every repeat has the same value
 PER_CONFIGURATION = ["param_bytes", "grad_bytes", "optimizer_bytes", "predicted_model_state_bytes", "comm_bytes_per_step",
                      "link_bytes_per_step"]
@@ -122,7 +129,8 @@ def _predicted_state(record: dict) -> float:
     return predict_memory(spec).state
 
 
-def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_tokens: int) -> pd.DataFrame:
+def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_tokens: int,
+            target: float) -> pd.DataFrame:
     """One row per run: steady-state medians after warm-up, percentiles, memory, the final validation
     loss, the conditions it ran in, and whether they disturbed it."""
     excluded_steps = study.preset.study.excluded_steps
@@ -139,6 +147,8 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
         state = record.get("model_state_bytes") or {}
         measures = conditions_of(record, steady)
         wall = wall_seconds(record)
+        steps_to_target, time_to_target = to_target(run, target)
+        per_token = energy_per_token(steady, int(run["nproc"].iloc[0]), record["tokens_per_step"])
         rows.append({
             **run.iloc[0][CONFIG_KEYS].to_dict(), "run_id": run_id, "repeat": int(run["repeat"].iloc[0]),
             "tokens_per_s": tokens_per_s,
@@ -161,6 +171,10 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
             "link_bytes_per_step": _link_bytes_per_step(record, len(run.dropna(subset=["tokens_per_s"]))),
             "final_val_loss": evals["val_loss"].iloc[-1] if len(evals) else math.nan,
             "final_val_ppl": evals["val_ppl"].iloc[-1] if len(evals) else math.nan,
+            "steps_to_target": steps_to_target,
+            "time_to_target_s": time_to_target,
+            "energy_j_per_token": per_token,
+            "energy_to_target_j": per_token * steps_to_target * record["tokens_per_step"],
             "grad_accum_steps": record.get("grad_accum_steps"),
             "backend": (record.get("placement") or {}).get("backend"),
             "busbw_gb_s": (record.get("interconnect") or {}).get("busbw_gb_s", math.nan),
@@ -213,6 +227,8 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
         row["grad_accum_steps"] = chosen["grad_accum_steps"].iloc[0]
         row["backend"] = chosen["backend"].iloc[0]
         row["busbw_gb_s"] = chosen["busbw_gb_s"].median()
+        row["steps_to_target"] = chosen["steps_to_target"].median()
+        row["reached_target"] = int(chosen["steps_to_target"].notna().sum())
         rows.append(row)
     summary = in_study_order(pd.DataFrame(rows))
     summary["label"] = summary["config_id"].map(study.labels).fillna("")
@@ -244,6 +260,10 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
         return mfu(row["tokens_per_s"], per_token, row["nproc"], peak) if peak else math.nan
 
     summary["mfu"] = summary.apply(utilisation, axis=1)
+    reference = runs[(runs["strategy"] == REFERENCE) & (runs["precision"] == REFERENCE_PRECISION)
+                     & (runs["disturbed"] == "")]["steps_to_target"]
+    summary["numerics"] = [needs_more_steps(used[config]["steps_to_target"], reference)
+                           for config in summary["config_id"]]
     train = study.preset.train
     return with_predictions(summary, study.device, train.global_batch_size // train.micro_batch_size)
 
@@ -297,7 +317,8 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
     table, records, missing = tidy_table(study, Path(runs_dir))
     train_tokens = read_meta(Path(data_dir))["splits"]["train"]["tokens"]
     hardware, gpu_name = hardware_label(records)
-    runs = per_run(table, records, study, train_tokens)
+    target = target_loss(table, study.preset.study.target_val_loss)
+    runs = per_run(table, records, study, train_tokens, target)
     if not mixed_hardware:
         refuse_mixed_hardware(runs)
     disturbed = runs[runs["disturbed"] != ""]
@@ -319,6 +340,7 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
         "hardware": hardware,
         "device": study.device,
         "excluded_steps": study.preset.study.excluded_steps,
+        "target_val_loss": target,
         "versions": first["versions"],
         "dropped_configurations": study.dropped,
         "mixed_hardware": sorted(runs["hardware"].unique()) if mixed_hardware else None,

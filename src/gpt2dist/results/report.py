@@ -114,6 +114,36 @@ Worst error of the model on these links: {_num(worst, '.0%')}.
 """
 
 
+def convergence_markdown(configs: pd.DataFrame, target: float | None) -> str:
+    """Time (and energy, where GPUs report power) to the target validation loss, and the numerics check."""
+    if "time_to_target_s" not in configs or target is None or _missing(target):
+        return ""  # collected before time to target existed, or no single fp32 run to set the target
+    rows = [[row["strategy"], row["precision"], row["nproc"], f"{row['reached_target']:.0f} of {row['repeats']:.0f}",
+             _num(row["steps_to_target"], ",.0f"), _with_ci(row, "time_to_target_s", ",.2f"),
+             _with_ci(row, "energy_to_target_j", ",.0f") if not _missing(row.get("energy_to_target_j")) else "not measured",
+             row.get("numerics") if isinstance(row.get("numerics"), str) and row.get("numerics") else "no"]
+            for row in configs.to_dict("records")]
+    table = tabulate(rows, headers=["strategy", "precision", "processes", "reached", "steps (median)",
+                                    "training s to target (95% interval)", "J to target (95% interval)",
+                                    "needs more steps than single fp32?"], tablefmt="github")
+    flagged = [f"{row['strategy']} {row['precision']} x{row['nproc']}" for row in configs.to_dict("records")
+               if isinstance(row.get("numerics"), str) and row.get("numerics")]
+    return f"""## Time to the target loss
+
+Throughput rewards a configuration whose speed comes from changed numerics even if it learns less per step, so
+each run is also timed to its first evaluation at or below a validation loss of {target:.4f} (study.target_val_loss;
+by default 1% above the worst final validation loss of single's fp32 runs). Training seconds count the steps
+before that evaluation; steps are resolved to the evaluation interval. A configuration needs more steps than
+single fp32 when a repeat never reached the target, or when a one-sided Welch t-test over the repeats says so at
+the 5% level (with no spread on either side: when every repeat needed more), as MLPerf checks a submission's
+convergence against reference points. Energy is rank 0's GPU
+power at each step times the step's time, for every GPU of the run; CPUs report none ("not measured").
+{"Flagged: " + ", ".join(flagged) + "." if flagged else "No configuration needs more steps than single fp32 here."}
+
+{table}
+"""
+
+
 def prediction_markdown(configs: pd.DataFrame) -> str:
     """The planner's predictions against this study's runs: its error per strategy, and what it leaves out."""
     if "step_time_error" not in configs:
@@ -222,6 +252,7 @@ the strategy's traffic model (ring collectives, activations at pipeline boundari
 {table}
 
 {ledger}
+{convergence_markdown(in_study_order(pd.DataFrame(summary["configs"].values())), summary.get("target_val_loss"))}
 {prediction_markdown(in_study_order(pd.DataFrame(summary["configs"].values())))}
 ## The papers' claims on this study's data
 
