@@ -21,6 +21,9 @@ from gpt2dist.errors import Interrupted, UsageError, error_line
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
 Params = Annotated[Path, typer.Option(help="Parameter file.")]
+GpuModel = Annotated[str, typer.Option(help="GPU whose peak FLOP/s sets the compute time (H100, H200, A100, ...).")]
+AssumedMfu = Annotated[float, typer.Option(help="Assumed model FLOP utilisation of the compute (llm.c on 8x H100: "
+                                                "about 0.4).")]
 PresetName = Annotated[Optional[str], typer.Option(help="Preset; default: params.yaml's 'preset' (auto).")]
 Gpus = Annotated[Optional[int], typer.Option(
     help="Plan the study for this many GPUs per node (default: params.yaml's gpus_per_node, else the visible ones).")]
@@ -281,8 +284,8 @@ def plan(
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
-    gpu: Annotated[str, typer.Option(help="GPU whose peak FLOP/s sets a GPU study's compute time.")] = "H100",
-    mfu: Annotated[float, typer.Option(help="Assumed model FLOP utilisation of a GPU study's compute.")] = 0.4,
+    gpu: GpuModel = "H100",
+    mfu: AssumedMfu = 0.4,
     memory_gb: Annotated[str, typer.Option(help="GPU memory sizes to check the fit against, in GB.")] = "80,40",
     out: Annotated[Optional[Path], typer.Option(help="Also write the plan as CSV here.")] = None,
 ) -> None:
@@ -332,13 +335,13 @@ def plan(
 def recommend(
     gpus: Annotated[int, typer.Option(help="GPUs per node of the cluster.")],
     nodes: Annotated[int, typer.Option(help="Nodes of the cluster.")] = 1,
-    gpu: Annotated[str, typer.Option(help="The cluster's GPU (H100, H200, A100, ...).")] = "H100",
+    gpu: GpuModel = "H100",
     memory_gb: Annotated[float, typer.Option(help="Memory of one GPU, GB.")] = 80.0,
     params: Params = Path("params.yaml"),
     preset: Annotated[str, typer.Option(help="Preset whose model and micro-batch to train.")] = "paper",
     precision: Annotated[str, typer.Option(help="Arithmetic of the runs.")] = "bf16",
     tokens: Annotated[float, typer.Option(help="Tokens to train.")] = 1e10,
-    mfu: Annotated[float, typer.Option(help="Assumed model FLOP utilisation of the compute.")] = 0.4,
+    mfu: AssumedMfu = 0.4,
     studies: Annotated[Optional[list[Path]], typer.Option(
         "--study", help="A collected study (results directory) whose runs measure the model's error; repeatable. "
         "Default: the reference studies under docs/reference.")] = None,
@@ -391,9 +394,9 @@ def recommend(
 def project_scaling(
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
-    gpu: Annotated[str, typer.Option(help="GPU whose peak FLOP/s sets the compute time (H100, H200, A100, ...).")] = "H100",
+    gpu: GpuModel = "H100",
     precision: Annotated[str, typer.Option(help="Arithmetic of the projected runs.")] = "bf16",
-    mfu: Annotated[float, typer.Option(help="Assumed model FLOP utilisation (llm.c on 8x H100: about 0.4).")] = 0.4,
+    mfu: AssumedMfu = 0.4,
     gpus_per_node: Annotated[int, typer.Option(help="GPUs per node, joined by NVLink.")] = 8,
     nodes: Annotated[str, typer.Option(help="Node counts, joined by InfiniBand, e.g. 1,2,4,8.")] = "1,2,4,8",
 ) -> None:

@@ -68,7 +68,8 @@ def test_the_stated_error_is_the_leave_one_out_over_the_stored_studies():
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "0"], "error: --gpus and --nodes count at least 1"),
     (["--gpus", "8", "--study", "/nonexistent/results"], "error: "),
-    (["--gpus", "8", "--tokens", "0"], "error: --mfu is a fraction of the peak in (0, 1], --tokens and --memory-gb"),
+    (["--gpus", "8", "--tokens", "0"], "error: --tokens and --memory-gb are positive; got 0 and 80"),
+    (["--gpus", "8", "--mfu", "2"], "error: --mfu is a fraction of the peak in (0, 1], got 2"),
 ])
 def test_bad_recommend_input_is_one_error_line(args, message):
     result = gpt2dist("recommend", "--params", REPO / "params.yaml", *args, check=False)

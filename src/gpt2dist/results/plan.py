@@ -14,6 +14,7 @@ import math
 import pandas as pd
 
 from gpt2dist.config.memory import predict
+from gpt2dist.config.schema import ModelConfig
 from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.config.strategies import traffic
 from gpt2dist.errors import UsageError
@@ -28,20 +29,20 @@ MIB, GIB = 2**20, 2**30
 USABLE_SHARE = 0.9
 
 
-def single_step_seconds(study: Study, precision: str, gpu: str, mfu: float) -> float:
-    """One GPU's step of the whole global batch at `mfu` of its peak in `precision`'s arithmetic."""
+def single_step_seconds(model: ModelConfig, global_batch: int, precision: str, gpu: str, mfu: float) -> float:
+    """One GPU's step of the whole global batch at `mfu` of its peak in `precision`'s arithmetic: what the step
+    model divides among a GPU cluster's processes."""
     peak = peak_flops(gpu, precision)
     if peak is None:
         raise UsageError(f"no peak FLOP/s known for GPU '{gpu}' (known: H100, H100 NVL, H100 PCIe, H200, A100)")
-    m, t = study.preset.model, study.preset.train
-    return t.global_batch_size * m.n_positions * flops_per_token(m) / (peak * mfu)
+    if not 0 < mfu <= 1:
+        raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu:g}")
+    return global_batch * model.n_positions * flops_per_token(model) / (peak * mfu)
 
 
 def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float]) -> pd.DataFrame:
     """One row per configuration: predicted bytes per rank by part, whether it fits each GPU memory size (with
     the margin), and on GPUs the step time and the run's training time."""
-    if not 0 < mfu <= 1:
-        raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu}")
     if not memory_gb or min(memory_gb) <= 0:
         raise UsageError("--memory-gb lists GPU memory sizes in GB, e.g. 80,40")
     t = study.preset.train
@@ -60,8 +61,8 @@ def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float]) -> pd.Da
             link = NVLINK_BYTES_PER_S if run.nodes == 1 else INFINIBAND_BYTES_PER_S
             facts = {"strategy": run.strategy, "nproc": run.nproc, "nodes": run.nodes, "emulated": False,
                      "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": link / 1e9}
-            step = predicted_step_time(facts, single_step_seconds(study, run.precision, gpu, mfu), "cuda",
-                                       t.global_batch_size // t.micro_batch_size)
+            single = single_step_seconds(study.preset.model, t.global_batch_size, run.precision, gpu, mfu)
+            step = predicted_step_time(facts, single, "cuda", t.global_batch_size // t.micro_batch_size)
         else:
             step = math.nan
         row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}

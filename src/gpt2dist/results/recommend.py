@@ -21,14 +21,12 @@ import pandas as pd
 
 from gpt2dist.config.memory import predict
 from gpt2dist.config.schema import Preset, RunSpec
-from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES, check_run, traffic
 from gpt2dist.errors import UsageError
 from gpt2dist.results.inputs import read_csv, read_json
 from gpt2dist.results.link_model import INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
-from gpt2dist.results.plan import GIB, USABLE_SHARE
+from gpt2dist.results.plan import GIB, USABLE_SHARE, single_step_seconds
 from gpt2dist.results.prediction import predicted_step_time
-from gpt2dist.system.hardware import peak_flops
 
 MIN_ERRORS = 3
 LOW, HIGH = 0.05, 0.95
@@ -91,19 +89,15 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
     and the leave-one-out errors."""
     if gpus_per_node < 1 or nodes < 1:
         raise UsageError(f"--gpus and --nodes count at least 1, got {gpus_per_node} GPUs per node and {nodes} nodes")
-    peak = peak_flops(gpu, precision)
-    if peak is None:
-        raise UsageError(f"no peak FLOP/s known for GPU '{gpu}' (known: H100, H100 NVL, H100 PCIe, H200, A100)")
-    if not 0 < mfu <= 1 or tokens <= 0 or memory_gb <= 0:
-        raise UsageError(f"--mfu is a fraction of the peak in (0, 1], --tokens and --memory-gb are positive; got "
-                         f"{mfu:g}, {tokens:g} and {memory_gb:g}")
+    if tokens <= 0 or memory_gb <= 0:
+        raise UsageError(f"--tokens and --memory-gb are positive; got {tokens:g} and {memory_gb:g}")
     errors = leave_one_out(stored)
     on_gpus = [s for s in stored if s.device == "cuda"]
     measured = pd.concat([s.rivals for s in on_gpus], ignore_index=True) if on_gpus else None
     m, t, n = preset.model, preset.train, gpus_per_node * nodes
     train = t.model_copy(update={"global_batch_size": t.micro_batch_size * n})  # a micro-batch per GPU per step
     tokens_per_step = train.global_batch_size * m.n_positions
-    single_step = tokens_per_step * flops_per_token(m) / (peak * mfu)
+    single_step = single_step_seconds(m, train.global_batch_size, precision, gpu, mfu)
     link = NVLINK_BYTES_PER_S if nodes == 1 else INFINIBAND_BYTES_PER_S
     rows = []
     for strategy in STRATEGY_NAMES:
