@@ -164,6 +164,22 @@ def trained(shards, params_file, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def reference_study(tmp_path_factory):
+    """docs/reference/<study> rebuilt from its bundle by `gpt2dist figures`, once a session: the tests of the
+    tables, figures and predictions read it; none writes to it."""
+    built: dict[str, Path] = {}
+
+    def rebuilt(study: str) -> Path:
+        if study not in built:
+            out = tmp_path_factory.mktemp(f"reference-{study}") / "rebuilt"
+            gpt2dist("figures", "--from", REPO / "docs" / "reference" / f"{study}.tar.gz", "--out", out)
+            built[study] = out
+        return built[study]
+
+    return rebuilt
+
+
+@pytest.fixture(scope="session")
 def reference(trained) -> Path:
     """The single-process fp32 run every strategy's equivalence test compares with."""
     out = trained("single")

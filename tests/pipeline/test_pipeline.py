@@ -241,12 +241,13 @@ def test_dvc_repro_push_pull_exp_run_and_metrics_diff(workdir, tmp_path_factory)
     run(["snakemake", "--touch", "--cores", "1"], clone)
     for target in ("figures", "all"):
         assert "Nothing to be done" in run(["snakemake", "-n", target], clone).stdout, target
-    # a plotting change (in the clone's own copy of the code): plot and report re-run, nothing before them
+    # a plotting change (in the clone's own copy of the code): plot re-runs, nothing before it; a comment changes no
+    # pixel and the figures carry no date, so they come out the same bytes and report, which reads them, stays
     (clone / "src").unlink()
     shutil.copytree(REPO / "src", clone / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     with open(clone / "src" / "gpt2dist" / "results" / "plots.py", "a") as handle:
         handle.write("# a plotting change\n")
-    assert re.findall(r"^Running stage '([^'@]+)", run(["dvc", "repro"], clone).stdout, re.M) == ["plot", "report"]
+    assert re.findall(r"^Running stage '([^'@]+)", run(["dvc", "repro"], clone).stdout, re.M) == ["plot"]
     forced = job_counts(run(["snakemake", "-n", "figures", "--forcerun", "plot"], clone).stdout)
     assert forced == {"plot": 1, "report": 1, "figures": 1}, forced
     # stages depend on the code they import, found by reading imports (no list kept by hand): a change to a

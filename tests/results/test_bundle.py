@@ -95,17 +95,17 @@ def test_nothing_to_bundle_is_one_error(tmp_path):
 
 
 @pytest.mark.parametrize("study", ["cpu-study", "two-node-cpu"])
-def test_the_shipped_reference_bundle_reproduces_docs_reference(study, tmp_path):
+def test_the_shipped_reference_bundle_reproduces_docs_reference(study, reference_study, tmp_path):
     """Every figure and table under docs/reference/<study>/ comes from the bundle beside it, by one command."""
-    reference = REPO / "docs" / "reference" / study
-    gpt2dist("figures", "--from", reference.with_name(f"{study}.tar.gz"), "--out", tmp_path / "rebuilt")
+    reference, rebuilt = REPO / "docs" / "reference" / study, reference_study(study)
     for name in ("summary.csv", "summary.md", "findings.md", "link_model.csv"):
-        assert (tmp_path / "rebuilt" / name).read_bytes() == (reference / name).read_bytes(), name
-    assert {p.name for p in (reference / "figures").iterdir()} <= {p.name for p in (tmp_path / "rebuilt" / "figures").iterdir()}
-    again = tmp_path / "again"  # no creation date and fixed ids in the vector figures: the same runs, the same bytes
-    gpt2dist("figures", "--from", reference.with_name(f"{study}.tar.gz"), "--out", again)
-    svgs = sorted((again / "figures").glob("*.svg"))
-    assert svgs and all((tmp_path / "rebuilt" / "figures" / svg.name).read_bytes() == svg.read_bytes() for svg in svgs)
+        assert (rebuilt / name).read_bytes() == (reference / name).read_bytes(), name
+    assert {p.name for p in (reference / "figures").iterdir()} <= {p.name for p in (rebuilt / "figures").iterdir()}
+    if study == "two-node-cpu":  # no creation date and fixed ids in the vector figures: the same runs, the same bytes
+        again = tmp_path / "again"
+        gpt2dist("figures", "--from", reference.with_name(f"{study}.tar.gz"), "--out", again)
+        svgs = sorted((again / "figures").glob("*.svg"))
+        assert svgs and all((rebuilt / "figures" / svg.name).read_bytes() == svg.read_bytes() for svg in svgs)
 
 
 def test_the_committed_dvc_views_are_the_reference_studys():

@@ -17,7 +17,6 @@ from gpt2dist.results.convergence import (
     to_target,
 )
 
-from conftest import REPO, gpt2dist
 
 
 def run_lines(val: dict[int, float], steps: int = 10, step_s: float = 0.5) -> pd.DataFrame:
@@ -57,9 +56,8 @@ def test_energy_per_token_is_power_times_time_over_tokens_for_every_gpu():
     assert math.isnan(energy_per_token(steps.drop(columns="power_w"), 8, 1000))  # CPUs report no power
 
 
-def test_the_reference_study_times_every_run_to_its_target(tmp_path):
-    out = tmp_path / "rebuilt"
-    gpt2dist("figures", "--from", REPO / "docs" / "reference" / "cpu-study.tar.gz", "--out", out)
+def test_the_reference_study_times_every_run_to_its_target(reference_study):
+    out = reference_study("cpu-study")
     target = json.loads((out / "summary.json").read_text())["target_val_loss"]
     metrics, runs = pd.read_csv(out / "metrics.csv"), pd.read_csv(out / "runs.csv").set_index("run_id")
     for run_id, run in metrics.groupby("run_id"):

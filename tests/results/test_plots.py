@@ -10,18 +10,15 @@ import pandas as pd
 import pytest
 from matplotlib.text import Text
 
-from gpt2dist.results.bundle import rebuild
-from gpt2dist.results.plots import FIGURES, WIDTH, links, ranked
-
-from conftest import REPO
+from gpt2dist.results.plots import FIGURES, WIDTH, links, ranked, use_theme
 
 MIN_POINTS = 8  # 8 pt at 150 dpi is 11 px on a figure shown 800 px wide
 
 
 @pytest.fixture(scope="module", params=["cpu-study", "two-node-cpu"])
-def study(request, tmp_path_factory) -> tuple[list[pd.DataFrame], str]:
-    out = tmp_path_factory.mktemp(request.param) / "rebuilt"
-    rebuild(REPO / "docs" / "reference" / f"{request.param}.tar.gz", out)
+def study(request, reference_study) -> tuple[list[pd.DataFrame], str]:
+    out = reference_study(request.param)
+    use_theme()  # as `gpt2dist plot` draws them
     tables = [pd.read_csv(out / name) for name in ("runs.csv", "summary.csv", "metrics.csv")]
     return tables, f"a hardware line\npreset {request.param}"
 

@@ -14,7 +14,7 @@ from gpt2dist.config.presets import resolve_preset
 from gpt2dist.results.prediction import STEP_TARGET, predicted_step_time, prediction_errors, with_predictions
 from gpt2dist.results.report import prediction_markdown
 
-from conftest import REPO, gpt2dist
+from conftest import REPO
 
 
 def row(strategy: str, nproc: int, nodes: int = 1, emulated: bool = False, sent: float = 0.0,
@@ -37,15 +37,15 @@ def test_the_step_model_by_hand():
 
 
 @pytest.fixture(scope="module", params=["cpu-study", "two-node-cpu"])
-def rebuilt(request, tmp_path_factory) -> tuple[pd.DataFrame, int]:
+def rebuilt(request, reference_study, tmp_path_factory) -> tuple[pd.DataFrame, int]:
     """A reference study's summary rebuilt from its bundle, and its preset's micro-batches per step."""
     bundle, out = REPO / "docs" / "reference" / f"{request.param}.tar.gz", tmp_path_factory.mktemp(request.param)
-    gpt2dist("figures", "--from", bundle, "--out", out / "rebuilt")
+    results = reference_study(request.param)
     with tarfile.open(bundle) as packed:
         packed.extract("params.yaml", out, filter="data")
-    preset = json.loads((out / "rebuilt" / "summary.json").read_text())["preset"]
+    preset = json.loads((results / "summary.json").read_text())["preset"]
     train = resolve_preset(out / "params.yaml", preset)[1].train
-    return pd.read_csv(out / "rebuilt" / "summary.csv"), train.global_batch_size // train.micro_batch_size
+    return pd.read_csv(results / "summary.csv"), train.global_batch_size // train.micro_batch_size
 
 
 def test_every_configuration_carries_both_predictions_recomputed_from_its_bundle(rebuilt):

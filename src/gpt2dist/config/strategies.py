@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 BAI, PATWARDHAN = "Bai 2022", "Patwardhan et al. 2024"
 FP32, HALF = 4, 2  # bytes per element
 APEX_PRECISIONS = ("apex-O1", "apex-O2")
-HOROVOD_FUSION_BYTES = 64 * 2**20  # Horovod's documented default fusion buffer (HOROVOD_FUSION_THRESHOLD)
+# Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD): 0.28's horovod/common/operations.cc sets 128 MiB by default,
+# though its tensor-fusion docs still say 64 MB
+HOROVOD_FUSION_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True)

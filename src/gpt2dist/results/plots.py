@@ -329,14 +329,19 @@ FIGURES: dict[str, Callable[..., plt.Figure]] = {
 }
 
 
+def use_theme() -> None:
+    """The one look of every figure (and a fixed salt: the same SVG ids for the same figure)."""
+    sns.set_theme(style="whitegrid", context="notebook", palette="colorblind",
+                  rc={"axes.titlesize": "medium", "figure.titlesize": "medium", "svg.hashsalt": "gpt2dist"})
+
+
 def plot(results: Path) -> list[Path]:
     results = Path(results)
     info = read_json(results / "summary.json", "gpt2dist collect")
     tables = [read_csv(results / name, "gpt2dist collect") for name in ("runs.csv", "summary.csv", "metrics.csv")]
     repeats = int(tables[1]["repeats"].max()) if len(tables[1]) else 0
     title = f"{info['hardware']}\npreset {info['preset']}, up to {repeats} repeats per configuration"
-    sns.set_theme(style="whitegrid", context="notebook", palette="colorblind",  # a fixed salt: the same SVG ids
-                  rc={"axes.titlesize": "medium", "figure.titlesize": "medium", "svg.hashsalt": "gpt2dist"})
+    use_theme()
     drawn = dict(FIGURES)
     if len(predicted_vs_measured(tables[1])):
         drawn[LINK_FIGURE] = links
