@@ -81,7 +81,7 @@ def main() -> None:
             continue
         record, peak = trained(data, work / f"{strategy}-n{nproc}", strategy, nproc, args)
         predicted = predict(RunSpec.model_validate(record["config"]))
-        line = (f"{strategy}-n{nproc:<13} {predicted.state / MIB:>21,.1f} "
+        line = (f"{f'{strategy}-n{nproc}':<18} {predicted.state / MIB:>21,.1f} "
                 f"{record['model_state_bytes']['total'] / MIB:>9,.1f}")
         if gpus:
             ratio = predicted.peak / peak
