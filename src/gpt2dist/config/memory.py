@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpt2dist.config.strategies import FP32, HALF, stage_blocks
+from gpt2dist.config.strategies import FP32, HALF, compute_bytes, stage_blocks
 
 if TYPE_CHECKING:
     from gpt2dist.config.schema import RunSpec
@@ -47,10 +47,6 @@ class Memory:
         return self.state + self.activations + self.buffers
 
 
-def _compute_bytes(precision: str) -> int:
-    return HALF if precision in ("bf16", "fp16", "apex-O1", "apex-O2") else FP32
-
-
 def model_state(spec: RunSpec) -> tuple[int, int, int]:
     """Parameter, gradient and optimizer bytes rank 0 holds, as training/metrics.model_state_bytes counts them."""
     held = spec.description.held_shapes(spec)
@@ -67,7 +63,7 @@ def activation_bytes_kept(spec: RunSpec) -> int:
     """One forward pass's kept activations and logits on the busiest device (an estimate; see the module doc).
     A pipeline's first stage keeps its blocks' activations for every micro-batch in flight; its last stage
     keeps one micro-batch's and the logits; the larger counts."""
-    m, element, rows = spec.model, _compute_bytes(spec.precision), spec.train.micro_batch_size  # rows per device
+    m, element, rows = spec.model, compute_bytes(spec.precision), spec.train.micro_batch_size  # rows per device
     tp = spec.tensor_parallel_size
     per_layer = m.n_positions * m.n_embd * ((KEPT_WIDTHS - SPLIT_WIDTHS + SPLIT_WIDTHS / tp) * element
                                             + RESIDUAL_WIDTHS * FP32)

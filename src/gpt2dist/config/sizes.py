@@ -3,10 +3,17 @@ traffic model, MFU and planning, without building the model."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gpt2dist.config.schema import ModelConfig
+
+# What tensor parallelism splits (training/strategies/tensor_parallel.py's plan): column-parallel layers (q/k/v,
+# the first MLP matrix) their output rows and biases, row-parallel ones (both projections) their matrices' input
+# columns, their biases staying whole
+COLUMN_PARALLEL = ("attn.c_attn.weight", "attn.c_attn.bias", "mlp.c_fc.weight", "mlp.c_fc.bias")
+ROW_PARALLEL = ("attn.c_proj.weight", "mlp.c_proj.weight")
 
 
 def non_embedding_params(m: ModelConfig) -> int:
@@ -18,7 +25,7 @@ def non_embedding_params(m: ModelConfig) -> int:
 
 def parameter_count(m: ModelConfig) -> int:
     """GPT-2's parameters, the head tied to the token embedding."""
-    return non_embedding_params(m) + m.n_positions * m.n_embd
+    return sum(math.prod(shape) for shape in parameter_shapes(m).values())
 
 
 def parameter_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -36,10 +43,9 @@ def parameter_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def split_parameter_count(m: ModelConfig) -> int:
-    """What tensor parallelism splits: q/k/v and the first MLP matrix with their biases, and both projections'
-    matrices (their biases stay whole)."""
-    d = m.n_embd
-    return m.n_layer * (3 * d * d + 3 * d + 4 * d * d + 4 * d + d * d + 4 * d * d)
+    """What tensor parallelism splits (COLUMN_PARALLEL and ROW_PARALLEL)."""
+    return sum(math.prod(shape) for name, shape in parameter_shapes(m).items()
+               if name.endswith(COLUMN_PARALLEL + ROW_PARALLEL))
 
 
 def flops_per_token(m: ModelConfig) -> float:

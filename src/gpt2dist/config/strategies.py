@@ -13,7 +13,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from gpt2dist.config.sizes import parameter_count, parameter_shapes, split_parameter_count
+from gpt2dist.config.sizes import (
+    COLUMN_PARALLEL,
+    ROW_PARALLEL,
+    parameter_count,
+    parameter_shapes,
+    split_parameter_count,
+)
 from gpt2dist.errors import UsageError
 
 if TYPE_CHECKING:
@@ -96,10 +102,15 @@ def gathered_bytes(spec: RunSpec) -> int:
     return round((root + 2 * block) * FP32 / spec.tensor_parallel_size)
 
 
+def compute_bytes(precision: str) -> int:
+    """Bytes per activation element in the precision's compute dtype (16-bit under autocast and Apex amp)."""
+    return HALF if precision in ("bf16", "fp16", *APEX_PRECISIONS) else FP32
+
+
 def activation_bytes(spec: RunSpec) -> int:
     """One forward pass's hidden states [rows, context, width] in the precision's compute dtype."""
     m = spec.model
-    return spec.rows_per_pass * m.n_positions * m.n_embd * (HALF if spec.precision in ("bf16", "fp16") else FP32)
+    return spec.rows_per_pass * m.n_positions * m.n_embd * compute_bytes(spec.precision)
 
 
 class Description:
@@ -287,14 +298,13 @@ class _SplitsLayers(Description):
                              f"use {spec.strategy} with bf16")
 
     def held_shapes(self, spec):
-        """Column-parallel layers (q/k/v, the first MLP matrix) split their output rows and biases, row-parallel
-        ones (both projections) their input columns; the rest stays whole. Sharded state: FSDP2 then cuts each
-        local tensor along dim 0 over the replicas."""
+        """Column-parallel tensors split their rows, row-parallel ones their columns (config.sizes); the rest
+        stays whole. Sharded state: FSDP2 then cuts each local tensor along dim 0 over the replicas."""
         tp, shapes = spec.tensor_parallel_size, []
         for name, (rows, *rest) in parameter_shapes(spec.model).items():
-            if name.endswith(("attn.c_attn.weight", "attn.c_attn.bias", "mlp.c_fc.weight", "mlp.c_fc.bias")):
+            if name.endswith(COLUMN_PARALLEL):
                 rows //= tp
-            elif name.endswith(("attn.c_proj.weight", "mlp.c_proj.weight")):
+            elif name.endswith(ROW_PARALLEL):
                 rest = [rest[0] // tp]
             shapes.append((rows, *rest))
         return [first_chunk(shape, spec.replicas) for shape in shapes] if self.shards_state else shapes

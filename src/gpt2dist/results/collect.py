@@ -26,20 +26,14 @@ from pydantic import ValidationError
 from gpt2dist.config.memory import predict as predict_memory
 from gpt2dist.config.schema import PRECISIONS, RunSpec
 from gpt2dist.config.sizes import flops_per_token
-from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES
+from gpt2dist.config.strategies import STRATEGY_NAMES
 from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
 from gpt2dist.pipeline.duration import wall_seconds
 from gpt2dist.pipeline.study import Study, configurations
 from gpt2dist.results.compact import write_compact_views
-from gpt2dist.results.convergence import (
-    REFERENCE_PRECISION,
-    energy_per_token,
-    needs_more_steps,
-    target_loss,
-    to_target,
-)
+from gpt2dist.results.convergence import energy_per_token, needs_more_steps, reference_rows, target_loss, to_target
 from gpt2dist.results.disturbance import conditions_of, disturbance
 from gpt2dist.results.findings import check_claims
 from gpt2dist.results.inputs import read_json, read_jsonl
@@ -260,8 +254,7 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
         return mfu(row["tokens_per_s"], per_token, row["nproc"], peak) if peak else math.nan
 
     summary["mfu"] = summary.apply(utilisation, axis=1)
-    reference = runs[(runs["strategy"] == REFERENCE) & (runs["precision"] == REFERENCE_PRECISION)
-                     & (runs["disturbed"] == "")]["steps_to_target"]
+    reference = reference_rows(runs[runs["disturbed"] == ""])["steps_to_target"]
     summary["numerics"] = [needs_more_steps(used[config]["steps_to_target"], reference)
                            for config in summary["config_id"]]
     train = study.preset.train

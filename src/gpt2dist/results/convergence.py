@@ -27,13 +27,17 @@ ALPHA = 0.05
 TARGET_MARGIN = 0.01
 
 
+def reference_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of single's fp32 runs, which the target and the numerics check measure against."""
+    return frame[(frame["strategy"] == REFERENCE) & (frame["precision"] == REFERENCE_PRECISION)]
+
+
 def target_loss(table: pd.DataFrame, stated: float | None) -> float:
     """The stated target, else TARGET_MARGIN above the worst final validation loss of single's fp32 runs in the
     study's tidy table (NaN without any)."""
     if stated is not None:
         return stated
-    reference = table[(table["strategy"] == REFERENCE) & (table["precision"] == REFERENCE_PRECISION)]
-    finals = reference.dropna(subset=["val_loss"]).sort_values("step").groupby("run_id")["val_loss"].last()
+    finals = reference_rows(table).dropna(subset=["val_loss"]).sort_values("step").groupby("run_id")["val_loss"].last()
     return float(finals.max()) * (1 + TARGET_MARGIN) if len(finals) else math.nan
 
 

@@ -14,7 +14,7 @@ import math
 import pandas as pd
 
 from gpt2dist.config.memory import predict
-from gpt2dist.config.schema import ModelConfig
+from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.config.strategies import traffic
 from gpt2dist.errors import UsageError
@@ -29,15 +29,21 @@ MIB, GIB = 2**20, 2**30
 USABLE_SHARE = 0.9
 
 
-def single_step_seconds(model: ModelConfig, global_batch: int, precision: str, gpu: str, mfu: float) -> float:
-    """One GPU's step of the whole global batch at `mfu` of its peak in `precision`'s arithmetic: what the step
-    model divides among a GPU cluster's processes."""
-    peak = peak_flops(gpu, precision)
+def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float) -> float:
+    """A GPU cluster's step by the step model (results.prediction): one GPU's step of the whole global batch at
+    `mfu` of its peak in the spec's arithmetic, divided among its processes, and the traffic model's bytes over
+    NVLink inside a node or InfiniBand across nodes."""
+    peak = peak_flops(gpu, spec.precision)
     if peak is None:
         raise UsageError(f"no peak FLOP/s known for GPU '{gpu}' (known: H100, H100 NVL, H100 PCIe, H200, A100)")
     if not 0 < mfu <= 1:
         raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu:g}")
-    return global_batch * model.n_positions * flops_per_token(model) / (peak * mfu)
+    m, t = spec.model, spec.train
+    single = t.global_batch_size * m.n_positions * flops_per_token(m) / (peak * mfu)
+    link = NVLINK_BYTES_PER_S if spec.nodes == 1 else INFINIBAND_BYTES_PER_S
+    facts = {"strategy": spec.strategy, "nproc": spec.nproc, "nodes": spec.nodes, "emulated": False,
+             "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": link / 1e9}
+    return predicted_step_time(facts, single, "cuda", t.global_batch_size // t.micro_batch_size)
 
 
 def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float]) -> pd.DataFrame:
@@ -57,14 +63,7 @@ def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float]) -> pd.Da
                "peak_mib": memory.peak / MIB}
         for size in memory_gb:
             row[f"margin_{size:g}gb_gib"] = (size * 1e9 * USABLE_SHARE - memory.peak) / GIB
-        if study.device == "cuda":
-            link = NVLINK_BYTES_PER_S if run.nodes == 1 else INFINIBAND_BYTES_PER_S
-            facts = {"strategy": run.strategy, "nproc": run.nproc, "nodes": run.nodes, "emulated": False,
-                     "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": link / 1e9}
-            single = single_step_seconds(study.preset.model, t.global_batch_size, run.precision, gpu, mfu)
-            step = predicted_step_time(facts, single, "cuda", t.global_batch_size // t.micro_batch_size)
-        else:
-            step = math.nan
+        step = gpu_step_seconds(spec, gpu, mfu) if study.device == "cuda" else math.nan
         row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}
         rows.append(row)
     return pd.DataFrame(rows)

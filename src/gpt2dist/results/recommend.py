@@ -21,12 +21,10 @@ import pandas as pd
 
 from gpt2dist.config.memory import predict
 from gpt2dist.config.schema import Preset, RunSpec
-from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES, check_run, traffic
+from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES, check_run
 from gpt2dist.errors import UsageError
 from gpt2dist.results.inputs import read_csv, read_json
-from gpt2dist.results.link_model import INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
-from gpt2dist.results.plan import GIB, USABLE_SHARE, single_step_seconds
-from gpt2dist.results.prediction import predicted_step_time
+from gpt2dist.results.plan import GIB, USABLE_SHARE, gpu_step_seconds
 
 MIN_ERRORS = 3
 LOW, HIGH = 0.05, 0.95
@@ -97,8 +95,6 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
     m, t, n = preset.model, preset.train, gpus_per_node * nodes
     train = t.model_copy(update={"global_batch_size": t.micro_batch_size * n})  # a micro-batch per GPU per step
     tokens_per_step = train.global_batch_size * m.n_positions
-    single_step = single_step_seconds(m, train.global_batch_size, precision, gpu, mfu)
-    link = NVLINK_BYTES_PER_S if nodes == 1 else INFINIBAND_BYTES_PER_S
     rows = []
     for strategy in STRATEGY_NAMES:
         if strategy == REFERENCE:
@@ -110,9 +106,7 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
         except UsageError as exc:
             rows.append({"strategy": strategy, "note": f"cannot run here: {exc}"})
             continue
-        facts = {"strategy": strategy, "nproc": n, "nodes": nodes, "emulated": False,
-                 "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": link / 1e9}
-        step = predicted_step_time(facts, single_step, "cuda", train.global_batch_size // train.micro_batch_size)
+        step = gpu_step_seconds(spec, gpu, mfu)
         own = errors[errors["strategy"] == strategy]
         if measured is not None:
             ratios = measured.loc[measured["strategy"] == strategy]

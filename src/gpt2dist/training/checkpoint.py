@@ -82,6 +82,6 @@ def load_other_runs_checkpoint(path: Path, spec: RunSpec, optimizer_by_name: boo
         kept, wanted = ("by position", "by parameter name") if optimizer_by_name else ("by parameter name",
                                                                                    "by position")
         raise UsageError(f"--resume-from {path}: its {saved['strategy']} run keeps AdamW's state {kept}, this "
-                         f"{spec.strategy} run {wanted} (Horovod and Apex amp keep it by position); continue it "
+                         f"{spec.strategy} run {wanted} (Apex amp keeps it by position); continue it "
                          f"under {saved['strategy']} or with a strategy that keeps it {kept}")
     return payload
