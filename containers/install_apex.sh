@@ -42,7 +42,10 @@ read -r torch_version torch_cuda py_tag < <("$PYTHON" -c \
 nvcc_cuda=$(nvcc --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
 [[ $torch_cuda == "$nvcc_cuda" ]] \
   || die "nvcc is CUDA $nvcc_cuda but torch $torch_version was built with CUDA $torch_cuda; Apex refuses the mismatch: use the toolkit of torch's CUDA"
-key="torch-${torch_version}-${py_tag}-cuda${torch_cuda}-arch${TORCH_CUDA_ARCH_LIST//;/_}-${EXTENSIONS// /_}"
+# The source by its hash where it is a file (a tag fetched from GitHub is named by the tag)
+src_id=git
+[[ -f ${APEX_SRC:-} ]] && src_id=src$(sha256sum "$APEX_SRC" | cut -c1-12)
+key="torch-${torch_version}-${py_tag}-cuda${torch_cuda}-arch${TORCH_CUDA_ARCH_LIST//;/_}-${EXTENSIONS// /_}-$src_id"
 cache_dir="$CACHE_ROOT/apex-$tag/$key"
 wheel=$(ls "$cache_dir"/apex-*.whl 2>/dev/null | head -n 1 || true)
 

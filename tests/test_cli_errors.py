@@ -29,6 +29,20 @@ CASES = {
     "selftest-resume-alone": "--resume goes with --only",
     "estimate-missing-params": "params file",
     "progress-unreadable-estimate": "estimate.json cannot be read (Expecting property name",
+    # files of the wrong kind, told apart before they are read (an UnpicklingError traceback before)
+    "train-resume-from-params": "params.yaml is a params file, not a checkpoint",
+    "train-resume-from-empty-json": "run.json is an empty file, not a checkpoint",
+    "train-damaged-own-checkpoint": "checkpoint.pt is a text file, not a checkpoint",
+    # a --set value that YAML cannot parse (the parser's traceback before)
+    "train-set-unparsable-value": "--set 'model.n_layer=[': the value '[' is not valid YAML",
+    # --hosts: the run is checked as any other, and --nproc is not silently dropped
+    "train-hosts-disagree-with-nproc": "--nproc 3 disagrees with --hosts, whose slots add up to 4",
+    "train-hosts-batch-indivisible": "train.global_batch_size (8) must be divisible by",
+    # an option that does not apply to the mode is refused, not ignored
+    "plan-mfu-for-cpus": "--gpu and --mfu set a GPU's step time",
+    # a study directory whose summary.json is not collect's (a KeyError traceback before)
+    "report-foreign-summary": "summary.json is not what `gpt2dist collect` writes (no preset, hardware, device",
+    "recommend-foreign-summary": "summary.json is not what `gpt2dist collect` writes (no preset, hardware, device",
 }
 
 
@@ -50,6 +64,9 @@ def _args(case: str, tmp: Path, shards: Path, params: Path) -> list:
         (tmp / "summary.json").write_text('{"hardware": "cpu", "preset": "tiny"}')
         (tmp / "runs.csv").write_text("")
         return ["plot", "--results", tmp]
+    if case.endswith("foreign-summary"):
+        (tmp / "summary.json").write_text('{"answer": "fastest is single"}')
+        return ["report", "--results", tmp] if case.startswith("report") else ["recommend", "--gpus", "8", "--study", tmp]
     if case.startswith(("plot", "report")):
         if case == "report-unreadable-summary":
             (tmp / "summary.json").write_text("")
@@ -73,6 +90,23 @@ def _args(case: str, tmp: Path, shards: Path, params: Path) -> list:
     if case == "progress-unreadable-estimate":
         (tmp / "estimate.json").write_text("{")
         return ["progress", "--params", params, "--runs", tmp, "--estimate", tmp / "estimate.json"]
+    train = ["train", "--data", shards, "--out", tmp / "run", "--strategy", "single", "--params", params]
+    if case == "train-resume-from-params":
+        return [*train, "--resume-from", params]
+    if case == "train-resume-from-empty-json":
+        (tmp / "run.json").write_text("\n")
+        return [*train, "--resume-from", tmp / "run.json"]
+    if case == "train-damaged-own-checkpoint":
+        (tmp / "run").mkdir()
+        (tmp / "run" / "checkpoint.pt").write_text("not saved by torch")
+        return train
+    if case == "train-set-unparsable-value":
+        return [*train, "--set", "model.n_layer=["]
+    if case.startswith("train-hosts"):
+        hosts = ["--strategy", "ddp", "--gpus", "0"]
+        return [*train, *hosts, *(["--hosts", "a:2,b:2", "--nproc", "3"] if "nproc" in case else ["--hosts", "a:3,b:3"])]
+    if case == "plan-mfu-for-cpus":
+        return ["plan", "--params", params, "--mfu", "0.3"]
     raise AssertionError(case)
 
 

@@ -26,7 +26,7 @@ def load_preset(path, name, overrides=()):
 
 def spec_for(params_file, shards, **kw):
     args = dict(data=shards, out=Path("/tmp/unused"), strategy="single", precision="fp32", nproc=1,
-                params=params_file, preset=None, overrides=[], check_devices=False)
+                params=params_file, preset=None, overrides=[], node_gpus=8)
     args.update(kw)
     return build_spec(**args)
 
@@ -228,6 +228,19 @@ def test_a_preset_extends_another_key_by_key(tmp_path):
         assert [g.strategies for g in loaded.study.runs] == [["ddp"]]  # a list replaces the parent's
         assert loaded.study.repeats == TINY_PRESET["study"]["repeats"]
     assert load_preset(path, "tiny").model.n_layer == TINY_PRESET["model"]["n_layer"]  # the parent is untouched
+
+
+def test_a_mapping_of_another_kind_replaces_the_parents_whole(tmp_path):
+    """A child that reads files where its parent reads the embedded corpus keeps none of the embedded keys;
+    the same kind still merges key by key (the control: min_chars is kept when only val_fraction changes)."""
+    files = tmp_path / "corpus.txt"
+    files.write_text("text " * 1000)
+    child = {"extends": "tiny", "data": {"source": {"kind": "files", "paths": [str(files)]}}}
+    same = {"extends": "tiny", "data": {"source": {"kind": "embedded"}, "val_fraction": 0.2}}
+    path = _params_with(tmp_path, {"tiny": TINY_PRESET, "child": child, "same": same})
+    assert load_preset(path, "child").data.source.kind == "files"
+    kept = load_preset(path, "same").data
+    assert kept.source.min_chars == TINY_PRESET["data"]["source"]["min_chars"] and kept.val_fraction == 0.2
 
 
 @pytest.mark.parametrize("presets, message", [

@@ -56,3 +56,27 @@ def test_a_missing_piece_skips_naming_it_unless_it_is_required(tmp_path):
     assert required.returncode != 0 and "skipped" not in outcome and "passed" not in outcome, outcome
     for variable in PIECES:
         assert f"{variable}=1 but" in required.stdout
+
+
+SKIPPING = {
+    "test_needs_network.py": 'import pytest\n\ndef test_x():\n    pytest.skip("needs a network")\n',
+    "test_skips_while_collected.py": 'import pytest\npytest.skip("needs a network", allow_module_level=True)\n',
+    "test_sounds_like_a_gpu.py": 'import pytest\n\ndef test_x():\n    pytest.skip("needs the GPU driver from the web")\n',
+    "test_no_gpu.py": 'import pytest\n\ndef test_x():\n    pytest.skip("needs a CUDA GPU")\n',
+}
+
+
+@pytest.mark.parametrize("name, fails", [("test_needs_network.py", True), ("test_skips_while_collected.py", True),
+                                         ("test_sounds_like_a_gpu.py", True), ("test_no_gpu.py", False)])
+def test_where_every_piece_is_required_an_unexpected_skip_fails_the_run(tmp_path, name, fails):
+    """conftest's rule as CI meets it: a skip for any reason but the exact GPU ones fails the run, whether a test
+    skips while it runs or a module while it is collected; a reason that merely mentions a GPU is not forgiven.
+    The last case is the control: the absent GPU's own reason passes."""
+    (tmp_path / name).write_text(SKIPPING[name])
+    env = {**os.environ, **dict.fromkeys(PIECES, "1"), "PYTHONPATH": str(REPO / "tests")}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q",
+                             "--rootdir", str(tmp_path), str(tmp_path / name)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert (result.returncode != 0) is fails, result.stdout[-2000:]
+    if fails:
+        assert "error: 1 skip(s) that no unset GPT2DIST_REQUIRE_* allows" in result.stdout, result.stdout[-2000:]

@@ -1,5 +1,5 @@
 """`python -m gpt2dist` is the `gpt2dist` command."""
 
-from gpt2dist.cli import app
+from gpt2dist.cli import run
 
-app(prog_name="gpt2dist")
+run()

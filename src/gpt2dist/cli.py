@@ -7,7 +7,9 @@ torch.
 from __future__ import annotations
 
 import functools
+import math
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
@@ -20,15 +22,73 @@ from gpt2dist.errors import Interrupted, UsageError, error_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
+
+# typer >= 0.29 vendors click, whose exceptions are then typer's own rather than the click package's
+CLICK_ERROR = next(kind for kind in typer.BadParameter.__mro__ if kind.__name__ == "ClickException")
+
+
+class Number:
+    """A finite number within bounds, checked as the option is parsed (a typer callback): NaN and infinities
+    pass a range check written as `x <= 0`, so they are refused by type before a command sees them."""
+
+    def __init__(self, kind: type, low: float | None = None, high: float | None = None, *, above: bool = False):
+        self.kind, self.low, self.high, self.above = kind, low, high, above
+
+    def check(self, value):
+        try:
+            number = self.kind(value if isinstance(value, (int, float)) else str(value).strip())
+        except ValueError:
+            raise typer.BadParameter(f"'{value}' is not {'a whole number' if self.kind is int else 'a number'}") \
+                from None
+        if not math.isfinite(number):
+            raise typer.BadParameter(f"'{value}' is not a finite number")
+        if self.low is not None and (number <= self.low if self.above else number < self.low):
+            raise typer.BadParameter(f"{number:g} is {'at or ' if self.above else ''}below {self.low:g}; it must be "
+                                     f"{'above' if self.above else 'at least'} {self.low:g}")
+        if self.high is not None and number > self.high:
+            raise typer.BadParameter(f"{number:g} is above {self.high:g}")
+        return number
+
+    @property
+    def callback(self) -> Callable:
+        """The check as typer's option callback, which names the option in its message."""
+
+        def checked(ctx: typer.Context, param: typer.CallbackParam, value: Optional[str]):
+            if value is None:
+                return None
+            try:
+                return self.check(value)
+            except typer.BadParameter as exc:
+                raise typer.BadParameter(exc.message, ctx=ctx, param=param) from None
+
+        return checked
+
+
+def numbers(text: str, option: str, number: Number, example: str) -> list:
+    """A comma-separated list of `number`s (--memory-gb 80,40): each checked as the option itself would be."""
+    try:
+        return [number.check(part) for part in text.split(",")]
+    except typer.BadParameter as exc:
+        raise UsageError(f"{option} '{text}': {exc.message}; give a comma-separated list, e.g. {example}") from None
+
+
+COUNT = Number(int, 1)  # processes, nodes, steps: at least one
+GPU_COUNT = Number(int, 0)  # 0: CPU hosts
+POSITIVE = Number(float, 0, above=True)
+
 Params = Annotated[Path, typer.Option(help="Parameter file.")]
-GpuModel = Annotated[str, typer.Option(help="GPU whose peak FLOP/s sets the compute time (H100, H200, A100, ...).")]
-AssumedMfu = Annotated[float, typer.Option(help="Assumed model FLOP utilisation of the compute (llm.c on 8x H100: "
-                                                "about 0.4).")]
+GpuModel = Annotated[Optional[str], typer.Option(
+    help="GPU whose peak FLOP/s sets the compute time (H100, H200, A100, ...) [default: H100].")]
+AssumedMfu = Annotated[Optional[float], typer.Option(
+    help="Assumed model FLOP utilisation of the compute (llm.c on 8x H100: about 0.4) [default: 0.4].",
+    callback=Number(float, 0, 1, above=True).callback)]
+DEFAULT_GPU, DEFAULT_MFU = "H100", 0.4
 PresetName = Annotated[Optional[str], typer.Option(help="Preset; default: params.yaml's 'preset' (auto).")]
 Gpus = Annotated[Optional[int], typer.Option(
-    help="Plan the study for this many GPUs per node (default: params.yaml's gpus_per_node, else the visible ones).")]
+    help="Plan the study for this many GPUs per node (default: params.yaml's gpus_per_node, else the visible ones).",
+    callback=GPU_COUNT.callback)]
 Nodes = Annotated[Optional[int], typer.Option(
-    help="Plan the study for a cluster of this many nodes (default: params.yaml's nodes, else 1).")]
+    help="Plan the study for a cluster of this many nodes (default: params.yaml's nodes, else 1).", callback=COUNT.callback)]
 RunsDir = Annotated[Path, typer.Option(help="Directory holding one directory per run id.")]
 Overrides = Annotated[Optional[list[str]], typer.Option("--set", help="Override a preset key: model.n_layer=2.")]
 
@@ -79,20 +139,24 @@ def train(
     strategy: Annotated[str, typer.Option(help=" | ".join(STRATEGIES) + " (`gpt2dist strategies` says what each is)")],
     out: Annotated[Path, typer.Option(help="Run directory: metrics.jsonl, run.json, checkpoint.pt.")],
     precision: Annotated[str, typer.Option(help=" | ".join(PRECISIONS))] = "fp32",
-    nproc: Annotated[int, typer.Option(help="Processes (devices for dp), on all nodes together.")] = 1,
+    nproc: Annotated[Optional[int], typer.Option(help="Processes (devices for dp), on all nodes together "
+                                                 "[default: 1; with --hosts, their slots].",
+                                                 callback=COUNT.callback)] = None,
     nodes: Annotated[int, typer.Option(help="Nodes of this SLURM job the processes spread over, nproc / nodes "
-                                            "each (the pipeline's multi-node jobs pass it).")] = 1,
+                                            "each (the pipeline's multi-node jobs pass it).", callback=COUNT.callback)] = 1,
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
     set_: Overrides = None,
-    max_steps: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.max_steps=K.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.seed=S.")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.max_steps=K.",
+                                                     callback=COUNT.callback)] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.seed=S.",
+                                                callback=Number(int, 0).callback)] = None,
     hosts: Annotated[Optional[str], typer.Option(help="HOST:SLOTS,... : print the multi-node commands.")] = None,
-    gpus: Annotated[Optional[int], typer.Option(help="With --hosts: GPUs per host, 0 for CPU hosts (default: "
+    gpus: Annotated[Optional[int], typer.Option(callback=GPU_COUNT.callback, help="With --hosts: GPUs per host, 0 for CPU hosts (default: "
                                                 "params.yaml's gpus_per_node, else this host's).")] = None,
-    emulate_nodes: Annotated[Optional[int], typer.Option(help="Run the multi-node commands on this many nodes "
+    emulate_nodes: Annotated[Optional[int], typer.Option(callback=COUNT.callback, help="Run the multi-node commands on this many nodes "
                                                          "emulated on this machine (network namespaces; root).")] = None,
-    link_mbit: Annotated[Optional[float], typer.Option(help="With --emulate-nodes: each node's link bandwidth, "
+    link_mbit: Annotated[Optional[float], typer.Option(callback=POSITIVE.callback, help="With --emulate-nodes: each node's link bandwidth, "
                                                        "Mbit/s each way (default: unshaped).")] = None,
     print_command: Annotated[bool, typer.Option(help="Print the launcher command instead of running it.")] = False,
     keep_checkpoint: Annotated[bool, typer.Option(help="Keep checkpoint.pt once the run completes.")] = True,
@@ -113,21 +177,25 @@ def train(
     host_list = commands.parse_hosts(hosts) if hosts else None
     if gpus is not None and not host_list:
         raise UsageError("--gpus describes the --hosts machines; a run on this machine uses the GPUs it sees")
-    device = None
+    device, host_gpus = None, None
     if host_list:  # other machines' commands: their GPUs, not necessarily this host's
         from gpt2dist.config.planning import hosts_gpus
         from gpt2dist.system.hardware import visible_gpus
 
         slots = {host.name: host.slots for host in host_list}
-        device = "cuda" if hosts_gpus(params, gpus, visible_gpus(), slots) else "cpu"
+        if nproc is not None and nproc != sum(slots.values()):
+            raise UsageError(f"--nproc {nproc} disagrees with --hosts, whose slots add up to {sum(slots.values())}; "
+                             "leave --nproc out (the slots say how many processes) or change the slots")
+        host_gpus = hosts_gpus(params, gpus, visible_gpus(), slots)
+        device = "cuda" if host_gpus else "cpu"
     if emulate_nodes is not None:
         device = "cpu"  # emulated nodes share this machine; its GPUs are not split between them
     if nodes != 1 and (host_list or emulate_nodes is not None):
         raise UsageError("--nodes is a SLURM job's nodes; --hosts and --emulate-nodes say their own")
     spread = len(host_list) if host_list else nodes  # emulated nodes: launch.emulated's, checked there
     spec = runner.build_spec(data=data, out=out, strategy=strategy, precision=precision,
-                             nproc=sum(h.slots for h in host_list) if host_list else nproc, params=params,
-                             preset=preset, overrides=overrides, check_devices=host_list is None, device=device,
+                             nproc=sum(h.slots for h in host_list) if host_list else nproc or 1, params=params,
+                             preset=preset, overrides=overrides, node_gpus=host_gpus, device=device,
                              nodes=spread, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
                              resume_from=resume_from)
     if host_list:
@@ -198,11 +266,14 @@ def _study(params: Path, preset: str | None, gpus: int | None = None, nodes: int
     """The study planned for `gpus` per node (else params.yaml's gpus_per_node, else the visible GPUs) on
     `nodes` nodes (else params.yaml's nodes, else 1)."""
     from gpt2dist.config.planning import gpus_given, planned_gpus, planned_nodes
-    from gpt2dist.pipeline.study import plan_study
+    from gpt2dist.pipeline.study import dropped_warning, plan_study
     from gpt2dist.system.hardware import visible_gpus
 
-    return plan_study(params, preset, planned_gpus(params, visible_gpus()) if gpus is None else gpus,
-                      planned_nodes(params, nodes), gpus_given=gpus_given(params, gpus))
+    study = plan_study(params, preset, planned_gpus(params, visible_gpus()) if gpus is None else gpus,
+                       planned_nodes(params, nodes), gpus_given=gpus_given(params, gpus))
+    if study.dropped:  # every command that plans says what it left out, and why
+        typer.echo(dropped_warning(study), err=True)
+    return study
 
 
 @app.command()
@@ -284,8 +355,8 @@ def plan(
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
-    gpu: GpuModel = "H100",
-    mfu: AssumedMfu = 0.4,
+    gpu: GpuModel = None,
+    mfu: AssumedMfu = None,
     memory_gb: Annotated[str, typer.Option(help="GPU memory sizes to check the fit against, in GB.")] = "80,40",
     out: Annotated[Optional[Path], typer.Option(help="Also write the plan as CSV here.")] = None,
 ) -> None:
@@ -296,11 +367,12 @@ def plan(
     from gpt2dist.io import atomic_open
     from gpt2dist.results.plan import USABLE_SHARE, fit_lines, plan as plan_table
 
-    try:
-        sizes = [float(part) for part in memory_gb.split(",")]
-    except ValueError:
-        raise UsageError(f"--memory-gb '{memory_gb}' is not a comma-separated list of GB, e.g. 80,40") from None
+    sizes = numbers(memory_gb, "--memory-gb", POSITIVE, "80,40")
     study = _study(params, preset, gpus, nodes)
+    if study.device != "cuda" and (gpu, mfu) != (None, None):
+        raise UsageError(f"--gpu and --mfu set a GPU's step time, and preset '{study.preset_name}' is planned here for "
+                         "CPUs; leave them out, or plan for GPUs with --gpus N")
+    gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
     table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes)
     on_gpus = study.device == "cuda"
     typer.echo(f"Plan of preset {study.preset_name} ({len(study.runs)} runs, {len(table)} configurations) on "
@@ -333,15 +405,15 @@ def plan(
 @app.command()
 @one_line_errors
 def recommend(
-    gpus: Annotated[int, typer.Option(help="GPUs per node of the cluster.")],
-    nodes: Annotated[int, typer.Option(help="Nodes of the cluster.")] = 1,
-    gpu: GpuModel = "H100",
-    memory_gb: Annotated[float, typer.Option(help="Memory of one GPU, GB.")] = 80.0,
+    gpus: Annotated[int, typer.Option(help="GPUs per node of the cluster.", callback=COUNT.callback)],
+    nodes: Annotated[int, typer.Option(help="Nodes of the cluster.", callback=COUNT.callback)] = 1,
+    gpu: GpuModel = None,
+    memory_gb: Annotated[float, typer.Option(help="Memory of one GPU, GB.", callback=POSITIVE.callback)] = 80.0,
     params: Params = Path("params.yaml"),
     preset: Annotated[str, typer.Option(help="Preset whose model and micro-batch to train.")] = "paper",
     precision: Annotated[str, typer.Option(help="Arithmetic of the runs.")] = "bf16",
-    tokens: Annotated[float, typer.Option(help="Tokens to train.")] = 1e10,
-    mfu: AssumedMfu = 0.4,
+    tokens: Annotated[float, typer.Option(help="Tokens to train.", callback=POSITIVE.callback)] = 1e10,
+    mfu: AssumedMfu = None,
     studies: Annotated[Optional[list[Path]], typer.Option(
         "--study", help="A collected study (results directory) whose runs measure the model's error; repeatable. "
         "Default: the reference studies under docs/reference.")] = None,
@@ -359,6 +431,7 @@ def recommend(
         raise UsageError("no stored study to measure the model's error on: pass --study <results directory>")
     stored = read_stored(directories)
     name, chosen = resolve_preset(params, preset, cuda=True)
+    gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
     table, errors = ranked(name, chosen, stored, gpu=gpu, gpus_per_node=gpus, nodes=nodes, precision=precision,
                            mfu=mfu, tokens=tokens, memory_gb=memory_gb)
     typer.echo(f"Recommendation (a prediction, not a measurement) for {nodes} node(s) of {gpus} {gpu} "
@@ -394,10 +467,10 @@ def recommend(
 def project_scaling(
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
-    gpu: GpuModel = "H100",
+    gpu: GpuModel = None,
     precision: Annotated[str, typer.Option(help="Arithmetic of the projected runs.")] = "bf16",
-    mfu: AssumedMfu = 0.4,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node, joined by NVLink.")] = 8,
+    mfu: AssumedMfu = None,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node, joined by NVLink.", callback=COUNT.callback)] = 8,
     nodes: Annotated[str, typer.Option(help="Node counts, joined by InfiniBand, e.g. 1,2,4,8.")] = "1,2,4,8",
 ) -> None:
     """Project a preset's data-parallel strategies to GPU clusters with the link model (a projection, not a
@@ -407,11 +480,9 @@ def project_scaling(
     from gpt2dist.config.presets import resolve_preset
     from gpt2dist.results.link_model import projection
 
-    try:
-        counts = [int(part) for part in nodes.split(",")]
-    except ValueError:
-        raise UsageError(f"--nodes '{nodes}' is not a comma-separated list of node counts, e.g. 1,2,4,8") from None
+    counts = numbers(nodes, "--nodes", COUNT, "1,2,4,8")
     name, chosen = resolve_preset(params, preset, cuda=_cuda_visible())
+    gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
     table = projection(name, chosen, gpu=gpu, precision=precision, mfu=mfu, gpus_per_node=gpus_per_node,
                        node_counts=counts)
     projected = table["note"] == "projection"
@@ -539,7 +610,8 @@ def selftest(
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
     out: Annotated[Path, typer.Option(help="JSON file with every check's result.")] = Path("results/selftest.json"),
-    timeout: Annotated[float, typer.Option(help="Seconds one check may take before it counts as hung.")] = 600,
+    timeout: Annotated[float, typer.Option(help="Seconds one check may take before it counts as hung.",
+                                           callback=POSITIVE.callback)] = 600,
     only: Annotated[Optional[list[str]], typer.Option(
         help="Check only this configuration (e.g. ddp-bf16-n2); repeatable.")] = None,
     resume: Annotated[bool, typer.Option(help="With --only: also kill and resume each of them.")] = False,
@@ -577,3 +649,18 @@ def selftest(
         raise UsageError(f"selftest: {len(failed)} of {len(checks)} checks failed ({', '.join(failed)}); "
                          f"each error is in the table above and in {out}")
     typer.echo(f"ok: all {len(checks)} checks of preset '{study.preset_name}' passed ({out})")
+
+
+def run() -> None:
+    """The `gpt2dist` command: a value the parser refuses (a bad number, an unknown option, a missing argument)
+    ends in one 'error:' line and status 2 like every other bad input, not click's usage block."""
+    try:
+        status = app(prog_name="gpt2dist", standalone_mode=False)
+    except CLICK_ERROR as exc:
+        command = exc.ctx.command_path if getattr(exc, "ctx", None) else "gpt2dist"
+        typer.echo(error_line(f"{exc.format_message()} (see {command} --help)"), err=True)
+        sys.exit(2)
+    except typer.Abort:
+        typer.echo(error_line("interrupted by SIGINT"), err=True)
+        sys.exit(128 + signal.SIGINT)
+    sys.exit(status if isinstance(status, int) else 0)

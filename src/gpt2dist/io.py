@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader never sees a half-written file under its final name."""
+"""Files: written atomically (a reader never sees a half-written file under its final name), and told apart
+by their first bytes before they are read, so a file of the wrong kind gets a sentence, not a parser's traceback."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import json
 import os
 import tempfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -43,3 +45,30 @@ def atomic_write_text(path: Path | str, text: str) -> None:
 
 def atomic_write_json(path: Path | str, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def file_kind(path: Path | str) -> str:
+    """What a file is, from its first bytes, in words for a message: 'a torch checkpoint' (torch.save's zip
+    archive), 'a gzip archive', 'a params file', 'a JSON file', 'an empty file', 'a text file' or 'a binary file'."""
+    path = Path(path)
+    head = path.read_bytes()[:4096] if path.is_file() else b""
+    if not path.is_file():
+        return "a directory" if path.is_dir() else "missing"
+    if not head.strip():
+        return "an empty file"
+    if head.startswith(b"PK") and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+        return "a torch checkpoint" if any(name.endswith("data.pkl") for name in names) else "a zip archive"
+    if head.startswith(b"\x1f\x8b"):
+        return "a gzip archive"
+    try:
+        text = head.decode()
+    except UnicodeDecodeError:
+        return "a binary file"
+    stripped = text.lstrip()
+    if stripped.startswith(("{", "[")):
+        return "a JSON file"
+    if any(line.startswith("presets:") for line in text.splitlines()):
+        return "a params file"
+    return "a text file"

@@ -8,9 +8,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
+
+from gpt2dist.pipeline.study import plan_study
 
 from conftest import REPO, gpt2dist
 
@@ -19,7 +22,8 @@ DOCKERFILE = REPO / "containers" / "Dockerfile"
 
 def test_hadolint_finds_no_errors():
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
-    recipes = [DOCKERFILE, REPO / "containers" / "standin" / "Containerfile"]
+    recipes = [DOCKERFILE, *sorted((REPO / "containers" / "standin").glob("*Containerfile"))]
+    assert len(recipes) == 3
     result = subprocess.run([hadolint, *map(str, recipes)], capture_output=True, text=True)  # warnings fail too
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -57,7 +61,8 @@ def test_lock_pins_every_package_with_a_hash():
 def test_doctor_passes_for_the_cpu_study():
     result = gpt2dist("doctor", "--no-gpu", "--params", REPO / "params.yaml", "--preset", "cpu")
     assert "Horovod" in result.stdout and "gloo True" in result.stdout
-    assert "ok: everything preset 'cpu' (60 runs) needs is here" in result.stdout
+    runs = len(plan_study(REPO / "params.yaml", "cpu", 0).runs)
+    assert f"ok: everything preset 'cpu' ({runs} runs) needs is here" in result.stdout
 
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("apex") is not None, reason="Apex is installed here")
@@ -84,3 +89,36 @@ def test_doctor_names_horovod_when_it_cannot_be_imported(tmp_path):
     assert result.returncode == 2
     assert ("Horovod, needed by horovod-fp32-n1, horovod-fp32-n2, horovod-bf16-n1, horovod-bf16-n2: install it with "
             "containers/install_horovod.sh") in result.stderr
+
+
+def _train_rules(deployment: set) -> dict:
+    """The workflow's train rules as Snakemake loads them for the paper study on 2 nodes of 8 GPUs."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.enums import Quietness
+    from snakemake.settings.types import ConfigSettings, DeploymentSettings, OutputSettings, ResourceSettings
+
+    with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
+        workflow = api.workflow(resource_settings=ResourceSettings(cores=1), snakefile=REPO / "Snakefile",
+                                workdir=REPO, deployment_settings=DeploymentSettings(deployment_method=deployment),
+                                config_settings=ConfigSettings(config={"preset": "paper", "gpus_per_node": 8,
+                                                                       "nodes": 2}))
+        rules = {rule.name: rule for rule in workflow._workflow.rules if rule.name.startswith("train")}
+        return {name: (rule.container_img, re.compile(rule.wildcard_constraints["run"]), rule.params)
+                for name, rule in rules.items()}
+
+
+def test_under_apptainer_a_run_across_nodes_runs_on_the_host_and_srun_puts_its_tasks_in_the_image():
+    """srun is not in the image, so a job that --sdm apptainer ran inside it could not start ranks on other
+    nodes; the one-node runs stay in the image. Without --sdm apptainer no job names an image."""
+    from snakemake.settings.types import DeploymentMethod
+
+    image = yaml.safe_load((REPO / "params.yaml").read_text())["container"]
+    rules = _train_rules({DeploymentMethod.APPTAINER})
+    (inside, one_node, params), (host, across, host_params) = rules["train"], rules["train_across_nodes"]
+    assert inside == image and host is None
+    assert across.fullmatch("ddp-bf16-n8-2nodes-r0") and not one_node.fullmatch("ddp-bf16-n8-2nodes-r0")
+    assert one_node.fullmatch("ddp-bf16-n8-r0") and not across.fullmatch("ddp-bf16-n8-r0")
+    assert params.image(SimpleNamespace(run="ddp-bf16-n8-2nodes-r0")) == f"GPT2DIST_IMAGE={image} "
+    assert params.image(SimpleNamespace(run="ddp-bf16-n8-r0")) == ""
+    # the control: on the host (no --sdm), the runs across nodes name no image
+    assert _train_rules(set())["train"][2].image(SimpleNamespace(run="ddp-bf16-n8-2nodes-r0")) == ""

@@ -10,13 +10,16 @@ import pytest
 
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
-from gpt2dist.launch.slurm import horovod_launch, launch_command, srun_command
+from gpt2dist.launch.slurm import Container, container_from_env, horovod_launch, launch_command, srun_command
 from gpt2dist.pipeline.study import Run
 from gpt2dist.system.allocation import Allocation, job_allocation, parse_show_job, rendezvous_port
 
 from conftest import gpt2dist, require
 
 SPEC = Path("/scratch/results/runs/ddp-bf16-n16-r0/spec.json")
+SIF = Container("gpt2dist.sif")
+SQUASH = Container("/scratch/gpt2dist.sqsh", "pyxis", "/scratch")
+PYXIS = ["--container-image=/scratch/gpt2dist.sqsh", "--container-mounts=/scratch:/scratch", "--container-workdir=/scratch"]
 ENV = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NTASKS": "16",
        "SLURM_CPUS_PER_TASK": "12", "SLURM_GPUS_ON_NODE": "8"}
 TWO_NODES = Allocation(["gpu07", "gpu08"], tasks=16, cpus_per_task=12, gpus_per_node=8)
@@ -37,11 +40,35 @@ def test_allocation_from_slurm_variables_or_scontrol():
 
 
 def test_torchrun_over_two_nodes_inside_the_image():
-    cmd = launch_command("torchrun", 16, TWO_NODES, SPEC, image="gpt2dist.sif", run_id="ddp-bf16-n16-r0")
+    cmd = launch_command("torchrun", 16, TWO_NODES, SPEC, container=SIF, run_id="ddp-bf16-n16-r0")
     assert cmd == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=96", "--kill-on-bad-exit=1",
                    "apptainer", "exec", "--nv", "gpt2dist.sif", "torchrun", "--nnodes=2", "--nproc-per-node=8",
                    "--rdzv-backend=c10d", "--rdzv-endpoint=gpu07:29500", "--rdzv-id=ddp-bf16-n16-r0",
                    "-m", "gpt2dist.launch.worker", str(SPEC)]
+
+
+def test_under_pyxis_srun_itself_starts_each_task_in_the_image():
+    torchrun = launch_command("torchrun", 16, TWO_NODES, SPEC, container=SQUASH, run_id="ddp-bf16-n16-r0")
+    assert torchrun[:4] == ["srun", *PYXIS] and torchrun[4:6] == ["--nodes=2", "--ntasks-per-node=1"]
+    assert "apptainer" not in torchrun and torchrun[torchrun.index("--kill-on-bad-exit=1") + 1] == "torchrun"
+    pmix = launch_command("horovodrun", 16, TWO_NODES, SPEC, container=SQUASH, horovod=horovod_launch(MPI_TYPES, True))
+    assert pmix[:5] == ["srun", *PYXIS, "--mpi=pmix"] and pmix[-4:] == ["python", "-m", "gpt2dist.launch.worker", str(SPEC)]
+    tasks = launch_command("torchrun", 2, Allocation(["cpu01"], tasks=2, cpus_per_task=4), SPEC, container=SQUASH)
+    assert tasks == ["srun", *PYXIS, "--ntasks=2", "--cpus-per-task=4", "--kill-on-bad-exit=1", "python", "-m",
+                     "gpt2dist.launch.worker", str(SPEC)]
+    # horovodrun over ssh would have to start ranks inside the image on the other nodes: refused, saying why
+    with pytest.raises(UsageError, match="pyxis cannot start inside the image: use GPT2DIST_CONTAINER_RUNTIME=apptainer"):
+        launch_command("horovodrun", 16, TWO_NODES, SPEC, container=SQUASH, horovod=horovod_launch(NO_PMIX, True))
+
+
+def test_the_container_comes_from_the_environment():
+    assert container_from_env({}) is None
+    assert container_from_env({"GPT2DIST_IMAGE": "gpt2dist.sif"}).wrapper() == ["apptainer", "exec", "--nv",
+                                                                              "gpt2dist.sif"]
+    pyxis = container_from_env({"GPT2DIST_IMAGE": "a.sqsh", "GPT2DIST_CONTAINER_RUNTIME": "pyxis"})
+    assert pyxis.wrapper() == [] and pyxis.srun_options()[0] == "--container-image=a.sqsh"
+    with pytest.raises(UsageError, match="GPT2DIST_CONTAINER_RUNTIME is 'docker'; use one of apptainer, pyxis"):
+        container_from_env({"GPT2DIST_IMAGE": "a.sif", "GPT2DIST_CONTAINER_RUNTIME": "docker"})
 
 
 def test_torchrun_over_two_nodes_on_the_host_is_this_environments():
@@ -77,7 +104,7 @@ def test_horovod_over_two_nodes_otherwise_starts_with_horovodrun_over_ssh_and_sa
     command = launch_command("horovodrun", 16, TWO_NODES, SPEC, horovod=chosen)
     assert command[1:5] == ["-np", "16", "-H", "gpu07:8,gpu08:8"] and command[0].endswith("horovodrun")
     assert ("--gloo" in command) is gloo and command[-4:] == [sys.executable, "-m", "gpt2dist.launch.worker", str(SPEC)]
-    inside = srun_command("horovodrun", TWO_NODES, SPEC, image="gpt2dist.sif", horovod=chosen)
+    inside = srun_command("horovodrun", TWO_NODES, SPEC, container=SIF, horovod=chosen)
     assert inside[:5] == ["apptainer", "exec", "--nv", "gpt2dist.sif", "horovodrun"] and inside[-4] == "python"
 
 
@@ -98,7 +125,7 @@ def test_several_nodes_must_hold_exactly_the_ranks():
 
 def test_one_node_whose_tasks_are_the_ranks():
     one_node = Allocation(["cpu01"], tasks=2, cpus_per_task=4)
-    assert launch_command("torchrun", 2, one_node, SPEC, image="gpt2dist.sif") == [
+    assert launch_command("torchrun", 2, one_node, SPEC, container=SIF) == [
         "srun", "--ntasks=2", "--cpus-per-task=4", "--kill-on-bad-exit=1",
         "apptainer", "exec", "--nv", "gpt2dist.sif", "python", "-m", "gpt2dist.launch.worker", str(SPEC)]
     # the local launcher otherwise: a job of one task, a single process, or horovodrun's own rendezvous

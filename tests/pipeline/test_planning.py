@@ -149,11 +149,13 @@ def test_gpus_per_node_in_params_reaches_dvc_yaml_and_train_hosts(params_file, s
     collect = yaml.safe_load(stages.read_text())["stages"]["collect"]["cmd"]
     assert "--gpus 4" in collect
     # commands for other machines describe those machines' GPUs, not this CPU-only host's
-    gpt2dist(*train_args(shards, gpu_params, tmp_path / "run", "ddp", "--hosts", "gpu-a:4,gpu-b:4"))
+    one_row = ("--set", "train.micro_batch_size=1")  # 8 processes, one sequence each: the global batch of 8
+    gpt2dist(*train_args(shards, gpu_params, tmp_path / "run", "ddp", "--hosts", "gpu-a:4,gpu-b:4", *one_row, nproc=8))
     assert json.loads((tmp_path / "run" / "spec.json").read_text())["device"] == "cuda"
-    gpt2dist(*train_args(shards, params_file, tmp_path / "cpu-run", "ddp", "--hosts", "a:2,b:2", "--gpus", "0"))
+    gpt2dist(*train_args(shards, params_file, tmp_path / "cpu-run", "ddp", "--hosts", "a:2,b:2", "--gpus", "0", nproc=4))
     assert json.loads((tmp_path / "cpu-run" / "spec.json").read_text())["device"] == "cpu"
-    gpt2dist(*train_args(shards, params_file, tmp_path / "said", "ddp", "--hosts", "gpu-a:4,gpu-b:4", "--gpus", "4"))
+    gpt2dist(*train_args(shards, params_file, tmp_path / "said", "ddp", "--hosts", "gpu-a:4,gpu-b:4", "--gpus", "4",
+                         *one_row, nproc=8))
     assert json.loads((tmp_path / "said" / "spec.json").read_text())["device"] == "cuda"
 
 
@@ -161,11 +163,12 @@ def test_gpus_per_node_in_params_reaches_dvc_yaml_and_train_hosts(params_file, s
     # the control of the case above: nothing says what the other machines have, and this host has no GPUs
     ("gpu-a:4,gpu-b:4", [], "this one has no GPUs to go by: give their GPUs per host with --gpus N"),
     ("gpu-a:8,gpu-b:8", ["--gpus", "4"], "gives gpu-a 8 processes but each host has 4 GPUs"),
-    ("gpu-a:4", ["--gpus", "-1"], "--gpus must be 0 or more GPUs per host, not -1"),
+    ("gpu-a:4", ["--gpus", "-1"], "Invalid value for '--gpus': -1 is below 0; it must be at least 0"),
 ])
 def test_hosts_of_unknown_or_too_few_gpus_are_refused(hosts, gpus, expected, params_file, shards, tmp_path):
     without_gpus = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # a login node, whatever runs the test
-    result = gpt2dist(*train_args(shards, params_file, tmp_path, "ddp", "--hosts", hosts, *gpus), check=False,
+    slots = sum(int(host.split(":")[1]) for host in hosts.split(","))
+    result = gpt2dist(*train_args(shards, params_file, tmp_path, "ddp", "--hosts", hosts, *gpus, nproc=slots), check=False,
                       env=without_gpus)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], \

@@ -121,6 +121,25 @@ def test_apex_trains_skips_compile_and_resumes(strategy, precision, shards, para
 
 
 @needs_apex
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["single", "apex-ddp"])
+def test_apex_o2_resumed_after_a_kill_ends_where_an_uninterrupted_run_ends(strategy, shards, params_file, tmp_path):
+    """Not just 'the loss went down': a run stopped at step 6 and resumed ends at step 9 with the uninterrupted
+    run's losses (a flat learning rate, so the schedule depends on the step alone), within what fp16's
+    arithmetic on a GPU leaves; a resume that lost the O2 masters or the loss scale would not."""
+    flat = ("--set", "train.min_lr=3e-3", "--set", "train.lr=3e-3", "--set", "train.checkpoint_interval=3",
+            "--max-steps", "9")
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    gpt2dist(*train_args(shards, params_file, whole, strategy, *flat, precision="apex-O2"))
+    gpt2dist(*train_args(shards, params_file, resumed, strategy, *flat[:-1], "6", precision="apex-O2"))
+    gpt2dist(*train_args(shards, params_file, resumed, strategy, *flat, precision="apex-O2"))
+    assert run_record(resumed)["resumed_from_step"] == 6
+    a, b = read_metrics(resumed), read_metrics(whole)
+    assert [line["step"] for line in a] == [line["step"] for line in b] == list(range(9))
+    assert [line["loss"] for line in a[6:]] == pytest.approx([line["loss"] for line in b[6:]], rel=1e-3)
+
+
+@needs_apex
 def test_apex_o2_checkpoint_restores_master_weights_and_optimizer_state(shards, params_file, tmp_path):
     """Bitwise: O2's fp32 masters and fp32 Adam moments come back as saved, not rounded through fp16.
     In one process, so amp.initialize runs twice: harmless for O2, which patches no torch functions."""

@@ -14,13 +14,22 @@ import sys
 
 import pytest
 import torch
-from test_equivalence import SummingDDP, assert_follows_in_precision, assert_follows_reference, train_with_fault
+from test_equivalence import (
+    SummingDDP,
+    assert_follows_in_precision,
+    assert_follows_reference,
+    assert_summed_gradients,
+    train_with_fault,
+)
 
 from gpt2dist.config.schema import PRECISIONS, ModelConfig, RunSpec, TrainConfig
 from gpt2dist.config.strategies import STRATEGY_NAMES, check_run
 from gpt2dist.errors import UsageError
+from gpt2dist.launch.runner import build_spec
+from gpt2dist.training.loop import Trainer
+from gpt2dist.training.strategies import REGISTRY
 
-from conftest import REPO, TINY_PRESET, gpt2dist, gpu, read_metrics, run_record, train_args
+from conftest import REPO, STUDY_REFUSES, TINY_PRESET, gpt2dist, gpu, read_metrics, run_record, train_args
 
 pytestmark = [pytest.mark.gpu, gpu]
 
@@ -38,15 +47,37 @@ FLAT_SCHEDULE = ("--set", f"train.min_lr={TINY_PRESET['train']['lr']}")
 GPU_RTOL = 1e-4
 
 
-def refusal(strategy: str, precision: str, nproc: int) -> str | None:
-    """Why the study would refuse this combination on this node, or None."""
+def refused_by_the_rules(strategy: str, precision: str, nproc: int) -> bool:
+    """The combinations the study refuses on GPUs for the tiny model, stated here apart from check_run, so that
+    check_run refusing a valid one fails a test instead of skipping it (test_strategies checks the two agree)."""
+    model = TINY_PRESET["model"]
+    apex = precision.startswith("apex")
+    return any([
+        strategy == "single" and nproc > 1,  # one process
+        strategy == "dp" and precision == "apex-O2",  # O2 patches a forward that DataParallel's replicas share
+        apex and strategy in ("fsdp", "tp", "pp", "fsdp-tp"),  # amp cannot wrap sharded or split parameters
+        precision == "fp16" and strategy in ("tp", "pp", "fsdp-tp"),  # the loss scaler cannot wrap them
+        strategy == "apex-ddp" and precision in ("fp16", "bf16"),  # Apex's DDP pairs with Apex amp or fp32
+        strategy == "fsdp-tp" and nproc % 2,  # its tensor-parallel size is 2
+        strategy == "tp" and model["n_head"] % nproc,  # heads split over the ranks
+        strategy == "pp" and model["n_layer"] < nproc,  # a block per stage at least
+    ])
+
+
+def refusal(strategy: str, precision: str, nproc: int, gpus: int = GPUS) -> str | None:
+    """Why the study refuses this combination on a node of `gpus` GPUs, or None; a refusal the rules above do not
+    make, or a combination they refuse that check_run lets through, fails."""
     spec = RunSpec(data_dir="", out_dir="", preset="tiny", strategy=strategy, precision=precision, nproc=nproc,
                    device="cuda", model=ModelConfig(**TINY_PRESET["model"]),
                    train=TrainConfig(**{**TINY_PRESET["train"], "micro_batch_size": 1}))
     try:
-        check_run(spec, GPUS)
+        check_run(spec, gpus)
     except UsageError as exc:
-        return str(exc)
+        if not refused_by_the_rules(strategy, precision, nproc):
+            pytest.fail(f"check_run refuses {strategy} {precision} on {nproc} of {gpus} GPUs, which is valid: {exc}")
+        return STUDY_REFUSES + str(exc)
+    if refused_by_the_rules(strategy, precision, nproc):
+        pytest.fail(f"check_run lets {strategy} {precision} on {nproc} of {gpus} GPUs through, which the study refuses")
     if (precision.startswith("apex") or strategy == "apex-ddp") and importlib.util.find_spec("apex") is None:
         return "needs NVIDIA Apex (the container image builds it)"
     return None
@@ -97,10 +128,71 @@ def test_two_gpus_follow_single_in_fp32(strategy, gpu_reference, shards, params_
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
 def test_summed_gradients_fail_on_gpus(gpu_reference, shards, params_file, tmp_path):
-    """GPU_RTOL's negative control: ddp that sums its ranks' gradients over NCCL falls outside it."""
+    """GPU_RTOL's negative control: ddp that sums its ranks' gradients over NCCL falls outside it, by exactly the
+    doubled step-0 gradient norm that summing makes."""
     train_with_fault(SummingDDP, shards, params_file, tmp_path, overrides=["train.micro_batch_size=1"])
-    with pytest.raises(AssertionError):
-        assert_follows_reference(gpu_reference, tmp_path, rtol=GPU_RTOL, atol_params=GPU_RTOL)
+    assert_summed_gradients(gpu_reference, tmp_path, rtol=GPU_RTOL, ratio_rtol=GPU_RTOL)
+
+
+class OneDeviceTokensDP(REGISTRY["dp"]):
+    """dp whose loss divides the devices' summed losses by one device's tokens: the gradients of its replicas
+    summed, not averaged (the fault a hand-written gather makes)."""
+
+    def loss_module(self, model, precision, loss):
+        parallel = super().loss_module(model, precision, loss)
+        devices = len(parallel.device_ids)
+
+        class Undivided(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.parallel = parallel
+
+            def forward(self, inputs, targets):
+                sums, counts = self.parallel(inputs, targets)
+                return sums, counts / devices
+
+        return Undivided()
+
+
+def _apex_ddp_summing() -> None:
+    """In each rank: Apex's wrapper built with gradient_average=False, so it sums the ranks' gradients."""
+    import functools
+    import types
+
+    from gpt2dist.training.strategies import apex_ddp
+
+    real = apex_ddp.require_apex_parallel()
+    summing = functools.partial(real.DistributedDataParallel, gradient_average=False)
+    apex_ddp.require_apex_parallel = lambda: types.SimpleNamespace(DistributedDataParallel=summing)
+
+
+def _train_in_one_process(strategy_class, spec_json: str) -> None:
+    spec = RunSpec.model_validate_json(spec_json)
+    strategy = strategy_class(spec)
+    try:
+        Trainer(spec, strategy).run()
+    finally:
+        strategy.teardown()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
+def test_dp_with_its_devices_gradients_summed_fails_on_gpus(gpu_reference, shards, params_file, tmp_path):
+    """dp's control, on the GPUs where its replicas are real (on CPU it is single's computation)."""
+    spec = build_spec(data=shards, out=tmp_path, strategy="dp", precision="fp32", nproc=2, params=params_file,
+                      preset=None, overrides=["train.micro_batch_size=1"])
+    torch.multiprocessing.spawn(_train_in_one_process, args=(OneDeviceTokensDP, spec.model_dump_json()), nprocs=1)
+    assert_summed_gradients(gpu_reference, tmp_path, rtol=GPU_RTOL, ratio_rtol=GPU_RTOL)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.skipif(importlib.util.find_spec("apex") is None, reason="needs NVIDIA Apex (the container image)")
+def test_apex_ddp_with_summed_gradients_fails_on_gpus(gpu_reference, shards, params_file, tmp_path):
+    """apex-ddp's control: Apex's own switch for not averaging (gradient_average=False) falls outside GPU_RTOL."""
+    train_with_fault(REGISTRY["apex-ddp"], shards, params_file, tmp_path, inject=_apex_ddp_summing,
+                     overrides=["train.micro_batch_size=1"])
+    assert_summed_gradients(gpu_reference, tmp_path, rtol=GPU_RTOL, ratio_rtol=GPU_RTOL)
 
 
 @pytest.mark.timeout(600)

@@ -1,9 +1,12 @@
 # Helpers shared by the rules: the study this machine runs, from gpt2dist.pipeline.study (the same
 # module dvc.yaml is generated from).
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+from snakemake.settings.types import DeploymentMethod
 
 from gpt2dist.pipeline import study as gs
 from gpt2dist.config.planning import planned_nodes

@@ -1,3 +1,10 @@
+# Runs across a cluster's nodes start their ranks with srun, which an image that `--sdm apptainer` runs a job
+# in does not have: under it, such a job runs on the host (rule train_across_nodes, below) and srun starts each
+# task inside the image (GPT2DIST_IMAGE; launch/slurm.py). Emulated nodes live on this machine and need no srun.
+IN_IMAGE = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
+ACROSS_NODES = [run_id for run_id, run in RUNS.items() if run.nodes > 1 and not run.emulated]
+
+
 # One job per run id. checkpoint.pt is deliberately not an output: Snakemake deletes an
 # interrupted job's outputs (--rerun-incomplete, retries), and the re-run must find the
 # checkpoint to resume from; the metrics so far travel inside it. Each job takes every core of the machine so that no two runs share
@@ -19,9 +26,12 @@ rule train:
         metrics=f"{gs.RUNS_DIR}/{{run}}/metrics.jsonl",
         spec=f"{gs.RUNS_DIR}/{{run}}/spec.json",
     wildcard_constraints:
-        run="|".join(map(re.escape, RUNS)),
+        run="|".join(re.escape(run) for run in RUNS if run not in ACROSS_NODES) or "(?!)",
     params:
         command=lambda wildcards: gs.train_command(STUDY, RUNS[wildcards.run]),
+        image=lambda wildcards: f"GPT2DIST_IMAGE={shlex.quote(config['container'])} "
+        if IN_IMAGE and wildcards.run in ACROSS_NODES
+        else "",
         settings=gs.preset_json(STUDY, "model", "train"),
         progress=gs.progress_command(STUDY, PARAMS),
     log:
@@ -40,7 +50,13 @@ rule train:
     # collect, plot and report name it, and the next `snakemake` retries it alone. Without a record (bad
     # input, found before training starts) the job fails. The time left is no reason to drop a run.
     shell:
-        "{params.command} > {log} 2>&1 || test -s {output.record}; {params.progress} || true"
+        "{params.image}{params.command} > {log} 2>&1 || test -s {output.record}; {params.progress} || true"
+
+
+use rule train as train_across_nodes with:
+    wildcard_constraints:
+        run="|".join(map(re.escape, ACROSS_NODES)) or "(?!)",  # (?!): matches nothing when there are none
+    container: None
 
 
 # Order only, no command: marks that every configuration's repeat {round} has trained. Through one

@@ -18,7 +18,7 @@ from gpt2dist.errors import UsageError
 # its runs were made with; `upgraded` reads such a file with today's names.
 RENAMED = {"train": {"warmup_steps": "lr_warmup_steps"}, "study": {"warmup_steps": "excluded_steps"}}
 # A preset may say `extends: NAME`: it is NAME's tree with its own keys laid over it (mappings merge key
-# by key; lists and values replace). Chains are allowed; a cycle is an error.
+# by key, except one of another `kind`; lists and values replace). Chains are allowed; a cycle is an error.
 EXTENDS = "extends"
 # The cpu study's variant that `preset: auto` picks on a CPU without bf16 instructions (fewer, shorter bf16 runs)
 EMULATED_BF16 = "cpu-emulated-bf16"
@@ -101,10 +101,14 @@ def preset_tree(raw: dict, path: Path, name: str, seen: tuple[str, ...] = ()) ->
 
 
 def _laid_over(base: dict, top: dict) -> dict:
+    """`top` over `base`, mappings merged key by key; a mapping of another `kind` (a data source, a tokenizer)
+    replaces the base's whole, since none of its keys belong to the other kind."""
     merged = dict(base)
     for key, value in top.items():
-        merged[key] = _laid_over(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) \
-            else value
+        below = base.get(key)
+        same_kind = isinstance(value, dict) and isinstance(below, dict) and value.get("kind", below.get("kind")) == \
+            below.get("kind")
+        merged[key] = _laid_over(below, value) if same_kind else value
     return merged
 
 
@@ -119,4 +123,9 @@ def _apply_override(tree: dict, assignment: str) -> None:
         if not isinstance(child, dict):
             raise UsageError(f"--set '{assignment}': '{name}' is a value, not a section")
         node = child
-    node[leaf] = yaml.safe_load(raw_value)
+    try:
+        node[leaf] = yaml.safe_load(raw_value)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise UsageError(f"--set '{assignment}': the value '{raw_value}' is not valid YAML ({problem}); quote text "
+                         f"that starts with [, {{ or a quote, e.g. --set \"{key}='...'\"") from None

@@ -31,7 +31,9 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     """GPT-2 architecture (transformers' GPT2Config names)."""
 
-    n_layer: int = Field(gt=0, description="Transformer blocks.")
+    # Bounds far above any GPT-2 (XL: 48 blocks) that keep a typo from planning for minutes: each block's
+    # tensors are counted one by one
+    n_layer: int = Field(gt=0, le=1024, description="Transformer blocks.")
     n_head: int = Field(gt=0, description="Attention heads per block; must divide n_embd.")
     n_embd: int = Field(gt=0, description="Residual stream width.")
     n_positions: int = Field(gt=0, description="Context length trained on (tokens per sequence).")
@@ -158,7 +160,7 @@ class RunGroup(_Strict):
         if isinstance(data, dict) and data.get("link_mbit") and "emulate" not in data:
             return {**data, "emulate": True}
         return data
-    repeats: int | None = Field(None, ge=1, description="Repeats of these runs (null: study.repeats); fewer where a "
+    repeats: int | None = Field(None, ge=1, le=1000, description="Repeats of these runs (null: study.repeats); fewer where a "
                                 "run is costly, at the price of its interval.")
 
     @model_validator(mode="after")
@@ -182,7 +184,8 @@ class StudyConfig(_Strict):
     needs_gpus: bool = Field(False, description="A study for GPU nodes: a host without GPUs plans it only where "
                              "gpus_per_node is given (0 plans it for CPUs on purpose), and `gpt2dist train` there "
                              "refuses rather than train it on the CPU.")
-    repeats: int = Field(3, ge=1, description="Repeats per configuration (3 or more give confidence intervals).")
+    repeats: int = Field(3, ge=1, le=1000, description="Repeats per configuration (3 or more give confidence "
+                         "intervals; at most 1000, a run each).")
     excluded_steps: int = Field(5, ge=0, description="Leading steps of each run left out of throughput statistics "
                                 "(compilation, allocator and cache warm-up).")
     train_runtime_min: int = Field(60, gt=0, description="Time limit of one train job on a cluster (SLURM "

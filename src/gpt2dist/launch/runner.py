@@ -5,7 +5,6 @@ SLURM job), and write the run's record (run.json), whose one writer this process
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import shutil
 import sys
@@ -16,6 +15,7 @@ from gpt2dist.config.presets import resolve_preset
 from gpt2dist.config.schema import PRECISIONS, RunSpec, write_spec
 from gpt2dist.config.strategies import STRATEGY_NAMES, check_run, describe
 from gpt2dist.errors import Interrupted, UsageError, failure_line
+from gpt2dist.io import file_kind
 from gpt2dist.launch import commands, emulated, lifetime, locks, slurm
 from gpt2dist.logs import setup_logging
 from gpt2dist.system.allocation import Allocation, job_allocation
@@ -40,10 +40,11 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
 
 
 def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: int, params: Path,
-               preset: str | None, overrides: list[str], check_devices: bool = True, nodes: int = 1,
+               preset: str | None, overrides: list[str], node_gpus: int | None = None, nodes: int = 1,
                device: str | None = None, keep_checkpoint: bool = True, stale_checkpoint: str = "fail",
                resume_from: Path | None = None) -> RunSpec:
-    """The validated RunSpec; `device` defaults to what this machine has (cuda when visible)."""
+    """The validated RunSpec; `device` defaults to what this machine has (cuda when visible), and the run is checked
+    against this machine's GPUs, or `node_gpus` per node where it is meant for other machines (--hosts)."""
     _choice(strategy, STRATEGY_NAMES, "--strategy")
     _choice(precision, PRECISIONS, "--precision")
     _choice(stale_checkpoint, ("fail", "restart"), "--stale-checkpoint")
@@ -54,9 +55,15 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
     if resume_from is not None:
         resume_from = Path(resume_from).resolve()
         resume_from = resume_from / "checkpoint.pt" if resume_from.is_dir() else resume_from
-        if not resume_from.is_file():
-            raise UsageError(f"--resume-from {resume_from} is no checkpoint: name another run's checkpoint.pt or its "
+        kind = file_kind(resume_from)
+        if kind != "a torch checkpoint":
+            what = "no checkpoint" if kind == "missing" else f"{kind}, not a checkpoint"
+            raise UsageError(f"--resume-from {resume_from} is {what}: name another run's checkpoint.pt or its "
                              "directory (a run keeps it unless trained with --no-keep-checkpoint)")
+    own = Path(out) / "checkpoint.pt"  # what a re-run resumes from: refused now, before anything is written
+    if own.exists() and (kind := file_kind(own)) != "a torch checkpoint":
+        raise UsageError(f"{own} is {kind}, not a checkpoint (a damaged save, or a file put there by hand); delete "
+                         "it to start afresh, or use another --out")
     here = device is None  # on this machine, with what it has
     gpus = cuda_gpus()
     device = device or ("cuda" if gpus else "cpu")
@@ -70,8 +77,7 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
                    train=chosen.train, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
                    resume_from=str(resume_from) if resume_from else None)
     preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
-    if check_devices:
-        check_run(spec, gpus)
+    check_run(spec, gpus if node_gpus is None else node_gpus)
     return spec
 
 
@@ -149,7 +155,7 @@ def _launch_mode(spec: RunSpec, emulation: emulated.Emulation | None) -> tuple[L
         horovod = slurm.detect_horovod_launch() if launcher == "horovodrun" and spec.nodes > 1 else None
         # GPT2DIST_IMAGE: run every task inside this image (when the job itself runs on the host)
         command = slurm.launch_command(launcher, spec.nproc, allocation, out / "spec.json",
-                                       image=os.environ.get("GPT2DIST_IMAGE"), run_id=out.name, horovod=horovod)
+                                       container=slurm.container_from_env(), run_id=out.name, horovod=horovod)
         if command is not None:
             facts = {"nodes": allocation.nodes, "ranks_per_node": allocation.ranks_per_node,
                      **({"horovod_launch": horovod.via, "horovod_launch_why": horovod.why} if horovod else {})}

@@ -172,7 +172,9 @@ def dropped_warning(study: Study) -> str | None:
     reasons = collections.defaultdict(list)
     for config, reason in study.dropped.items():
         reasons[reason].append(config)
-    return "warning: dropped, " + "; ".join(f"{', '.join(configs)} ({reason})" for reason, configs in reasons.items())
+    planned = len(configurations(study)) + len(study.dropped)
+    return f"warning: {len(study.dropped)} of {planned} configurations dropped: " + "; ".join(
+        f"{', '.join(configs)} ({reason})" for reason, configs in reasons.items())
 
 
 def slurm_request(study: Study, run: Run) -> dict[str, int | str]:

@@ -25,8 +25,25 @@ def _read(path: Path, producer: str, parse: Callable[[Path], T]) -> T:
         raise UsageError(f"{path} cannot be read ({why}); re-run `{producer}`") from None
 
 
-def read_json(path: Path, producer: str) -> dict:
-    return _read(path, producer, lambda p: json.loads(p.read_text()))
+# What `gpt2dist collect` writes to summary.json (results/collect.py, tested equal): a file without them is not
+# its output, and the commands that read it name that instead of failing on a missing key.
+SUMMARY_KEYS = ("preset", "hardware", "device", "excluded_steps", "target_val_loss", "versions",
+                "dropped_configurations", "mixed_hardware", "missing_runs", "disturbed_runs", "answer", "configs",
+                "findings", "link_model")
+
+
+def read_json(path: Path, producer: str, required: tuple[str, ...] = ()) -> dict:
+    """A JSON object; with `required`, one that holds those keys, as `producer` writes it."""
+    found = _read(path, producer, lambda p: json.loads(p.read_text()))
+    missing = [key for key in required if key not in found] if isinstance(found, dict) else list(required)
+    if missing:
+        raise UsageError(f"{path} is not what `{producer}` writes (no {', '.join(missing[:3])}"
+                         f"{' and more' if len(missing) > 3 else ''}); re-run `{producer}`")
+    return found
+
+
+def read_summary(results: Path) -> dict:
+    return read_json(Path(results) / "summary.json", "gpt2dist collect", SUMMARY_KEYS)
 
 
 def read_jsonl(path: Path, producer: str) -> list[dict]:

@@ -31,7 +31,7 @@ from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
 from gpt2dist.pipeline.study import LINK_FIGURE  # noqa: E402
 from gpt2dist.results.collect import in_study_order  # noqa: E402
-from gpt2dist.results.inputs import read_csv, read_json  # noqa: E402
+from gpt2dist.results.inputs import read_csv, read_summary  # noqa: E402
 from gpt2dist.results.link_model import predicted_vs_measured  # noqa: E402
 from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns  # noqa: E402
 
@@ -337,7 +337,7 @@ def use_theme() -> None:
 
 def plot(results: Path) -> list[Path]:
     results = Path(results)
-    info = read_json(results / "summary.json", "gpt2dist collect")
+    info = read_summary(results)
     tables = [read_csv(results / name, "gpt2dist collect") for name in ("runs.csv", "summary.csv", "metrics.csv")]
     repeats = int(tables[1]["repeats"].max()) if len(tables[1]) else 0
     title = f"{info['hardware']}\npreset {info['preset']}, up to {repeats} repeats per configuration"

