@@ -12,6 +12,8 @@
 #        PIP_CERT    a CA bundle for pip where a proxy re-signs TLS (podman: mounted for the build)
 #        GPT2DIST_WHEEL_CACHE  podman: the host folder mounted as the build's wheel cache, so
 #                    Horovod compiles once per toolchain (default ~/.cache/gpt2dist/wheels)
+#        APEX_SRC    podman: Apex's source (.tar.gz of tag 25.05) mounted into the gpu build, for machines
+#                    that cannot reach GitHub
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +49,12 @@ if [[ $engine == podman ]]; then
     [[ -f $PIP_CERT ]] || die "PIP_CERT names '$PIP_CERT', which is not a file"
     args+=(-v "$PIP_CERT:/run/pip-ca.crt:ro" --build-arg PIP_CERT=/run/pip-ca.crt)
   fi
+  if [[ -n ${APEX_SRC:-} ]]; then
+    [[ -f $APEX_SRC ]] || die "APEX_SRC names '$APEX_SRC', which is not a file (Apex's .tar.gz)"
+    args+=(-v "$(realpath "$APEX_SRC"):/run/apex-src.tar.gz:ro" --build-arg APEX_SRC=/run/apex-src.tar.gz)
+  fi
+elif [[ -n ${APEX_SRC:-} ]]; then
+  die "APEX_SRC is mounted into the build, which only podman does here; use ENGINE=podman or a reachable GitHub"
 fi
 "$engine" build "${args[@]}" . || die "the $variant image did not build (the step that failed is above)"
 content_id=$(cat "$work/content.id")

@@ -22,6 +22,9 @@ COMMANDS = {
     "plan": (["--params", PARAMS, "--preset", "paper", "--gpus", "8"], ["--mfu", "--gpus", "--nodes", "--memory-gb"]),
     "recommend": (["--params", PARAMS, "--gpus", "8"], ["--gpus", "--nodes", "--memory-gb", "--tokens", "--mfu"]),
     "project-scaling": (["--params", PARAMS, "--preset", "paper"], ["--mfu", "--gpus-per-node", "--nodes"]),
+    "doctor": (["--params", PARAMS, "--preset", "paper", "--no-gpu"], ["--gpus", "--nodes"]),
+    "dvc-yaml": (["--params", PARAMS, "--preset", "paper", "--out", "{tmp}/dvc.yaml"], ["--gpus", "--nodes"]),
+    "selftest": (["--params", PARAMS, "--preset", "cpu", "--only", "no-such-config"], ["--timeout"]),
 }
 CASES = [(command, option) for command, (_, options) in COMMANDS.items() for option in options]
 NUMBERS = st.one_of(
@@ -43,21 +46,44 @@ def invoke(*args: str) -> tuple[int, str, str]:
     return ended.value.code, out.getvalue(), err.getvalue()
 
 
+# train prints its launch command instead of training (--print-command): every check before a launch runs
+TRAIN_OPTIONS = ["--nproc", "--max-steps", "--seed", "--nodes", "--link-mbit", "--emulate-nodes"]
+
+
+def with_value(base: list[str], option: str, value: str) -> list[str]:
+    if option not in base:
+        return [*base, option, value]
+    at = base.index(option)
+    return [*base[:at], option, value, *base[at + 2:]]
+
+
+def assert_answer_or_one_error(code: int, out: str, err: str, value: str) -> None:
+    assert "Traceback" not in out + err
+    lines = [line for line in err.strip().splitlines() if not line.startswith("warning: ")]
+    if code == 0:
+        assert out.strip() and not lines, (value, err)
+        return
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (value, code, err)
+
+
 @pytest.mark.parametrize("command, option", CASES, ids=[f"{c}{o}" for c, o in CASES])
 @seed(20261126)
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=NUMBERS)
-def test_any_value_is_an_answer_or_one_error_line(command, option, value):
-    base, _ = COMMANDS[command]
-    args = [*base, option, value] if option not in base else \
-        [*base[:base.index(option)], option, value, *base[base.index(option) + 2:]]
-    code, out, err = invoke(command, *args)
-    assert "Traceback" not in out + err
-    if code == 0:
-        assert out.strip() and not err.strip(), (value, err)
-        return
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (value, code, err)
+def test_any_value_is_an_answer_or_one_error_line(command, option, value, tmp_path_factory):
+    base = [arg.replace("{tmp}", str(tmp_path_factory.getbasetemp())) for arg in COMMANDS[command][0]]
+    assert_answer_or_one_error(*invoke(command, *with_value(base, option, value)), value)
+
+
+@pytest.mark.parametrize("option", TRAIN_OPTIONS)
+@seed(20261126)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=NUMBERS)
+def test_any_value_of_a_train_option_is_a_launch_or_one_error_line(option, value, shards, params_file, tmp_path):
+    base = ["--data", str(shards), "--out", str(tmp_path / "run"), "--params", str(params_file), "--strategy", "ddp",
+            "--print-command"]
+    code, out, err = invoke("train", *with_value(base, option, value))
+    assert_answer_or_one_error(code, out, err, value)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -72,3 +98,57 @@ def test_the_error_names_the_option_and_the_problem(args, message):
     usage block instead of one line."""
     code, _, err = invoke(*args)
     assert code == 2 and err.startswith(message), err
+
+
+HOSTS = st.lists(st.tuples(st.sampled_from(["a", "b", "node-1", "", "a:b"]), st.integers(-2, 40)), min_size=1,
+                 max_size=3).map(lambda hosts: ",".join(f"{name}:{slots}" for name, slots in hosts))
+SETS = st.one_of(st.text(max_size=12), st.builds(lambda key, value: f"{key}={value}",
+                                                  st.sampled_from(["model.n_layer", "train.lr", "study", "x.y.z", ""]),
+                                                  st.one_of(st.text(max_size=8), NUMBERS)))
+
+
+@seed(20261126)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(hosts=HOSTS, gpus=st.sampled_from(["0", "1", "4", "-1", "nan"]), nproc=st.sampled_from([None, "1", "4", "8"]))
+def test_any_hosts_are_launch_commands_or_one_error_line(hosts, gpus, nproc, shards, params_file, tmp_path):
+    """--hosts is checked as any run is (process count, batch, the hosts' GPUs) and --nproc must agree with it."""
+    args = ["--data", str(shards), "--out", str(tmp_path / "run"), "--params", str(params_file), "--strategy", "ddp",
+            "--hosts", hosts, "--gpus", gpus, *(["--nproc", nproc] if nproc else [])]
+    assert_answer_or_one_error(*invoke("train", *args), hosts)
+
+
+@seed(20261126)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(assignment=SETS)
+def test_any_set_is_a_launch_or_one_error_line(assignment, shards, params_file, tmp_path):
+    args = ["--data", str(shards), "--out", str(tmp_path / "run"), "--params", str(params_file), "--strategy", "single",
+            "--print-command", "--set", assignment]
+    assert_answer_or_one_error(*invoke("train", *args), assignment)
+
+
+CONTENTS = st.one_of(st.sampled_from([b"", b"\n", b"{}", b"[]", b"null", b'{"preset": "cpu"}', b"presets:\n  cpu: {}\n",
+                                      b"PK\x03\x04", b"\x1f\x8b\x08\x00", b"\x80\x02}q\x00."]),
+                     st.binary(max_size=64), st.text(max_size=64).map(str.encode))
+
+
+@seed(20261126)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=CONTENTS, where=st.sampled_from(["resume-from", "summary", "bundle", "estimate"]))
+def test_a_file_of_any_content_where_another_kind_is_expected_is_one_error_line(content, where, shards,
+                                                                              params_file, tmp_path_factory):
+    """A checkpoint, a study's summary.json, a bundle or an estimate given as any bytes: never a parser's traceback.
+    (A stdlib pickle of a dict, the last sample, is no checkpoint either: torch.save writes a zip archive.)"""
+    folder = tmp_path_factory.mktemp("file")
+    target = folder / {"resume-from": "checkpoint.pt", "summary": "summary.json", "bundle": "study.tar.gz",
+                       "estimate": "estimate.json"}[where]
+    target.write_bytes(content)
+    args = {"resume-from": ["train", "--data", str(shards), "--out", str(folder / "run"), "--params", str(params_file),
+                            "--strategy", "single", "--print-command", "--resume-from", str(target)],
+            "summary": ["report", "--results", str(folder)],
+            "bundle": ["figures", "--from", str(target), "--out", str(folder / "rebuilt")],
+            "estimate": ["progress", "--params", str(params_file), "--runs", str(folder), "--estimate", str(target)]}
+    code, out, err = invoke(*args[where])
+    if where == "estimate" and code == 0:  # an estimate is advice: one it cannot read is said and left out
+        return
+    assert code == 2, (where, content, out, err)
+    assert_answer_or_one_error(code, out, err, content)

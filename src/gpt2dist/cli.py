@@ -88,7 +88,8 @@ Gpus = Annotated[Optional[int], typer.Option(
     help="Plan the study for this many GPUs per node (default: params.yaml's gpus_per_node, else the visible ones).",
     callback=GPU_COUNT.callback)]
 Nodes = Annotated[Optional[int], typer.Option(
-    help="Plan the study for a cluster of this many nodes (default: params.yaml's nodes, else 1).", callback=COUNT.callback)]
+    help="Plan the study for a cluster of this many nodes (default: params.yaml's nodes, else 1).",
+    callback=COUNT.callback)]
 RunsDir = Annotated[Path, typer.Option(help="Directory holding one directory per run id.")]
 Overrides = Annotated[Optional[list[str]], typer.Option("--set", help="Override a preset key: model.n_layer=2.")]
 
@@ -107,6 +108,10 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_print_vers
     """Which data-parallel strategy trains GPT-2 fastest on this hardware, measured reproducibly."""
 
 
+# Warnings a command's planning raised (configurations dropped), printed once the command has succeeded
+_WARNINGS: list[str] = []
+
+
 def one_line_errors(command: Callable) -> Callable:
     """Bad input ends a command with one 'error: ...' line and exit status 2; a stop signal with one line
     and 128 + its number, as a shell reports it. Every command wears it."""
@@ -114,7 +119,10 @@ def one_line_errors(command: Callable) -> Callable:
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
-            return command(*args, **kwargs)
+            result = command(*args, **kwargs)
+            for line in _WARNINGS:  # said after the answer: a refusal stays the one line it is
+                typer.echo(line, err=True)
+            return result
         except UsageError as exc:
             typer.echo(error_line(exc), err=True)
             raise typer.Exit(2) from None
@@ -143,7 +151,8 @@ def train(
                                                  "[default: 1; with --hosts, their slots].",
                                                  callback=COUNT.callback)] = None,
     nodes: Annotated[int, typer.Option(help="Nodes of this SLURM job the processes spread over, nproc / nodes "
-                                            "each (the pipeline's multi-node jobs pass it).", callback=COUNT.callback)] = 1,
+                                            "each (the pipeline's multi-node jobs pass it).",
+                                       callback=COUNT.callback)] = 1,
     params: Params = Path("params.yaml"),
     preset: PresetName = None,
     set_: Overrides = None,
@@ -152,12 +161,15 @@ def train(
     seed: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.seed=S.",
                                                 callback=Number(int, 0).callback)] = None,
     hosts: Annotated[Optional[str], typer.Option(help="HOST:SLOTS,... : print the multi-node commands.")] = None,
-    gpus: Annotated[Optional[int], typer.Option(callback=GPU_COUNT.callback, help="With --hosts: GPUs per host, 0 for CPU hosts (default: "
-                                                "params.yaml's gpus_per_node, else this host's).")] = None,
-    emulate_nodes: Annotated[Optional[int], typer.Option(callback=COUNT.callback, help="Run the multi-node commands on this many nodes "
-                                                         "emulated on this machine (network namespaces; root).")] = None,
-    link_mbit: Annotated[Optional[float], typer.Option(callback=POSITIVE.callback, help="With --emulate-nodes: each node's link bandwidth, "
-                                                       "Mbit/s each way (default: unshaped).")] = None,
+    gpus: Annotated[Optional[int], typer.Option(help="With --hosts: GPUs per host, 0 for CPU hosts (default: "
+                                                "params.yaml's gpus_per_node, else this host's).",
+                                                callback=GPU_COUNT.callback)] = None,
+    emulate_nodes: Annotated[Optional[int], typer.Option(help="Run the multi-node commands on this many nodes "
+                                                         "emulated on this machine (network namespaces; root).",
+                                                         callback=COUNT.callback)] = None,
+    link_mbit: Annotated[Optional[float], typer.Option(help="With --emulate-nodes: each node's link bandwidth, "
+                                                       "Mbit/s each way (default: unshaped).",
+                                                       callback=POSITIVE.callback)] = None,
     print_command: Annotated[bool, typer.Option(help="Print the launcher command instead of running it.")] = False,
     keep_checkpoint: Annotated[bool, typer.Option(help="Keep checkpoint.pt once the run completes.")] = True,
     stale_checkpoint: Annotated[str, typer.Option(help="A checkpoint of other settings in --out: fail, or restart "
@@ -272,7 +284,7 @@ def _study(params: Path, preset: str | None, gpus: int | None = None, nodes: int
     study = plan_study(params, preset, planned_gpus(params, visible_gpus()) if gpus is None else gpus,
                        planned_nodes(params, nodes), gpus_given=gpus_given(params, gpus))
     if study.dropped:  # every command that plans says what it left out, and why
-        typer.echo(dropped_warning(study), err=True)
+        _WARNINGS.append(dropped_warning(study))
     return study
 
 

@@ -21,8 +21,13 @@ def _umask() -> int:
 
 @contextlib.contextmanager
 def atomic_open(path: Path | str, mode: str = "w") -> Iterator[IO[Any]]:
-    """Write to a temporary file beside `path`, fsync, then rename over it; on error, delete it."""
+    """Write to a temporary file beside `path`, fsync, then rename over it; on error, delete it. A device or pipe
+    (--out /dev/stdout) is written to as it is: a rename would replace it with a file (as root, /dev/null too)."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        with open(path, mode) as handle:
+            yield handle
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; results are meant to be shared

@@ -2,7 +2,8 @@
 torch 2.11.0 and CUDA 13.0 compiler, Debian's Open MPI): Apex compiles with amp_C and apex_C, Horovod with
 NCCL, MPI and Gloo, and inside the image they import and `gpt2dist doctor --no-gpu --gpus 8 --preset paper`
 passes (the build's last step). About an hour on 2 cores when nothing is cached, so it runs only when asked
-for: `pytest -m gpu_image` (conftest deselects it otherwise); containers/README.md records its last run."""
+for: `pytest -m gpu_image` (conftest deselects it otherwise); containers/README.md records its last run.
+Where GitHub cannot be reached, APEX_SRC names Apex's source archive (tag 25.05), which the build mounts."""
 
 from __future__ import annotations
 

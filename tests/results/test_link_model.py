@@ -90,4 +90,5 @@ def test_project_scaling_prints_a_labelled_projection():
     assert len(re.findall(r"\| projection +\|", shown.stdout)) == 6  # ddp, horovod, fsdp at 1 and 2 nodes
     wrong = gpt2dist("project-scaling", "--params", REPO / "params.yaml", "--nodes", "one,two", check=False)
     assert wrong.returncode == 2
-    assert wrong.stderr.strip() == "error: --nodes 'one,two' is not a comma-separated list of node counts, e.g. 1,2,4,8"
+    assert wrong.stderr.strip() == ("error: --nodes 'one,two': 'one' is not a whole number; give a comma-separated "
+                                    "list, e.g. 1,2,4,8")

@@ -44,8 +44,9 @@ def test_a_cpu_plan_leaves_gpu_step_times_to_the_estimate():
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("--memory-gb", "80,forty", "error: --memory-gb '80,forty' is not a comma-separated list of GB"),
-    ("--mfu", "1.5", "error: --mfu is a fraction of the peak in (0, 1], got 1.5"),
+    ("--memory-gb", "80,forty", "error: --memory-gb '80,forty': 'forty' is not a number; give a comma-separated "
+                                "list, e.g. 80,40"),
+    ("--mfu", "1.5", "error: Invalid value for '--mfu': 1.5 is above 1"),
     ("--gpu", "V100", "error: no peak FLOP/s known for GPU 'V100'"),
 ])
 def test_bad_plan_input_is_one_error_line_and_no_file(option, value, message, tmp_path):
@@ -54,3 +55,14 @@ def test_bad_plan_input_is_one_error_line_and_no_file(option, value, message, tm
                       "--out", out, check=False)
     assert result.returncode != 0 and result.stderr.strip().startswith(message), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_plan_that_drops_configurations_says_how_many_and_why():
+    """plan --gpus 2 once planned 26 of the paper study's configurations without a word about the others."""
+    from gpt2dist.pipeline.study import configurations, plan_study
+
+    study = plan_study(REPO / "params.yaml", "paper", 2)
+    result = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper", "--gpus", "2")
+    planned = len(configurations(study)) + len(study.dropped)
+    assert study.dropped and f"warning: {len(study.dropped)} of {planned} configurations dropped: " in result.stderr
+    assert "(4 processes per node, a node has 2 GPUs)" in result.stderr

@@ -45,6 +45,9 @@ from gpt2dist.results.time_ledger import LEDGER
 from gpt2dist.system.hardware import mfu, peak_flops
 
 log = logging.getLogger(__name__)
+# Tables keep 10 significant digits: the last of a float's 17 can differ between CPUs that take other SIMD paths
+# (AVX2 or AVX-512) through the same statistics, and a bundle must rebuild to the same bytes on either.
+CANONICAL_FLOAT = "%.10g"
 
 # link_mbit: NaN when unshaped; emulated: nodes emulated on one machine (False for one node and a cluster's)
 CONFIG_KEYS = ["config_id", "strategy", "precision", "nproc", "nodes", "emulated", "link_mbit"]
@@ -325,7 +328,7 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
     model = predicted_vs_measured(summary)
     for frame, name in ((table, "metrics.csv"), (runs, "runs.csv"), (summary, "summary.csv"), (model, "link_model.csv")):
         with atomic_open(out_dir / name, "w") as handle:
-            frame.to_csv(handle, index=False)
+            frame.to_csv(handle, index=False, float_format=CANONICAL_FLOAT)
     write_compact_views(out_dir, [run.config_id for run in configurations(study)], summary, table)
     first = next(iter(records.values()))
     result = {

@@ -43,10 +43,11 @@ def facts(no_gpu: bool) -> list[Fact]:
     if not no_gpu:
         gpus = devices["gpus"]
         rows += [
-            Fact("CUDA (torch build)", str(versions["cuda"]), versions["cuda"] is not None),
+            Fact("CUDA (torch build)", versions["cuda"] or "none: a CPU-only build of torch",
+                 versions["cuda"] is not None),
             Fact("GPUs", ", ".join(gpus) or "none visible", bool(gpus)),
-            Fact("driver", str(devices.get("driver")), devices.get("driver") is not None),
-            Fact("NCCL", str(versions["nccl"]), versions["nccl"] is not None),
+            Fact("driver", devices.get("driver") or "not found (no nvidia-smi)", devices.get("driver") is not None),
+            Fact("NCCL", versions["nccl"] or "not read (no GPU visible)", versions["nccl"] is not None),
             Fact("interconnect (nvidia-smi topo -m)", devices.get("topology") or "unknown", True),
         ]
     for key, value in environment.slurm().items():

@@ -1,0 +1,52 @@
+"""gpt2dist.io: atomic writes (never a half file under the final name, never a device replaced by a file) and
+files told apart by their first bytes, so a file of the wrong kind gets a sentence instead of a parser's error."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import stat
+import threading
+
+import pytest
+import torch
+
+from gpt2dist.io import atomic_open, atomic_write_text, file_kind
+
+from conftest import REPO
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "summary.json"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_open(target) as handle:
+        handle.write("half")
+        raise RuntimeError("interrupted")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_a_pipe_is_written_to_not_replaced(tmp_path):
+    """As root, renaming over /dev/null replaced it with a file; a pipe stands in for a device here."""
+    fifo = tmp_path / "out"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader.start()
+    atomic_write_text(fifo, "plan\n")
+    reader.join(timeout=10)
+    assert received == ["plan\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_files_are_told_apart_by_their_first_bytes(tmp_path):
+    torch.save({"step": 1}, tmp_path / "checkpoint.pt")
+    (tmp_path / "bundle.tar.gz").write_bytes(gzip.compress(b"x"))
+    (tmp_path / "run.json").write_text('{"status": "completed"}')
+    (tmp_path / "blank.json").write_text("\n\n")
+    (tmp_path / "notes.txt").write_text("a note")
+    (tmp_path / "train.bin").write_bytes(bytes(range(256)))
+    kinds = {name: file_kind(tmp_path / name) for name in
+             ("checkpoint.pt", "bundle.tar.gz", "run.json", "blank.json", "notes.txt", "train.bin", "nothing")}
+    assert kinds == {"checkpoint.pt": "a torch checkpoint", "bundle.tar.gz": "a gzip archive", "run.json": "a JSON file",
+                     "blank.json": "an empty file", "notes.txt": "a text file", "train.bin": "a binary file",
+                     "nothing": "missing"}
+    assert file_kind(REPO / "params.yaml") == "a params file" and file_kind(tmp_path) == "a directory"
