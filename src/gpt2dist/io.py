@@ -56,9 +56,10 @@ def file_kind(path: Path | str) -> str:
     """What a file is, from its first bytes, in words for a message: 'a torch checkpoint' (torch.save's zip
     archive), 'a gzip archive', 'a params file', 'a JSON file', 'an empty file', 'a text file' or 'a binary file'."""
     path = Path(path)
-    head = path.read_bytes()[:4096] if path.is_file() else b""
     if not path.is_file():
         return "a directory" if path.is_dir() else "missing"
+    with open(path, "rb") as handle:  # a checkpoint may be gigabytes: its head says enough
+        head = handle.read(4096)
     if not head.strip():
         return "an empty file"
     if head.startswith(b"PK") and zipfile.is_zipfile(path):

@@ -14,7 +14,7 @@ from test_image import _checked, podman_env  # noqa: F401  (the fixture, shared)
 pytestmark = [pytest.mark.gpu_image, pytest.mark.timeout(7200)]
 TAG = "localhost/gpt2dist-test:gpu"
 IMPORTS = ("import apex.amp, apex.parallel, amp_C, apex_C; import horovod.torch as hvd; "
-           "print('nccl', hvd.nccl_built(), 'mpi', hvd.mpi_built(), 'gloo', hvd.gloo_built())")
+           "print('nccl', bool(hvd.nccl_built()), 'mpi', hvd.mpi_built(), 'gloo', hvd.gloo_built())")  # nccl: its version
 
 
 def test_the_gpu_variant_builds_on_pypi_cuda13_and_its_extensions_import(podman_env):  # noqa: F811
