@@ -57,7 +57,7 @@ def assert_answer_or_one_error(code: int, out: str, err: str) -> None:
 
 
 @seed(20261126)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(path=st.sampled_from(CPU_LEAVES), value=VALUES)
 def test_any_value_at_any_key_is_planned_or_one_error_line(path, value):
     params = yaml.safe_load(yaml.safe_dump(PARAMS))
@@ -69,7 +69,7 @@ def test_any_value_at_any_key_is_planned_or_one_error_line(path, value):
 
 
 @seed(20261126)
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(parent=st.one_of(st.sampled_from(["cpu", "paper", "nowhere", ""]), VALUES),
        key=st.sampled_from(["nodes", "link_mbit", "repeats", "nproc", "emulate", "label"]), value=VALUES)
 def test_extends_and_run_group_keys_are_planned_or_one_error_line(parent, key, value):

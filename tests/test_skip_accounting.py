@@ -66,6 +66,7 @@ SKIPPING = {
 }
 
 
+@pytest.mark.slow  # four pytest sessions of their own
 @pytest.mark.parametrize("name, fails", [("test_needs_network.py", True), ("test_skips_while_collected.py", True),
                                          ("test_sounds_like_a_gpu.py", True), ("test_no_gpu.py", False)])
 def test_where_every_piece_is_required_an_unexpected_skip_fails_the_run(tmp_path, name, fails):
