@@ -119,9 +119,11 @@ def test_every_job_ran_on_the_cluster_and_the_summary_compares_one_node_with_two
     for claim in ("bai-horovod-apex-robust", "bai-sublinear-nodes"):
         statistic = claims[claim]["statistic"]
         assert "across" in statistic and "emulated" not in statistic and "Mbit/s" not in statistic, claims[claim]
-    # prepare, a selftest and a run per configuration, each an sbatch job that completed; the 2-node ones on 2
+    # prepare, a selftest and a run per configuration, each an sbatch job that completed; the 2-node ones on 2,
+    # through the rule that keeps them on the host under --sdm apptainer (workflow/rules/train.smk)
     jobs = slurm_cluster.jobs(started)
     rules = sorted(job["comment"].split("_wildcards_")[0] for job in jobs)
-    assert rules == ["rule_prepare"] + ["rule_selftest"] * 6 + ["rule_train"] * 6, jobs
+    assert rules == ["rule_prepare"] + ["rule_selftest"] * 6 + ["rule_train"] * 3 + ["rule_train_across_nodes"] * 3, \
+        jobs
     assert {job["state"] for job in jobs} == {"COMPLETED"}
     assert sorted(job["nodes"] for job in jobs if job["comment"].startswith("rule_train")) == ["1"] * 3 + ["2"] * 3

@@ -24,9 +24,9 @@ PAPER_CONFIGURATIONS = len({run.config_id for run in plan_study(REPO / "params.y
 
 
 def resources(dry_run: str) -> dict[str, dict[str, str]]:
-    """run id -> its train job's resources, from `snakemake -n` output."""
+    """run id -> its train job's resources, from `snakemake -n` output (runs across nodes have a rule of their own)."""
     found = {}
-    for block in dry_run.split("rule train:")[1:]:
+    for block in re.split(r"rule train(?:_across_nodes)?:", dry_run)[1:]:
         run_id = re.search(r"wildcards: run=(\S+)", block)[1]
         found[run_id] = dict(item.split("=", 1) for item in re.search(r"resources: (.*)", block)[1].split(", "))
     return found
