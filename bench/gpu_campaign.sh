@@ -9,22 +9,23 @@
 #   install   the wheels containers/build_gpu_wheels.sh made (Apex, Horovod with NCCL/MPI/Gloo, PyPI's Open
 #             MPI, what the machine lacks of gpt2dist's dependencies) and gpt2dist, into --state/site, offline
 #   doctor    gpt2dist doctor for the one-GPU study
-#   selftest  gpt2dist selftest --preset paper --gpus 1: every one-GPU configuration, Apex O1/O2, apex-ddp and
-#             Horovod over NCCL included, with a resume per strategy
-#   mfu       bench/mfu.py in bf16 and tf32 (GPT-2 small, context 1024, compiled)
-#   study     the one-GPU study (preset gpu-1gpu) under Snakemake, which itself resumes at run granularity
+#   study     the one-GPU study (preset gpu-1gpu: every configuration of preset paper that runs on one GPU)
+#             under Snakemake: first its selftests (gpt2dist selftest per configuration, with a kill and
+#             resume per strategy: Apex O1/O2, apex-ddp and Horovod over NCCL included), then its runs.
+#             Snakemake resumes it at run granularity, so it starts whenever a minute is left
 #   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz)
+#   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) with a profile of 3 steps
 #   tests     pytest -m gpu
 #   memory    bench/memory_model.py: predicted against measured peak memory per strategy
-#
+#   mfu_tf32  bench/mfu.py in tf32
 # --budget-s   seconds this call may take (default 540, under a 10-minute limit per call)
 # --state      where steps, logs and the installed environment live (default results/gpu-campaign)
 # --wheels     the wheels' folder (default wheels/gpu, what build_gpu_wheels.sh writes)
-# --out        a folder that receives the logs and the bundle when the call stops (for a machine whose
-#              working tree does not come back)
+# --out        a folder that receives the logs, the study's records (no checkpoints) and the bundle when
+#              the call stops (for a machine whose working tree does not come back)
 # --dry-run    on a machine without a GPU: the same steps in the same order with the same bookkeeping, each
-#              GPU command replaced by its CPU stand-in (doctor --no-gpu, one selftest check, the study planned
-#              by snakemake -n, the GPU tests collected, bench/memory_model.py on the cpu preset)
+#              GPU command replaced by its CPU stand-in (doctor --no-gpu, the study planned by snakemake -n,
+#              bench/mfu.py's options parsed, the GPU tests collected, bench/memory_model.py on the cpu preset)
 #
 # Exit status: 0 when every step is done, 3 when the budget ran out first (run the same command again),
 # 1 when a step failed (its log is named).
@@ -113,14 +114,13 @@ step_doctor() {
   if ((dry)); then gpt2dist doctor --no-gpu --preset cpu; else gpt2dist doctor --preset gpu-1gpu --gpus 1; fi
 }
 
-step_selftest() {
-  if ((dry)); then gpt2dist selftest --preset cpu --only single-fp32-n1 --out "$state/selftest.json"
-  else gpt2dist selftest --preset paper --gpus 1 --out "$state/selftest.json"; fi
-}
-
 step_mfu() {
   if ((dry)); then "$python" bench/mfu.py --help >/dev/null && echo "dry run: bench/mfu.py parses; it needs a GPU"; return; fi
-  "$python" bench/mfu.py --precision bf16
+  "$python" bench/mfu.py --precision bf16 --profile-steps 3
+}
+
+step_mfu_tf32() {
+  if ((dry)); then echo "dry run: bench/mfu.py --precision tf32 needs a GPU"; return; fi
   "$python" bench/mfu.py --precision tf32
 }
 
@@ -128,7 +128,9 @@ study_config() { echo "preset=gpu-1gpu gpus_per_node=1"; }
 
 step_study() {
   if ((dry)); then snakemake --cores all --dry-run --quiet rules --config $(study_config); return; fi
-  snakemake --cores all --config $(study_config)
+  # a call stopped by its budget leaves Snakemake's lock and the job it was running behind
+  snakemake --unlock --quiet --config $(study_config)
+  snakemake --cores all --rerun-incomplete --config $(study_config)
 }
 
 step_bundle() {
@@ -153,20 +155,24 @@ step_memory() {
   "$python" bench/memory_model.py --nproc 1
 }
 
-# name and estimated seconds on one H100 (from the paper preset's step times; the study's from its 24 runs)
-STEPS=(install:60 doctor:30 selftest:300 mfu:240 study:480 bundle:60 tests:300 memory:120)
+# name and the seconds a step needs to be worth starting on one H100: the whole step, except for the study,
+# which resumes (it takes about 10 minutes in all: 12 selftests, 24 runs of 20 steps)
+STEPS=(install:60 doctor:30 study:60 bundle:60 mfu:180 tests:300 memory:120 mfu_tf32:150)
 
 copy_out() {
   [[ -n $out ]] || return 0
   mkdir -p "$out"
-  tar -czf "$out/campaign-logs.tar.gz" -C "$state" logs done $(cd "$state" && ls selftest.json 2>/dev/null)
+  tar -czf "$out/campaign-logs.tar.gz" -C "$state" logs done
+  # the study's own logs and records, without checkpoints, so a study that ran out of calls is not lost
+  tar -czf "$out/study.tar.gz" --exclude='*.pt' --exclude='checkpoint*' --exclude=gpu-campaign \
+    $(ls -d results logs 2>/dev/null) 2>/dev/null || true
   cp docs/reference/*-1gpu.tar.gz "$out/" 2>/dev/null || true
 }
 trap copy_out EXIT
 # the steps run in child shells (below), which see these
 export dry state wheels site ompi python repo
-export -f gpu_slug study_config step_install step_doctor step_selftest step_mfu step_study step_bundle step_tests \
-  step_memory
+export -f gpu_slug study_config step_install step_doctor step_study step_bundle step_mfu step_tests step_memory \
+  step_mfu_tf32
 
 for entry in "${STEPS[@]}"; do
   step=${entry%%:*} estimate=${entry#*:}

@@ -2,6 +2,7 @@
 bf16 by default, torch.compile on, one GPU, through the real Trainer.
 
     python bench/mfu.py [--rounds 6] [--steps 5] [--warmup 10] [--precision P] [--peak-tflops T] [--set key=value ...]
+                        [--profile-steps N]
 
 MFU = tokens/s x (6N + 12*L*H*Q*T) / peak, where the peak is that of the arithmetic --precision
 runs (fp32: non-tensor-core FP32; tf32: TF32 tensor cores; bf16/fp16/apex: 16-bit tensor cores),
@@ -14,6 +15,10 @@ Beside it, in the same run and on the same model, batch and optimizer, a bare tr
 (bench/common.py: forward, the full logits' cross-entropy, backward, clip, step), interleaved with the
 engine round by round: engine/bare with its 95% interval (target >= 0.97) says what the engine's own
 work costs, apart from what the GPU can do at all.
+
+--profile-steps N then profiles N more engine steps (torch.profiler): the operators that take the
+GPU's time, and how much of the steps' wall time the GPU was busy at all (the rest: host work, syncs
+and launch gaps), so a change to the engine starts from what the profile shows.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16", choices=PRECISIONS)
     parser.add_argument("--peak-tflops", type=float, default=None, help="override for GPUs not in the table")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="preset override key=value")
+    parser.add_argument("--profile-steps", type=int, default=0, help="then profile this many engine steps")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/mfu.py needs a CUDA GPU")
@@ -79,6 +85,25 @@ def main() -> None:
               f"or hardware slowdown: {slowed}")
     else:
         print(f"GPU telemetry: {trainer.telemetry.unavailable}")
+    if args.profile_steps:
+        profile(trainer, args.warmup + args.rounds * args.steps, args.profile_steps)
+
+
+def profile(trainer, first_step: int, steps: int) -> None:
+    """The GPU's busy share of the steps' wall time and its heaviest operators, from torch.profiler."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = steps * trainer.tokens_per_step / engine(trainer, first_step, steps)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        print(f"profile of {steps} steps: {wall:.3f} s wall; no GPU activity recorded (CUPTI unavailable here?)")
+        return
+    busy_s = sum(e.device_time_total for e in kernels) / 1e6  # microseconds; overlapping streams count twice
+    print(f"profile of {steps} steps: {wall:.3f} s wall, GPU kernels {busy_s:.3f} s ({busy_s / wall:.0%} busy), "
+          f"{len(kernels) / steps:,.0f} kernels per step")
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":
