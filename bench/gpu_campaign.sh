@@ -9,16 +9,18 @@
 #   install   the wheels containers/build_gpu_wheels.sh made (Apex, Horovod with NCCL/MPI/Gloo, PyPI's Open
 #             MPI, what the machine lacks of gpt2dist's dependencies) and gpt2dist, into --state/site, offline
 #   doctor    gpt2dist doctor for the one-GPU study
-#   study     the one-GPU study (preset gpu-1gpu: every configuration of preset paper that runs on one GPU)
-#             under Snakemake: first its selftests (gpt2dist selftest per configuration, with a kill and
-#             resume per strategy: Apex O1/O2, apex-ddp and Horovod over NCCL included), then its runs.
-#             Snakemake resumes it at run granularity, so it starts whenever a minute is left
-#   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz)
+#   selftest  the one-GPU study's selftests (preset gpu-1gpu: every configuration of preset paper that runs
+#             on one GPU, with a kill and resume per strategy; Apex O1/O2, apex-ddp and Horovod over NCCL
+#             included), the pipeline's own jobs, four at a time: they measure nothing, and one GPU holds them
 #   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) with a profile of 3 steps
+#   study     the one-GPU study under Snakemake (the selftests above are its first jobs, done). Snakemake
+#             resumes it at run granularity, so it starts whenever a minute is left
+#   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz)
 #   tests     pytest -m gpu
 #   memory    bench/memory_model.py: predicted against measured peak memory per strategy
 #   mfu_tf32  bench/mfu.py in tf32
 # --budget-s   seconds this call may take (default 540, under a 10-minute limit per call)
+# --steps      only these steps, comma-separated, in the order above (default: all)
 # --state      where steps, logs and the installed environment live (default results/gpu-campaign)
 # --wheels     the wheels' folder (default wheels/gpu, what build_gpu_wheels.sh writes)
 # --out        a folder that receives the logs, the study's records (no checkpoints) and the bundle when
@@ -33,10 +35,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 
-budget=540 state=results/gpu-campaign wheels=wheels/gpu out="" dry=0
+budget=540 state=results/gpu-campaign wheels=wheels/gpu out="" dry=0 only=""
 while (($#)); do
   case $1 in
     --budget-s) budget=$2; shift 2 ;;
+    --steps) only=$2; shift 2 ;;
     --state) state=$2; shift 2 ;;
     --wheels) wheels=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -114,6 +117,28 @@ step_doctor() {
   if ((dry)); then gpt2dist doctor --no-gpu --preset cpu; else gpt2dist doctor --preset gpu-1gpu --gpus 1; fi
 }
 
+step_selftest() {
+  # the pipeline's selftest commands (workflow/rules/selftest.smk), each writing the output Snakemake expects
+  local commands
+  commands=$("$python" - $(study_config) <<'PY'
+import sys
+from pathlib import Path
+from gpt2dist.pipeline.study import configurations, plan_study, selftest_command
+config = dict(arg.split("=", 1) for arg in sys.argv[1:])
+study = plan_study(Path("params.yaml"), config["preset"], int(config["gpus_per_node"]))
+for run in configurations(study):
+    print(f"{selftest_command(study, run)} > logs/selftest/{run.config_id}.log 2>&1 "
+          f"&& echo 'selftest: {run.config_id} passed' || {{ echo 'selftest: {run.config_id} FAILED'; exit 1; }}")
+PY
+  )
+  mkdir -p logs/selftest
+  if ((dry)); then echo "dry run: $(grep -c . <<<"$commands") selftests, four at a time, need a GPU"; return; fi
+  local rc=0  # every selftest runs, failed or not: one call names all failures
+  tr '\n' '\0' <<<"$commands" | xargs -0 -P 4 -I{} bash -c {} || rc=$?
+  cat logs/selftest/*.log | grep -E "^\[[0-9]+/[0-9]+\]" || true
+  return "$rc"
+}
+
 step_mfu() {
   if ((dry)); then "$python" bench/mfu.py --help >/dev/null && echo "dry run: bench/mfu.py parses; it needs a GPU"; return; fi
   "$python" bench/mfu.py --precision bf16 --profile-steps 3
@@ -157,7 +182,7 @@ step_memory() {
 
 # name and the seconds a step needs to be worth starting on one H100: the whole step, except for the study,
 # which resumes (it takes about 10 minutes in all: 12 selftests, 24 runs of 20 steps)
-STEPS=(install:60 doctor:30 study:60 bundle:60 mfu:180 tests:300 memory:120 mfu_tf32:150)
+STEPS=(install:60 doctor:30 selftest:150 mfu:180 study:60 bundle:60 tests:300 memory:120 mfu_tf32:150)
 
 copy_out() {
   [[ -n $out ]] || return 0
@@ -171,11 +196,12 @@ copy_out() {
 trap copy_out EXIT
 # the steps run in child shells (below), which see these
 export dry state wheels site ompi python repo
-export -f gpu_slug study_config step_install step_doctor step_study step_bundle step_mfu step_tests step_memory \
-  step_mfu_tf32
+export -f gpu_slug study_config step_install step_doctor step_selftest step_mfu step_study step_bundle step_tests \
+  step_memory step_mfu_tf32
 
 for entry in "${STEPS[@]}"; do
   step=${entry%%:*} estimate=${entry#*:}
+  [[ -z $only || ,$only, == *,$step,* ]] || continue
   [[ -f $state/done/$step ]] && { echo "campaign: $step done earlier ($(cat "$state/done/$step"))"; continue; }
   left=$((budget - (SECONDS - start)))
   ((dry)) && estimate=1  # the CPU stand-ins take seconds

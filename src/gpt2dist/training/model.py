@@ -53,6 +53,9 @@ def head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor)
     their backward fuse into the reads of the 16-bit logits: no float32 copy of them is stored."""
     vocab = weight.shape[0]
     padding = -vocab % VOCAB_MULTIPLE
+    if hidden.dtype != weight.dtype and not torch.is_autocast_enabled(hidden.device.type):
+        # Apex O2 keeps the model in float16 and casts its forward's outputs to float32
+        hidden = hidden.to(weight.dtype)
     logits = F.linear(hidden, F.pad(weight, (0, 0, 0, padding)) if padding else weight)[..., :vocab]
     return F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="sum")
 

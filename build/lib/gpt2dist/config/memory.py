@@ -1,0 +1,87 @@
+"""A rank's memory, predicted before launch: will a configuration fit?
+
+The model state (parameters, gradients, AdamW's moments, Apex O2's fp32 master copies) is counted tensor by
+tensor from the parameters the strategy's description says rank 0 holds; collect sets it beside every run's
+measured state (training/metrics.py counts the same tensors), where it agrees to the byte on the reference
+studies. Activations, logits and communication buffers are a textbook estimate for CUDA's peak allocated
+memory, not yet checked against a GPU run: `plan` says so wherever it shows them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpt2dist.config.strategies import FP32, HALF, compute_bytes, stage_blocks
+
+if TYPE_CHECKING:
+    from gpt2dist.config.schema import RunSpec
+
+STEP_BYTES = 4  # AdamW keeps its step count as one float32 tensor per parameter tensor
+# Per token and layer, the activations a block keeps for backward in the compute dtype, in units of the width:
+# the q/k/v input and output (1 + 3), the attention output (1), the MLP input (1), its 4x-wide output before and
+# after GELU (4 + 4); the attention matrix is not kept (SDPA's fused kernels). Of these, q/k/v, the attention
+# output and both MLP activations (12) are split by tensor parallelism.
+KEPT_WIDTHS, SPLIT_WIDTHS = 14, 12
+RESIDUAL_WIDTHS = 2  # the two LayerNorms' inputs, the float32 residual stream
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes at the step's peak: the model state on rank 0's device (the largest share), activations on the
+    busiest device."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int  # one forward pass's kept activations and its logits
+    buffers: int  # communication buffers and gathered parameters
+
+    @property
+    def state(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def peak(self) -> int:
+        return self.state + self.activations + self.buffers
+
+
+def model_state(spec: RunSpec) -> tuple[int, int, int]:
+    """Parameter, gradient and optimizer bytes rank 0 holds, as training/metrics.model_state_bytes counts them."""
+    held = spec.description.held_shapes(spec)
+    elements = sum(math.prod(shape) for shape in held)
+    master = spec.precision == "apex-O2"  # the model in fp16, AdamW stepping fp32 copies with fp32 gradients
+    weight = HALF if master else FP32
+    params = elements * weight
+    grads = elements * weight + (elements * FP32 if master else 0)
+    optimizer = elements * (2 + master) * FP32 + len(held) * STEP_BYTES
+    return params, grads, optimizer
+
+
+def activation_bytes_kept(spec: RunSpec) -> int:
+    """One forward pass's kept activations and logits on the busiest device (an estimate; see the module doc).
+    A pipeline's first stage keeps its blocks' activations for every micro-batch in flight; its last stage
+    keeps one micro-batch's and the logits; the larger counts."""
+    m, element, rows = spec.model, compute_bytes(spec.precision), spec.train.micro_batch_size  # rows per device
+    tp = spec.tensor_parallel_size
+    per_layer = m.n_positions * m.n_embd * ((KEPT_WIDTHS - SPLIT_WIDTHS + SPLIT_WIDTHS / tp) * element
+                                            + RESIDUAL_WIDTHS * FP32)
+    # per row: the head's logits in the compute dtype, their float32 log-softmax kept for backward, and their gradient
+    logits = m.n_positions * m.vocab_size * (element + 2 * FP32)
+    stages = spec.description.pipeline_stages(spec.nproc)
+    if stages == 1:
+        return round(rows * (m.n_layer * per_layer + logits))
+    in_flight = spec.pipeline_micro_batches
+    if spec.train.pipeline_schedule == "1f1b":
+        in_flight = min(in_flight, stages)  # the first stage runs one forward per stage ahead of its first backward
+    blocks = stage_blocks(m.n_layer, stages)
+    first = rows * in_flight * len(blocks[0]) * per_layer
+    last = rows * (len(blocks[-1]) * per_layer + logits)
+    return round(max(first, last))
+
+
+def predict(spec: RunSpec) -> Memory:
+    params, grads, optimizer = model_state(spec)
+    buffers = spec.description.buffer_bytes(spec) if spec.nproc > 1 else 0
+    return Memory(params, grads, optimizer, activation_bytes_kept(spec), buffers)

@@ -1,0 +1,367 @@
+"""The typed schema of params.yaml and of one resolved run (RunSpec), with the one-line messages that bad
+values get. A RunSpec is resolved once, in the launching process, and handed to every rank as JSON, so every
+rank and every launcher sees the same values and bad input fails before any process group exists."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpt2dist.config.strategies import STRATEGY_NAMES, Description, describe
+from gpt2dist.io import atomic_write_text
+
+# torch.distributed's rendezvous port: launchers pass it, and ranks that SLURM starts derive theirs from it.
+DEFAULT_PORT = 29500
+
+StrategyName = Literal[STRATEGY_NAMES]
+# fp32 is IEEE fp32 everywhere; tf32 is fp32 with TF32 tensor-core matmuls (NVIDIA containers' default).
+PrecisionName = Literal["fp32", "tf32", "fp16", "bf16", "apex-O1", "apex-O2"]
+DeviceType = Literal["cpu", "cuda"]
+PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """GPT-2 architecture (transformers' GPT2Config names)."""
+
+    # Bounds far above any GPT-2 (XL: 48 blocks) that keep a typo from planning for minutes: each block's
+    # tensors are counted one by one
+    n_layer: int = Field(gt=0, le=1024, description="Transformer blocks.")
+    n_head: int = Field(gt=0, description="Attention heads per block; must divide n_embd.")
+    n_embd: int = Field(gt=0, description="Residual stream width.")
+    n_positions: int = Field(gt=0, description="Context length trained on (tokens per sequence).")
+    vocab_size: int = Field(gt=0, description="Embedding rows; must be >= the data's vocabulary.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Residual, embedding and attention dropout.")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        return self
+
+
+class TrainConfig(_Strict):
+    """Optimisation and bookkeeping. The global batch is what makes strategies comparable."""
+
+    global_batch_size: int = Field(gt=0, description="Sequences per optimizer step, for every strategy.")
+    micro_batch_size: int = Field(gt=0, description="Sequences per forward pass per device.")
+    max_steps: int = Field(gt=0, description="Optimizer steps.")
+    lr: float = Field(gt=0, description="Peak learning rate (AdamW).")
+    min_lr: float = Field(ge=0, description="Learning rate at the end of the cosine decay.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Steps of linear learning-rate warm-up before the cosine decay.")
+    weight_decay: float = Field(0.1, ge=0)
+    beta1: float = Field(0.9, gt=0, lt=1)
+    beta2: float = Field(0.95, gt=0, lt=1)
+    grad_clip: float = Field(1.0, ge=0, description="Max global grad norm; 0 disables clipping.")
+    eval_interval: int = Field(gt=0, description="Evaluate on the validation split every this many steps.")
+    eval_batches: int = Field(gt=0, description="Global batches per evaluation.")
+    checkpoint_interval: int = Field(gt=0, description="Write a resumable checkpoint every this many steps.")
+    checkpoint_minutes: float = Field(0, ge=0, description="Also write one when this many minutes passed since the "
+                                      "last (0: steps only), so a job stopped at a cluster's time limit loses at most "
+                                      "that much whatever its speed.")
+    compile: bool = Field(False, description="torch.compile each transformer block.")
+    ledger_steps: int = Field(2, ge=0, description="The run's last steps traced with torch.profiler for the time "
+                              "ledger (compute, hidden and exposed communication, data, idle); they are left out of "
+                              "throughput statistics. 0: no ledger.")
+    fsdp_mixed_precision: bool = Field(
+        False,
+        description="fsdp with bf16 or fp16 only: FSDP2's MixedPrecisionPolicy, parameters all-gathered and "
+                    "computed in that dtype, gradients reduced in fp32. Off (default): fp32 communication, as DDP.",
+    )
+    tensor_parallel_size: int = Field(2, gt=1, description="fsdp-tp only: processes that split each layer "
+                                      "(tensor parallel); FSDP shards over nproc / tensor_parallel_size replicas.")
+    pipeline_schedule: Literal["gpipe", "1f1b"] = Field(
+        "1f1b", description="pp only: GPipe (all forwards, then all backwards) or 1F1B (interleaved, fewer "
+        "activations held). The global batch is one pipeline step of global_batch_size / micro_batch_size micro-batches.")
+    seed: int = Field(1337, ge=0, description="Seeds init, data order and dropout.")
+
+    @model_validator(mode="after")
+    def _lr_order(self) -> TrainConfig:
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        return self
+
+
+class EmbeddedSource(_Strict):
+    """Docstrings of this Python's standard library: a stand-in corpus for smoke runs, not a benchmark."""
+
+    kind: Literal["embedded"]
+    min_chars: int = Field(200, gt=0, description="Skip docstrings shorter than this.")
+
+
+class FilesSource(_Strict):
+    """Local .txt (one document per file), .jsonl (one per line) or .parquet (one per row) files."""
+
+    kind: Literal["files"]
+    paths: list[str] = Field(min_length=1, description="Glob patterns, relative to the working directory.")
+    text_field: str = Field("text", description="Field (.jsonl) or column (.parquet) holding the text.")
+
+
+class HFSource(_Strict):
+    """A dataset loaded with datasets.load_dataset: a hub name with a pinned revision, or a local directory."""
+
+    kind: Literal["hf"]
+    name: str = Field(description="Hub dataset id, or a local dataset directory.")
+    config: str | None = Field(None, description="Dataset configuration, e.g. wikitext-103-raw-v1.")
+    revision: str | None = Field(None, description="Hub commit to pin (required for hub datasets).")
+    text_column: str = "text"
+    train_split: str = "train"
+    val_split: str | None = Field("validation", description="None: carve val_fraction out of train.")
+
+
+class TokenizerConfig(_Strict):
+    kind: Literal["gpt2", "bpe"] = Field(description="gpt2: GPT-2's BPE; bpe: byte-level BPE trained on the corpus.")
+    path: str | None = Field(None, description="gpt2: directory with encoder.json and vocab.bpe; None: the hub's gpt2.")
+    vocab_size: int | None = Field(None, gt=256, le=65536, description="bpe: vocabulary size to train.")
+
+    @model_validator(mode="after")
+    def _vocab_for_bpe(self) -> TokenizerConfig:
+        if self.kind == "bpe" and self.vocab_size is None:
+            raise ValueError("a trained bpe tokenizer needs vocab_size (e.g. 4096)")
+        if self.kind == "gpt2" and self.vocab_size is not None:
+            raise ValueError("vocab_size is fixed (50257) for the gpt2 tokenizer; remove it")
+        return self
+
+
+class DataConfig(_Strict):
+    source: EmbeddedSource | FilesSource | HFSource = Field(discriminator="kind")
+    tokenizer: TokenizerConfig
+    val_fraction: float = Field(0.05, gt=0, lt=0.5, description="Documents held out when the source has no val split.")
+    seed: int = Field(1337, ge=0, description="Seeds the train/val assignment of documents.")
+    batch_documents: int = Field(1024, gt=0, description="Documents per encode batch (bounds memory).")
+
+
+class RunGroup(_Strict):
+    """A cross product of runs: every strategy x precision x process count listed."""
+
+    strategies: list[StrategyName] = Field(min_length=1)
+    precisions: list[PrecisionName] = Field(min_length=1)
+    nproc: list[int] = Field(min_length=1, description="Processes (GPUs on CUDA machines) per run.")
+    label: str | None = Field(None, description="What a paper calls these runs (e.g. 'Horovod + Apex'), shown "
+                              "beside the configuration in tables and figures.")
+    nodes: int = Field(1, ge=1, description="Nodes the processes spread over, nproc / nodes on each: a cluster's "
+                       "nodes (a SLURM allocation of that many; planned only where the study's `nodes` allows), or "
+                       "with emulate, nodes emulated on this machine.")
+    emulate: bool = Field(False, description="With nodes > 1: nodes emulated on this machine (network namespaces, "
+                          "needs root; CPU only, the nodes share its cores) instead of a cluster's. Implied by link_mbit.")
+    link_mbit: list[float] = Field([], description="Emulated nodes' link bandwidth, Mbit/s each way, one run per "
+                                   "value (empty: unshaped); only emulated links can be shaped, so it implies emulate.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shaped_links_are_emulated(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("link_mbit") and "emulate" not in data:
+            return {**data, "emulate": True}
+        return data
+    repeats: int | None = Field(None, ge=1, le=1000, description="Repeats of these runs (null: study.repeats); fewer where a "
+                                "run is costly, at the price of its interval.")
+
+    @model_validator(mode="after")
+    def _positive(self) -> RunGroup:
+        if any(n < 1 for n in self.nproc):
+            raise ValueError(f"nproc values must be >= 1, got {self.nproc}")
+        if self.nodes > 1 and any(n % self.nodes for n in self.nproc):
+            raise ValueError(f"nproc values must be multiples of nodes ({self.nodes}), got {self.nproc}")
+        if self.emulate and self.nodes == 1:
+            raise ValueError("emulate makes nodes on this machine; set nodes to 2 or more")
+        if self.link_mbit and not self.emulate:
+            raise ValueError("link_mbit shapes emulated nodes' links, and emulate is false; drop one of them")
+        if any(rate <= 0 for rate in self.link_mbit):
+            raise ValueError(f"link_mbit values must be positive, got {self.link_mbit}")
+        return self
+
+
+class StudyConfig(_Strict):
+    """Which runs the pipeline trains and how their numbers are summarised."""
+
+    needs_gpus: bool = Field(False, description="A study for GPU nodes: a host without GPUs plans it only where "
+                             "gpus_per_node is given (0 plans it for CPUs on purpose), and `gpt2dist train` there "
+                             "refuses rather than train it on the CPU.")
+    repeats: int = Field(3, ge=1, le=1000, description="Repeats per configuration (3 or more give confidence "
+                         "intervals; at most 1000, a run each).")
+    excluded_steps: int = Field(5, ge=0, description="Leading steps of each run left out of throughput statistics "
+                                "(compilation, allocator and cache warm-up).")
+    train_runtime_min: int = Field(60, gt=0, description="Time limit of one train job on a cluster (SLURM "
+                                   "--time), minutes; a job that hits it is retried and resumes from its checkpoint.")
+    max_foreign_cpu_share: float = Field(0.1, ge=0, le=1, description="A run is disturbed when other processes "
+                                         "used more than this share of its CPUs during its steady-state steps (mean of the load samples).")
+    max_step_time_spread: float = Field(0.25, gt=0, description="A run is disturbed when its steady-state step times "
+                                        "spread more than this (median absolute deviation / median).")
+    min_cpu_share: float = Field(0.6, ge=0, le=1, description="On CPU, a run is disturbed when rank 0 got less than "
+                                 "this share of its compute threads' time (median CPU time / (step time x threads)). "
+                                 "Waiting on communication counts as idle: undisturbed tp and fsdp ranks at 2 processes "
+                                 "get 0.74-0.87; a starved one far less. Not applied to pp, whose stages idle by design, "
+                                 "nor on emulated nodes' shaped links, where ranks wait for the link.")
+    target_val_loss: float | None = Field(None, gt=0, description="Validation loss each run is timed to (time to "
+                                          "target, beside throughput); null: 1% above the worst final validation "
+                                          "loss of single's fp32 runs.")
+    max_disturbed: int | None = Field(None, ge=0, description="collect refuses the study when more runs than this "
+                                      "are disturbed, naming the command that re-runs them; null: mark them, leave "
+                                      "them out of the statistics, and go on.")
+    runs: list[RunGroup] = Field(min_length=1)
+
+
+class Preset(_Strict):
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig
+    study: StudyConfig
+
+
+class ExtendingPreset(_Strict):
+    """A preset written as another one plus changes: its sections are laid over those of the preset it
+    extends (mappings merge key by key; lists and values replace), then validated as a whole."""
+
+    extends: str = Field(description="The preset this one starts from.")
+    data: dict = Field({}, description="Changes to the data section.")
+    model: dict = Field({}, description="Changes to the model section.")
+    train: dict = Field({}, description="Changes to the train section.")
+    study: dict = Field({}, description="Changes to the study section.")
+
+
+class ParamsFile(_Strict):
+    """The whole params.yaml; its JSON schema (workflow/schemas/) is generated from this."""
+
+    preset: str = Field("auto", description="A preset name, or auto: paper with CUDA GPUs, cpu without.")
+    gpus_per_node: int | None = Field(
+        None, ge=0, description="GPUs per node the study is planned for; null: the GPUs visible where it is "
+        "planned. Set it (or `snakemake --config gpus_per_node=8`) when planning on a login node without GPUs.")
+    nodes: int = Field(1, ge=1, description="Nodes of the cluster a study may span: run groups with more nodes "
+                       "are dropped with a warning naming them (`snakemake --config nodes=2` says it on the command "
+                       "line).")
+    container: str = Field(description="Image every pipeline rule runs in under --sdm apptainer.")
+    presets: dict[str, Preset | ExtendingPreset] = Field(min_length=1)
+
+
+# How a computation is spread over processes, not what it computes (RunSpec.computation_fingerprint)
+PLACEMENT = ("strategy", "nproc")
+PLACEMENT_TRAIN = ("tensor_parallel_size", "pipeline_schedule")
+
+
+class RunSpec(_Strict):
+    """One training run, fully resolved. Written to OUT/spec.json; every rank reads it."""
+
+    data_dir: str
+    out_dir: str
+    preset: str
+    strategy: StrategyName
+    precision: PrecisionName
+    nproc: int = Field(gt=0)
+    nodes: int = Field(1, gt=0, description="Machines the nproc processes spread over, nproc / nodes on each.")
+    device: DeviceType
+    model: ModelConfig
+    train: TrainConfig
+    keep_checkpoint: bool = Field(True, description="Keep checkpoint.pt once the run completes (the pipeline "
+                                  "drops it: GPT-2 small's is about 1.5 GB per run).")
+    stale_checkpoint: Literal["fail", "restart"] = Field(
+        "fail", description="A checkpoint of other settings: fail (by hand: the directory is another run's) or "
+        "restart (a workflow tool re-runs the job because its settings changed).")
+    resume_from: str | None = Field(None, description="Another run's checkpoint.pt to continue from when out_dir has "
+                                    "none: the same computation, trained so far under another strategy or process "
+                                    "count (its checkpoint is in single's layout).")
+    attempt: str | None = Field(None, description="The launch this spec belongs to, set by `gpt2dist train`, "
+                                "which writes the run's record; None for ranks started by hand from printed "
+                                "commands, whose rank 0 then writes it.")
+
+    @property
+    def description(self) -> Description:
+        return describe(self.strategy)
+
+    @property
+    def world_size(self) -> int:
+        """Processes the run starts (dp is one process driving nproc devices)."""
+        return self.description.processes(self.nproc)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Processes that split each layer."""
+        return self.description.tensor_parallel_size(self.nproc, self.train)
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel groups, each reading its own share of the global batch."""
+        return self.description.replicas(self.nproc, self.train)
+
+    @property
+    def rows_per_pass(self) -> int:
+        """Sequences one replica feeds to one forward pass."""
+        return self.description.rows_per_pass(self.nproc, self.train)
+
+    @property
+    def pipeline_micro_batches(self) -> int:
+        """Micro-batches a pipeline step per optimizer step splits the global batch into."""
+        return self.train.global_batch_size // self.train.micro_batch_size
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.train.global_batch_size // (self.replicas * self.rows_per_pass)
+
+    def fingerprint(self) -> str:
+        """Identity of the run; a checkpoint from another fingerprint is not resumed in its directory."""
+        return _digest(self._identity())
+
+    def computation_fingerprint(self) -> str:
+        """Identity of what the run computes, whatever strategy and processes compute it: every strategy with the
+        same global batch follows single's curve, so a checkpoint of another placement may continue it."""
+        identity = self._identity()
+        for key in PLACEMENT:
+            identity.pop(key)
+        for key in PLACEMENT_TRAIN:
+            identity["train"].pop(key)
+        return _digest(identity)
+
+    def _identity(self) -> dict:
+        # where the processes run (nodes) changes no number they compute: a checkpoint resumes on other nodes;
+        # nor does which checkpoint a run started from
+        identity = self.model_dump(exclude={"out_dir", "data_dir", "keep_checkpoint", "stale_checkpoint", "attempt",
+                                            "nodes", "resume_from"})
+        identity["train"].pop("max_steps")  # extending a run is a resume, not a new run
+        identity["train"].pop("ledger_steps")  # tracing changes no number the run computes
+        identity["train"].pop("checkpoint_minutes")  # nor does when it saves
+        return identity
+
+
+def _digest(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def validation_message(err: ValidationError, model: type[BaseModel], prefix: str) -> str:
+    """pydantic's errors as one line: each bad key with what is wrong, unknown keys with what is allowed."""
+    parts = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        key = ".".join([prefix, *loc] if prefix else loc) or "(root)"
+        if e["type"] == "extra_forbidden":
+            owner: Any = model
+            for name in loc[:-1]:  # stops at unions, whose members pydantic names by tag
+                field = owner.model_fields.get(name) if isinstance(owner, type) and issubclass(owner, BaseModel) else None
+                owner = field.annotation if field else None
+            if isinstance(owner, type) and issubclass(owner, BaseModel):
+                parts.append(f"unknown key '{key}' (allowed here: {', '.join(owner.model_fields)})")
+            else:
+                parts.append(f"unknown key '{key}'")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            parts.append(f"{key}: {msg}")
+    return "; ".join(parts)
+
+
+def write_spec(spec: RunSpec, path: Path) -> None:
+    atomic_write_text(path, spec.model_dump_json(indent=2))
+
+
+def read_spec(path: Path) -> RunSpec:
+    return RunSpec.model_validate_json(Path(path).read_text())
+
+
+def write_params_schema(path: Path) -> None:
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **ParamsFile.model_json_schema()}
+    schema["title"] = "gpt2dist params.yaml"
+    atomic_write_text(path, json.dumps(schema, indent=2, sort_keys=True) + "\n")

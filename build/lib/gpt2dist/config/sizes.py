@@ -1,0 +1,54 @@
+"""GPT-2's sizes from its configuration alone: parameter counts and training FLOPs per token, for the
+traffic model, MFU and planning, without building the model."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpt2dist.config.schema import ModelConfig
+
+# What tensor parallelism splits (training/strategies/tensor_parallel.py's plan): column-parallel layers (q/k/v,
+# the first MLP matrix) their output rows and biases, row-parallel ones (both projections) their matrices' input
+# columns, their biases staying whole
+COLUMN_PARALLEL = ("attn.c_attn.weight", "attn.c_attn.bias", "mlp.c_fc.weight", "mlp.c_fc.bias")
+ROW_PARALLEL = ("attn.c_proj.weight", "mlp.c_proj.weight")
+
+
+def non_embedding_params(m: ModelConfig) -> int:
+    """N in 6N + 12LHQT: all parameters except position embeddings (the head is tied to wte)."""
+    d, layers = m.n_embd, m.n_layer
+    per_block = 12 * d * d + 13 * d  # qkv + proj + 2 MLP matmuls with biases, 2 LayerNorms
+    return m.vocab_size * d + layers * per_block + 2 * d  # token embedding, blocks, final LayerNorm
+
+
+def parameter_count(m: ModelConfig) -> int:
+    """GPT-2's parameters, the head tied to the token embedding."""
+    return sum(math.prod(shape) for shape in parameter_shapes(m).values())
+
+
+def parameter_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter tensor of training/gpt2.py by name, Linear weights out x in, the head tied to wte (listed
+    once): what a memory prediction divides over ranks tensor by tensor, as FSDP2 and DTensor do."""
+    d = m.n_embd
+    block = {"ln_1.weight": (d,), "ln_1.bias": (d,), "attn.c_attn.weight": (3 * d, d), "attn.c_attn.bias": (3 * d,),
+             "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,), "ln_2.weight": (d,), "ln_2.bias": (d,),
+             "mlp.c_fc.weight": (4 * d, d), "mlp.c_fc.bias": (4 * d,), "mlp.c_proj.weight": (d, 4 * d),
+             "mlp.c_proj.bias": (d,)}
+    shapes = {"transformer.wte.weight": (m.vocab_size, d), "transformer.wpe.weight": (m.n_positions, d)}
+    for layer in range(m.n_layer):
+        shapes |= {f"transformer.h.{layer}.{name}": shape for name, shape in block.items()}
+    return shapes | {"transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}
+
+
+def split_parameter_count(m: ModelConfig) -> int:
+    """What tensor parallelism splits (COLUMN_PARALLEL and ROW_PARALLEL)."""
+    return sum(math.prod(shape) for name, shape in parameter_shapes(m).items()
+               if name.endswith(COLUMN_PARALLEL + ROW_PARALLEL))
+
+
+def flops_per_token(m: ModelConfig) -> float:
+    """Training FLOPs per token (forward + backward), nanoGPT/PaLM estimate: 6N + 12*L*H*Q*T."""
+    head_dim = m.n_embd // m.n_head
+    return 6 * non_embedding_params(m) + 12 * m.n_layer * m.n_head * head_dim * m.n_positions

@@ -1,0 +1,478 @@
+"""Every parallel strategy described once, without torch: how it is launched, how its processes divide
+the model and the batch for a process count, the extras it needs, the combinations it refuses, the bytes
+it moves per step, and what the papers call it. Config, planning, preflight, doctor, selftest, findings
+and the CLI ask this registry; its runtime half is the class of the same name under training/strategies/.
+
+Adding a strategy: one Description subclass here (listed in STRATEGIES), one runtime class under
+training/strategies/ with the same `name`, and its equivalence, resume and bad-input tests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from gpt2dist.config.sizes import (
+    COLUMN_PARALLEL,
+    ROW_PARALLEL,
+    parameter_count,
+    parameter_shapes,
+    split_parameter_count,
+)
+from gpt2dist.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpt2dist.config.schema import RunSpec, TrainConfig
+
+BAI, PATWARDHAN = "Bai 2022", "Patwardhan et al. 2024"
+FP32, HALF = 4, 2  # bytes per element
+APEX_PRECISIONS = ("apex-O1", "apex-O2")
+# Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD): 0.28's horovod/common/operations.cc sets 128 MiB by default,
+# though its tensor-fusion docs still say 64 MB
+HOROVOD_FUSION_BYTES = 128 * 2**20
+
+
+@dataclass(frozen=True)
+class Extra:
+    """An optional dependency some strategies or precisions need, and where to get it."""
+
+    module: str
+    name: str
+    source: str  # what to do to get it
+    instead: str  # what runs without it
+
+
+EXTRAS = {
+    "horovod.torch": Extra("horovod.torch", "Horovod", "install it with containers/install_horovod.sh",
+                           "--strategy ddp"),
+    "apex.amp": Extra("apex.amp", "NVIDIA Apex (apex.amp)",
+                      "run inside the gpt2dist container image (containers/), which builds it",
+                      "--precision fp16 for native AMP"),
+    "apex.parallel": Extra("apex.parallel", "NVIDIA Apex (apex.parallel)",
+                           "run inside the gpt2dist container image (containers/), which builds it", "--strategy ddp"),
+}
+PRECISION_EXTRAS = {precision: ("apex.amp",) for precision in APEX_PRECISIONS}
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes the busiest rank sends per optimizer step, by an analytic model (not measured)."""
+
+    bytes_per_step: int
+    pattern: str
+
+
+def gradient_bytes(precision: str) -> int:
+    """Bytes per gradient element: O2's model, and so its gradients, are fp16; every other precision keeps fp32."""
+    return HALF if precision == "apex-O2" else FP32
+
+
+def ring_all_reduce(size: float, n: int) -> float:
+    """Bytes one rank sends in a ring all-reduce of `size` bytes over n ranks."""
+    return 2 * (n - 1) / n * size
+
+
+def ring_gather(size: float, n: int) -> float:
+    """Bytes one rank sends in a ring all-gather or reduce-scatter of a full tensor of `size` bytes."""
+    return (n - 1) / n * size
+
+
+def first_chunk(shape: tuple[int, ...], ranks: int) -> tuple[int, ...]:
+    """Rank 0's piece of a tensor split along dim 0 into `ranks` chunks (torch.chunk's sizes, as FSDP2's Shard(0)
+    cuts it): the first piece is the largest."""
+    return (-(-shape[0] // ranks), *shape[1:])
+
+
+def stage_blocks(n_layer: int, stages: int) -> list[range]:
+    """Contiguous blocks per pipeline stage, the first stages taking one more where they do not divide evenly."""
+    base, extra = divmod(n_layer, stages)
+    bounds = [0]
+    for stage in range(stages):
+        bounds.append(bounds[-1] + base + (stage < extra))
+    return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def gathered_bytes(spec: RunSpec) -> int:
+    """FSDP's gathered parameters at the peak: the root's (embeddings and ln_f, kept after forward) and two blocks'
+    (the one computing and the one prefetched), each rank's tensor-parallel slice of them."""
+    shapes = parameter_shapes(spec.model)
+    root = sum(math.prod(shape) for name, shape in shapes.items() if not name.startswith("transformer.h."))
+    block = sum(math.prod(shape) for name, shape in shapes.items() if name.startswith("transformer.h.0."))
+    return round((root + 2 * block) * FP32 / spec.tensor_parallel_size)
+
+
+def compute_bytes(precision: str) -> int:
+    """Bytes per activation element in the precision's compute dtype (16-bit under autocast and Apex amp)."""
+    return HALF if precision in ("bf16", "fp16", *APEX_PRECISIONS) else FP32
+
+
+def activation_bytes(spec: RunSpec) -> int:
+    """One forward pass's hidden states [rows, context, width] in the precision's compute dtype."""
+    m = spec.model
+    return spec.rows_per_pass * m.n_positions * m.n_embd * compute_bytes(spec.precision)
+
+
+class Description:
+    """Defaults describe one process per device, each a whole replica of the model (plain data parallelism)."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line for `gpt2dist train --help`
+    launcher: ClassVar[str] = "torchrun"  # "python": one process drives every device of the run
+    data_parallel: ClassVar[bool] = True  # whole-model replicas, each on its share of the batch
+    splits_model: ClassVar[bool] = False  # the model itself is divided over processes (each group: one replica)
+    shards_state: ClassVar[bool] = False  # parameters, gradients and optimizer state are sharded over ranks
+    idle_by_design: ClassVar[bool] = False  # ranks wait for each other by design (a pipeline's bubble)
+    cuda_only: ClassVar[bool] = False
+    accepts_apex: ClassVar[bool] = True  # Apex amp can patch its model and optimizer
+    extras: ClassVar[tuple[str, ...]] = ()  # keys of EXTRAS
+    options: ClassVar[dict[str, str]] = {}  # train.* switches of this strategy alone -> when they apply
+    papers: ClassVar[dict[str, str]] = {}  # paper -> what it calls this strategy
+
+    @property
+    def one_process(self) -> bool:
+        return self.launcher == "python"
+
+    def processes(self, nproc: int) -> int:
+        """Processes the launcher starts (SLURM tasks)."""
+        return 1 if self.one_process else nproc
+
+    def tensor_parallel_size(self, nproc: int, train: TrainConfig) -> int:
+        """Processes that split each layer."""
+        return 1
+
+    def pipeline_stages(self, nproc: int) -> int:
+        """Processes that each hold a consecutive slice of the blocks."""
+        return 1
+
+    def replicas(self, nproc: int, train: TrainConfig) -> int:
+        """Data-parallel groups, each reading its own share of the global batch."""
+        return nproc // (self.tensor_parallel_size(nproc, train) * self.pipeline_stages(nproc))
+
+    def rows_per_pass(self, nproc: int, train: TrainConfig) -> int:
+        """Sequences one replica feeds to one forward pass."""
+        return train.micro_batch_size
+
+    def batch_divisor(self, nproc: int, train: TrainConfig) -> tuple[int, str]:
+        """What the global batch must be a multiple of, and how to say its first factor."""
+        return self.replicas(nproc, train) * train.micro_batch_size, "nproc"
+
+    def check(self, spec: RunSpec, visible_gpus: int) -> None:
+        """Refuse what this strategy cannot run, naming the key and what is allowed."""
+
+    def held_shapes(self, spec: RunSpec) -> list[tuple[int, ...]]:
+        """The parameter tensors rank 0 holds, by local shape (rank 0 holds the largest share): every one, whole."""
+        return list(parameter_shapes(spec.model).values())
+
+    def buffer_bytes(self, spec: RunSpec) -> int:
+        """Device memory its communication takes beyond the model state (an estimate): none, since DDP's buckets
+        are the gradients themselves (gradient_as_bucket_view)."""
+        return 0
+
+    def traffic(self, spec: RunSpec) -> Traffic:
+        size = parameter_count(spec.model) * gradient_bytes(spec.precision)
+        return Traffic(round(ring_all_reduce(size, spec.nproc)), "gradient all-reduce, once per step")
+
+
+class Single(Description):
+    name = "single"
+    summary = "one process on one device: the reference every strategy must match"
+    launcher = "python"
+    data_parallel = False
+    papers = {BAI: "Single GPU", PATWARDHAN: "single GPU"}
+
+    def check(self, spec, visible_gpus):
+        if spec.nproc != 1:
+            raise UsageError(f"strategy 'single' runs one process; got --nproc {spec.nproc} (use ddp, fsdp or horovod)")
+
+
+class DataParallel(Description):
+    name = "dp"
+    summary = "torch.nn.DataParallel: one process scatters each batch over --nproc GPUs"
+    launcher = "python"
+    papers = {BAI: "Single Parameter Server"}
+
+    def replicas(self, nproc, train):
+        return 1  # one process reads the whole share and scatters it
+
+    def rows_per_pass(self, nproc, train):
+        return train.micro_batch_size * nproc
+
+    def batch_divisor(self, nproc, train):
+        return train.micro_batch_size * nproc, "nproc"
+
+    def check(self, spec, visible_gpus):
+        limit = max(visible_gpus, 1)
+        if spec.nproc > limit:
+            raise UsageError(f"strategy 'dp' drives one device per --nproc; {spec.nproc} requested but "
+                             f"{visible_gpus} CUDA GPUs are visible (use --nproc {limit})")
+        if spec.precision == "apex-O2":
+            # O2 patches forward on the model object; DataParallel's replicas copy that bound
+            # method and so all run the cuda:0 model.
+            raise UsageError("precision 'apex-O2' patches the model's forward, which DataParallel replicas would "
+                             "share with cuda:0; use dp with apex-O1, or ddp with apex-O2")
+
+    def traffic(self, spec):
+        if spec.device != "cuda":
+            return Traffic(0, "none: DataParallel without CUDA runs on one device")
+        sent = 2 * (spec.nproc - 1) * parameter_count(spec.model) * FP32 * spec.grad_accum_steps
+        return Traffic(round(sent), "parameters broadcast from and gradients reduced to GPU 0, every micro-step")
+
+
+class DDP(Description):
+    name = "ddp"
+    summary = "DistributedDataParallel: one process per device, bucketed all-reduce overlapped with backward"
+    papers = {BAI: "Distributed Parameter Server", PATWARDHAN: "DDP"}
+
+
+class Horovod(Description):
+    name = "horovod"
+    summary = "Horovod's DistributedOptimizer: ring all-reduce, launched by horovodrun"
+    launcher = "horovodrun"
+    extras = ("horovod.torch",)
+    papers = {BAI: "Horovod"}
+
+    def buffer_bytes(self, spec):
+        return HOROVOD_FUSION_BYTES
+
+
+class ApexDDP(Description):
+    name = "apex-ddp"
+    summary = "apex.parallel.DistributedDataParallel (CUDA): Bai 2022's DDP + Apex wrapper"
+    cuda_only = True
+    extras = ("apex.parallel",)
+    papers = {BAI: "Distributed Parameter Server + Apex"}
+
+    def check(self, spec, visible_gpus):
+        if spec.device != "cuda":
+            raise UsageError("strategy 'apex-ddp' (apex.parallel.DistributedDataParallel) needs CUDA GPUs; on CPU "
+                             "use ddp")
+        if spec.precision in ("fp16", "bf16"):
+            raise UsageError(f"strategy 'apex-ddp' pairs with Apex amp (apex-O1, apex-O2) or fp32, not torch.amp's "
+                             f"{spec.precision}; use ddp for {spec.precision}")
+
+
+class FSDP(Description):
+    name = "fsdp"
+    summary = "FSDP2 (fully_shard): parameters, gradients and optimizer state sharded over ranks"
+    shards_state = True
+    accepts_apex = False
+    options = {"fsdp_mixed_precision": "with --precision bf16 or fp16"}
+    papers = {PATWARDHAN: "FSDP"}
+
+    def check(self, spec, visible_gpus):
+        if spec.train.fsdp_mixed_precision and spec.precision not in ("bf16", "fp16"):
+            raise UsageError(f"train.fsdp_mixed_precision applies to --strategy fsdp {self.options['fsdp_mixed_precision']}, "
+                             f"not fsdp with {spec.precision}; set train.fsdp_mixed_precision=false")
+
+    def held_shapes(self, spec):
+        return [first_chunk(shape, spec.nproc) for shape in super().held_shapes(spec)]
+
+    def buffer_bytes(self, spec):
+        return gathered_bytes(spec)
+
+    def traffic(self, spec):
+        params, n, accum = parameter_count(spec.model), spec.nproc, spec.grad_accum_steps
+        gathered = HALF if spec.train.fsdp_mixed_precision else FP32
+        sent = 2 * accum * ring_gather(params * gathered, n) + ring_gather(params * FP32, n)
+        return Traffic(round(sent), "parameter all-gather in forward and backward per micro-step, gradient "
+                                    "reduce-scatter once per step")
+
+
+class _SplitsLayers(Description):
+    """Tensor parallelism's shared rules: attention heads and MLP columns divide over the layer's ranks."""
+
+    data_parallel = False
+    splits_model = True
+    accepts_apex = False
+
+    def check(self, spec, visible_gpus):
+        tp, heads = spec.tensor_parallel_size, spec.model.n_head
+        if heads % tp:
+            raise UsageError(f"{spec.strategy} splits attention heads over {tp} ranks, but model.n_head ({heads}) is "
+                             f"not divisible by {tp}; use a process count that divides {heads}")
+        if spec.precision == "fp16" and spec.device == "cuda":
+            # seen on an H100 (torch 2.11): aten._amp_foreach_non_finite_check_and_unscale_ got mixed Tensor and DTensor
+            raise UsageError(f"strategy '{spec.strategy}' with fp16 on CUDA: the loss scaler checks all gradients in "
+                             "one fused kernel, which refuses tensor parallelism's mix of DTensor and plain gradients; "
+                             f"use {spec.strategy} with bf16")
+
+    def held_shapes(self, spec):
+        """Column-parallel tensors split their rows, row-parallel ones their columns (config.sizes); the rest
+        stays whole. Sharded state: FSDP2 then cuts each local tensor along dim 0 over the replicas."""
+        tp, shapes = spec.tensor_parallel_size, []
+        for name, (rows, *rest) in parameter_shapes(spec.model).items():
+            if name.endswith(COLUMN_PARALLEL):
+                rows //= tp
+            elif name.endswith(ROW_PARALLEL):
+                rest = [rest[0] // tp]
+            shapes.append((rows, *rest))
+        return [first_chunk(shape, spec.replicas) for shape in shapes] if self.shards_state else shapes
+
+    def buffer_bytes(self, spec):
+        return gathered_bytes(spec) if self.shards_state else 0
+
+    def activation_traffic(self, spec: RunSpec) -> float:
+        """All-reduces of activations after each block's two row-parallel projections, forward and backward."""
+        return 4 * spec.model.n_layer * spec.grad_accum_steps * ring_all_reduce(activation_bytes(spec),
+                                                                                spec.tensor_parallel_size)
+
+
+class TensorParallel(_SplitsLayers):
+    name = "tp"
+    summary = "tensor parallelism (DTensor): every layer split over all --nproc ranks, one replica"
+    papers = {PATWARDHAN: "tensor parallelism"}
+
+    def tensor_parallel_size(self, nproc, train):
+        return nproc
+
+    def batch_divisor(self, nproc, train):
+        return train.micro_batch_size, "1 (one replica)"
+
+    def traffic(self, spec):
+        return Traffic(round(self.activation_traffic(spec)), "activation all-reduce after each block's two "
+                                                             "row-parallel projections, and of their input gradients "
+                                                             "in backward")
+
+
+class FSDPTensorParallel(_SplitsLayers):
+    name = "fsdp-tp"
+    summary = "FSDP over tensor-parallel groups of train.tensor_parallel_size ranks (2-D mesh)"
+    shards_state = True
+
+    def tensor_parallel_size(self, nproc, train):
+        return train.tensor_parallel_size
+
+    def batch_divisor(self, nproc, train):
+        return self.replicas(nproc, train) * train.micro_batch_size, "nproc / train.tensor_parallel_size"
+
+    def check(self, spec, visible_gpus):
+        tp = spec.tensor_parallel_size
+        if spec.nproc % tp:
+            raise UsageError(f"strategy 'fsdp-tp' needs nproc ({spec.nproc}) divisible by "
+                             f"train.tensor_parallel_size ({tp}), e.g. --nproc {2 * tp}")
+        super().check(spec, visible_gpus)
+
+    def traffic(self, spec):
+        m, tp, replicas, accum = spec.model, spec.tensor_parallel_size, spec.replicas, spec.grad_accum_steps
+        local = parameter_count(m) - split_parameter_count(m) + split_parameter_count(m) / tp
+        sent = self.activation_traffic(spec) + 2 * accum * ring_gather(local * FP32, replicas) + ring_gather(
+            local * FP32, replicas)
+        return Traffic(round(sent), "tensor-parallel activation all-reduces, and FSDP's all-gathers and "
+                                    "reduce-scatter of each rank's slice over the replicas")
+
+
+class PipelineParallel(Description):
+    name = "pp"
+    summary = "pipeline parallelism (torch.distributed.pipelining): consecutive blocks per stage, one replica"
+    data_parallel = False
+    splits_model = True
+    idle_by_design = True
+    accepts_apex = False
+    papers = {PATWARDHAN: "pipeline parallelism"}
+
+    def pipeline_stages(self, nproc):
+        return nproc
+
+    def rows_per_pass(self, nproc, train):
+        return train.global_batch_size  # one pipeline step takes the global batch as its micro-batches
+
+    def batch_divisor(self, nproc, train):
+        return train.micro_batch_size, "1 (one replica)"
+
+    def check(self, spec, visible_gpus):
+        m = spec.model
+        if spec.precision == "fp16":
+            raise UsageError("strategy 'pp' runs backward inside the pipeline schedule, where fp16's loss scaler "
+                             "cannot wrap it; use pp with bf16")
+        if spec.nproc > m.n_layer:
+            raise UsageError(f"strategy 'pp' puts at least one block on each of its {spec.nproc} stages, but the "
+                             f"model has {m.n_layer} (model.n_layer); use --nproc {m.n_layer} or fewer")
+        micro_batches = spec.pipeline_micro_batches
+        if spec.train.pipeline_schedule == "1f1b" and micro_batches < spec.nproc:
+            # torch's Schedule1F1B fills the pipeline with one micro-batch per stage before its first backward
+            raise UsageError(f"train.pipeline_schedule '1f1b' needs at least one micro-batch per stage, but "
+                             f"global_batch_size / micro_batch_size is {micro_batches} for {spec.nproc} stages; use a "
+                             f"smaller train.micro_batch_size, or train.pipeline_schedule=gpipe")
+
+    def held_shapes(self, spec):
+        """The first stage's: the embeddings and its blocks (the last stage's ln_f and head copy are smaller than
+        wpe and the first stage's extra block)."""
+        first = stage_blocks(spec.model.n_layer, spec.nproc)[0]
+        return [shape for name, shape in parameter_shapes(spec.model).items()
+                if name.startswith(("transformer.wte.", "transformer.wpe."))
+                or any(name.startswith(f"transformer.h.{block}.") for block in first)]
+
+    def traffic(self, spec):
+        m, n, micro_batches = spec.model, spec.nproc, spec.pipeline_micro_batches
+        per_micro = activation_bytes(spec) // micro_batches  # one micro-batch's activations at a stage boundary
+        tied = ring_all_reduce(m.vocab_size * m.n_embd * FP32, 2)  # embedding and head copies' gradients
+        ends = micro_batches * per_micro + tied
+        middle = 2 * micro_batches * per_micro if n > 2 else 0
+        return Traffic(round(max(ends, middle)), "activations forward and their gradients backward at each stage "
+                                                 "boundary per micro-batch, tied embedding gradients summed "
+                                                 "between the first and last stage")
+
+
+STRATEGIES: dict[str, Description] = {d.name: d for d in (
+    Single(), DataParallel(), DDP(), Horovod(), FSDP(), TensorParallel(), PipelineParallel(), FSDPTensorParallel(),
+    ApexDDP(),
+)}
+STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
+REFERENCE = "single"  # the strategy every other one must follow
+
+
+def describe(name: str) -> Description:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise UsageError(f"unknown --strategy '{name}' (allowed: {', '.join(STRATEGY_NAMES)})") from None
+
+
+def called(paper: str, their_name: str) -> str:
+    """Our strategy for what `paper` calls `their_name` (the papers' claims are stated in their words)."""
+    return next(name for name, d in STRATEGIES.items() if d.papers.get(paper) == their_name)
+
+
+def extras_needed(strategy: str, precision: str) -> list[Extra]:
+    return [EXTRAS[key] for key in (*describe(strategy).extras, *PRECISION_EXTRAS.get(precision, ()))]
+
+
+def traffic(spec: RunSpec) -> Traffic:
+    if spec.nproc == 1:
+        return Traffic(0, "none: one device")
+    return describe(spec.strategy).traffic(spec)
+
+
+def check_run(spec: RunSpec, visible_gpus: int) -> None:
+    """Refuse a combination that cannot run, naming the key and what is allowed."""
+    description = describe(spec.strategy)
+    description.check(spec, visible_gpus)
+    for owner in STRATEGIES.values():
+        for option, when in owner.options.items():
+            if owner is not description and getattr(spec.train, option):
+                raise UsageError(f"train.{option} applies to --strategy {owner.name} {when}, not {spec.strategy} "
+                                 f"with {spec.precision}; set train.{option}=false")
+    if spec.precision in APEX_PRECISIONS:
+        if not description.accepts_apex:
+            raise UsageError(f"precision 'apex-*' cannot wrap {spec.strategy}'s sharded or split parameters; use "
+                             f"{spec.strategy} with bf16 or fp16")
+        if spec.device != "cuda":
+            raise UsageError(f"precision '{spec.precision}' needs CUDA; on CPU use bf16 or fp16 (torch.amp)")
+    train = spec.train
+    divisor, share = description.batch_divisor(spec.nproc, train)
+    if train.global_batch_size % divisor:
+        raise UsageError(
+            f"train.global_batch_size ({train.global_batch_size}) must be divisible by {share} x "
+            f"train.micro_batch_size ({divisor // train.micro_batch_size} x {train.micro_batch_size} = {divisor})")
+    if spec.nodes > 1:
+        if description.one_process:
+            raise UsageError(f"strategy '{spec.strategy}' runs in one process, which cannot spread over {spec.nodes} "
+                             f"nodes; use one of {', '.join(n for n, d in STRATEGIES.items() if not d.one_process)}")
+        if spec.nproc % spec.nodes:
+            raise UsageError(f"--nproc {spec.nproc} does not divide over {spec.nodes} nodes; give each node as many "
+                             f"processes (e.g. --nproc {spec.nodes * max(1, spec.nproc // spec.nodes)})")
+    per_node = spec.nproc // spec.nodes
+    if spec.device == "cuda" and per_node > visible_gpus:
+        where = f" on each of {spec.nodes} nodes" if spec.nodes > 1 else ""
+        raise UsageError(f"--nproc {spec.nproc} needs {per_node} CUDA GPUs{where}, but this node sees {visible_gpus}")

@@ -1,0 +1,80 @@
+"""Files: written atomically (a reader never sees a half-written file under its final name), and told apart
+by their first bytes before they are read, so a file of the wrong kind gets a sentence, not a parser's traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path | str, mode: str = "w") -> Iterator[IO[Any]]:
+    """Write to a temporary file beside `path`, fsync, then rename over it; on error, delete it. A device or pipe
+    (--out /dev/stdout) is written to as it is: a rename would replace it with a file (as root, /dev/null too)."""
+    path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        with open(path, mode) as handle:
+            yield handle
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; results are meant to be shared
+    try:
+        with os.fdopen(fd, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    with atomic_open(path, "w") as handle:
+        handle.write(text)
+
+
+def atomic_write_json(path: Path | str, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def file_kind(path: Path | str) -> str:
+    """What a file is, from its first bytes, in words for a message: 'a torch checkpoint' (torch.save's zip
+    archive), 'a gzip archive', 'a params file', 'a JSON file', 'an empty file', 'a text file' or 'a binary file'."""
+    path = Path(path)
+    if not path.is_file():
+        return "a directory" if path.is_dir() else "missing"
+    with open(path, "rb") as handle:  # a checkpoint may be gigabytes: its head says enough
+        head = handle.read(4096)
+    if not head.strip():
+        return "an empty file"
+    if head.startswith(b"PK") and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+        return "a torch checkpoint" if any(name.endswith("data.pkl") for name in names) else "a zip archive"
+    if head.startswith(b"\x1f\x8b"):
+        return "a gzip archive"
+    try:
+        text = head.decode()
+    except UnicodeDecodeError:
+        return "a binary file"
+    stripped = text.lstrip()
+    if stripped.startswith(("{", "[")):
+        return "a JSON file"
+    if any(line.startswith("presets:") for line in text.splitlines()):
+        return "a params file"
+    return "a text file"

@@ -1,0 +1,109 @@
+"""How long a study takes: an estimate before its first job, from a few timed steps of the preset's
+own model (selftest.calibrate), and the time left while it runs.
+
+Rough by design: one process's step time stands for every strategy and process count. The time left
+corrects for that as the study goes, by scaling what is left of the estimate by how long the finished
+runs took against their own estimates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+from gpt2dist.io import atomic_write_json
+from gpt2dist.pipeline.study import ESTIMATE_FILE, RUNS_DIR, Run, Study, configurations, resume_cases
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured on this machine with the preset's model in one process."""
+
+    step_s: dict[str, float]  # precision -> seconds of one optimizer step
+    launch_s: float  # a run's cost besides its steps: starting the ranks, building the model, evaluating, writing
+
+
+def launch_seconds(study: Study, calibration: Calibration, processes: int) -> float:
+    """Starting a run: on CPUs its ranks import and build on the cores one process had to itself."""
+    return calibration.launch_s * (processes if study.device == "cpu" else 1)
+
+
+def run_seconds(study: Study, calibration: Calibration, run: Run) -> float:
+    steps = study.preset.train.max_steps * calibration.step_s[run.precision]
+    return launch_seconds(study, calibration, run.processes) + steps
+
+
+def selftest_seconds(study: Study, calibration: Calibration, cores: int) -> dict[str, float]:
+    """Configuration -> its selftest's share of the study's time. A check trains a tiny model for a few steps,
+    so it costs about a launch; a resumed one launches twice more. On CPUs, checks of fewer processes than
+    cores run side by side (rules/selftest.smk); on GPUs they queue."""
+    resumed = {run.config_id for run in resume_cases(study)}
+    return {run.config_id: (1 + 2 * (run.config_id in resumed)) * launch_seconds(study, calibration, run.processes)
+            / (max(1, cores // run.processes) if study.device == "cpu" else 1)
+            for run in configurations(study)}
+
+
+def write_estimate(study: Study, calibration: Calibration, cores: int, out: Path | str = ESTIMATE_FILE) -> dict:
+    """The study's expected duration, job by job, for `progress` to scale as the runs finish."""
+    estimate = {
+        "preset": study.preset_name,
+        "written_at_unix_s": time.time(),
+        "calibration": asdict(calibration),
+        "selftests": selftest_seconds(study, calibration, cores),
+        "runs": {run.run_id: run_seconds(study, calibration, run) for run in study.runs},
+    }
+    atomic_write_json(out, estimate)
+    return estimate
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def estimate_line(estimate: dict, finished: dict[str, float], checked: set[str]) -> str:
+    """What is left of the study (runs not `finished`, selftests not `checked`) and how long it should take."""
+    runs = [seconds for run_id, seconds in estimate["runs"].items() if run_id not in finished]
+    selftests = [seconds for config, seconds in estimate["selftests"].items() if config not in checked]
+    calibration = estimate["calibration"]
+    steps = ", ".join(f"{precision} {seconds:.2g} s" for precision, seconds in calibration["step_s"].items())
+    return (f"estimate: about {minutes(sum(runs) + sum(selftests))} for {len(runs)} runs and {len(selftests)} "
+            f"selftests on this machine, tokenizing the data not counted (measured now in one process: a step "
+            f"of the preset's model takes {steps}, "
+            f"starting a run {calibration['launch_s']:.0f} s); each finished run prints the time left")
+
+
+def wall_seconds(record: dict) -> float:
+    """A run's time from the launcher's start (imports and rendezvous included) to the rank's last write."""
+    began = record.get("launched_at") or record.get("started_at")
+    try:
+        return (datetime.fromisoformat(record["finished_at"]) - datetime.fromisoformat(began)).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return math.nan
+
+
+def finished_runs(study: Study, runs_dir: Path | str = RUNS_DIR) -> dict[str, float]:
+    """Run id -> wall seconds of every run of the study that has completed."""
+    done = {}
+    for run in study.runs:
+        path = Path(runs_dir) / run.run_id / "run.json"
+        record = json.loads(path.read_text()) if path.exists() else {}
+        if record.get("status") == "completed" and math.isfinite(seconds := wall_seconds(record)):
+            done[run.run_id] = seconds
+    return done
+
+
+def progress_line(study: Study, finished: dict[str, float], estimate: dict | None) -> str:
+    """'study: 12 of 40 runs done; about 8 min left', the estimate scaled by the finished runs."""
+    head = f"study: {len(finished)} of {len(study.runs)} runs done"
+    planned = (estimate or {}).get("runs", {})
+    if not planned or estimate.get("preset") != study.preset_name or not set(finished) <= set(planned):
+        return f"{head} (no estimate of this study's duration was made here)"
+    scale = sum(finished.values()) / sum(planned[run_id] for run_id in finished) if finished else 1.0
+    left = scale * sum(seconds for run_id, seconds in planned.items() if run_id not in finished)
+    elapsed = time.time() - estimate["written_at_unix_s"]
+    return (f"{head} after {minutes(elapsed)}; about {minutes(left)} left (the finished runs took "
+            f"{scale:.2g}x their estimate)")

@@ -1,0 +1,156 @@
+"""Study bundles: a finished study's run records, shard description and parameters in one
+archive with a sha256 manifest, so anyone can verify it and rebuild every table, figure and
+finding without retraining (`gpt2dist bundle`, `gpt2dist figures --from`).
+
+The archive is deterministic (sorted members, zeroed times and owners, gzip without a
+timestamp): bundling the same runs twice gives the same bytes, so a bundle kept in git changes
+only when its data does. MANIFEST.sha256 is in `sha256sum` format, so an unpacked bundle can
+also be checked with `sha256sum -c MANIFEST.sha256`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import zlib
+from importlib.metadata import version
+from pathlib import Path, PurePosixPath
+
+import yaml
+
+from gpt2dist.config.presets import upgraded
+from gpt2dist.data.shards import read_meta
+from gpt2dist.errors import UsageError
+from gpt2dist.io import atomic_open
+from gpt2dist.pipeline.study import Study, plan_study
+from gpt2dist.results.collect import collect, read_run
+from gpt2dist.results.plots import plot
+from gpt2dist.results.report import report
+from gpt2dist.system.environment import capture
+
+FORMAT = 1
+MANIFEST = "MANIFEST.sha256"
+DESCRIPTION = "bundle.json"
+RUN_FILES = ("run.json", "metrics.jsonl")
+# Everything a bundle may hold; anything else is refused before a byte is written out.
+MEMBER = re.compile(r"(bundle\.json|params\.yaml|data/meta\.json|runs/[A-Za-z0-9._-]+/(run\.json|metrics\.jsonl))")
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[dict[str, bytes], dict]:
+    """The bundle's files by archive path, and its description (what is in it, what is not)."""
+    read_meta(data_dir)  # a missing or foreign shard description is refused here, not at rebuild
+    files = {"params.yaml": params.read_bytes(), "data/meta.json": (data_dir / "meta.json").read_bytes()}
+    included, missing, finished = [], {}, []
+    for run in study.runs:
+        try:
+            record, _ = read_run(runs_dir / run.run_id)  # the same test of "completed" that collect applies
+        except UsageError as exc:
+            missing[run.run_id] = str(exc)
+            continue
+        included.append(run.run_id)
+        finished.append(record.get("finished_at") or "")
+        for name in RUN_FILES:
+            files[f"runs/{run.run_id}/{name}"] = (runs_dir / run.run_id / name).read_bytes()
+    if not included:
+        raise UsageError(f"no run of preset {study.preset_name} has completed in {runs_dir}; nothing to bundle")
+    description = {
+        "format": FORMAT,
+        "preset": study.preset_name,
+        "gpus": study.gpus,
+        "runs": included,
+        "missing_runs": missing,
+        "last_run_finished_at": max(finished),  # not the time of bundling: same runs, same bytes
+        "bundled_by": f"gpt2dist {version('gpt2dist')}",
+        "environment": capture(),  # of the machine that bundled; each run.json has its own
+    }
+    files[DESCRIPTION] = (json.dumps(description, indent=2, sort_keys=True) + "\n").encode()
+    return files, description
+
+
+def write_bundle(study: Study, runs_dir: Path, data_dir: Path, params: Path, out: Path) -> dict:
+    files, description = gather(study, Path(runs_dir), Path(data_dir), Path(params))
+    manifest = "".join(f"{sha256(data)}  {name}\n" for name, data in sorted(files.items())).encode()
+    with atomic_open(out, "wb") as handle:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=handle, mtime=0) as packed:
+            with tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as archive:
+                for name, data in [(MANIFEST, manifest), *sorted(files.items())]:
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mode, info.mtime = len(data), 0o644, 0
+                    archive.addfile(info, io.BytesIO(data))
+    return description
+
+
+def read_bundle(path: Path) -> dict[str, bytes]:
+    """Every file of the bundle, each checked against the manifest; anything else is refused."""
+    damaged = "; the file is damaged or was edited: get a fresh copy, or re-run `gpt2dist bundle`"
+    try:
+        with tarfile.open(path, mode="r:gz") as archive:
+            members = archive.getmembers()
+            strange = [m.name for m in members if not m.isfile() or not (m.name == MANIFEST or MEMBER.fullmatch(m.name))]
+            if strange:
+                raise UsageError(f"bundle {path} holds {strange[0]!r}, which no gpt2dist bundle has{damaged}")
+            files = {m.name: archive.extractfile(m).read() for m in members}
+    except FileNotFoundError:
+        raise UsageError(f"bundle {path} does not exist; make one with `gpt2dist bundle --out {path}`") from None
+    except (tarfile.TarError, zlib.error, EOFError, gzip.BadGzipFile) as exc:
+        raise UsageError(f"bundle {path} is not a readable gpt2dist bundle ({exc}){damaged}") from None
+    if MANIFEST not in files:
+        raise UsageError(f"bundle {path} has no {MANIFEST}{damaged}")
+    listed = {}
+    for line in files.pop(MANIFEST).decode(errors="replace").splitlines():
+        digest, _, name = line.partition("  ")
+        listed[name] = digest
+    for name in sorted(listed.keys() | files.keys()):
+        if name not in files:
+            raise UsageError(f"bundle {path}: {name} is in the manifest but not in the archive{damaged}")
+        if name not in listed:
+            raise UsageError(f"bundle {path}: {name} is not in the manifest{damaged}")
+        if sha256(files[name]) != listed[name]:
+            raise UsageError(f"bundle {path}: {name} does not match its sha256 in the manifest{damaged}")
+    if DESCRIPTION not in files or "params.yaml" not in files or "data/meta.json" not in files:
+        raise UsageError(f"bundle {path} lacks {DESCRIPTION}, params.yaml or data/meta.json{damaged}")
+    description = json.loads(files[DESCRIPTION])
+    if description.get("format") != FORMAT:
+        raise UsageError(f"bundle {path} has format {description.get('format')}; this gpt2dist reads format "
+                         f"{FORMAT}: use the gpt2dist version named in its {DESCRIPTION}")
+    return files
+
+
+def rebuild(bundle: Path, out: Path) -> dict:
+    """Verify the bundle, then collect, plot and report from its runs into `out`. Built beside `out`
+    and moved into place at the end, so `out` never holds half a rebuild."""
+    files = read_bundle(Path(bundle))
+    description = json.loads(files[DESCRIPTION])
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not (out / DESCRIPTION).is_file():
+        raise UsageError(f"{out} holds files that `gpt2dist figures` did not write; choose a new or empty --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work:
+        source, built = Path(work) / "bundle", Path(work) / "built"
+        for name, data in files.items():
+            target = source / PurePosixPath(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        # the bundle's own params.yaml, its keys renamed to today's where an older version wrote it
+        params = yaml.safe_load(files["params.yaml"])
+        (source / "params.yaml").write_text(yaml.safe_dump(upgraded(params), sort_keys=False))
+        study = plan_study(source / "params.yaml", description["preset"], description["gpus"])
+        summary = collect(study, source / "runs", source / "data", built)
+        plot(built)
+        report(built)
+        shutil.copyfile(source / DESCRIPTION, built / DESCRIPTION)  # provenance: which bundle this came from
+        if out.exists():
+            os.replace(out, Path(work) / "previous")
+        os.replace(built, out)
+    return summary

@@ -1,0 +1,351 @@
+"""`gpt2dist collect`: every run of the study -> one tidy table and a per-configuration summary.
+
+metrics.csv has one row per run and step (train metrics, and the validation loss at the
+steps where it was measured); runs.csv one row per run, with the conditions it was measured in
+and whether it was disturbed (results.disturbance); summary.csv/json one row per configuration
+(strategy, precision, nproc): the geometric mean over its undisturbed repeats of each run's
+steady-state numbers (which leave out the first `study.excluded_steps` steps), with a 95%
+interval on the log scale, and its speedup over the baseline paired by repeat round
+(results.statistics). A run that failed or is missing does not stop the others from being
+summarised: summary.json lists it, and the report says so first. headline.json and
+loss_curves.csv are the compact views DVC shows (results.compact); link_model.csv sets runs on
+emulated nodes' links against the link model's prediction (results.link_model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+from pydantic import ValidationError
+
+from gpt2dist.config.memory import predict as predict_memory
+from gpt2dist.config.schema import PRECISIONS, RunSpec
+from gpt2dist.config.sizes import flops_per_token
+from gpt2dist.config.strategies import STRATEGY_NAMES
+from gpt2dist.data.shards import read_meta
+from gpt2dist.errors import UsageError
+from gpt2dist.io import atomic_open, atomic_write_json
+from gpt2dist.pipeline.duration import wall_seconds
+from gpt2dist.pipeline.study import Study, configurations
+from gpt2dist.results.compact import write_compact_views
+from gpt2dist.results.convergence import energy_per_token, needs_more_steps, reference_rows, target_loss, to_target
+from gpt2dist.results.disturbance import conditions_of, disturbance
+from gpt2dist.results.findings import check_claims
+from gpt2dist.results.inputs import read_json, read_jsonl
+from gpt2dist.results.link_model import predicted_vs_measured
+from gpt2dist.results.prediction import with_predictions
+from gpt2dist.results.ranking import rank
+from gpt2dist.results.statistics import log_interval, paired_ratio, verdict
+from gpt2dist.results.time_ledger import LEDGER
+from gpt2dist.system.hardware import mfu, peak_flops
+
+log = logging.getLogger(__name__)
+# Tables keep 10 significant digits: the last of a float's 17 can differ between CPUs that take other SIMD paths
+# (AVX2 or AVX-512) through the same statistics, and a bundle must rebuild to the same bytes on either.
+CANONICAL_FLOAT = "%.10g"
+
+# link_mbit: NaN when unshaped; emulated: nodes emulated on one machine (False for one node and a cluster's)
+CONFIG_KEYS = ["config_id", "strategy", "precision", "nproc", "nodes", "emulated", "link_mbit"]
+SUMMARISED = ["tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "step_time_s", "step_time_p90_s",
+              "time_per_epoch_s", "overhead_s", "peak_mem_bytes", "model_state_bytes", "final_val_loss",
+              "final_val_ppl", "time_to_target_s", "energy_j_per_token", "energy_to_target_j"]
+# Fixed by the configuration (model-state bytes by part, modelled traffic): every repeat has the same value
+PER_CONFIGURATION = ["param_bytes", "grad_bytes", "optimizer_bytes", "predicted_model_state_bytes", "comm_bytes_per_step",
+                     "link_bytes_per_step"]
+
+
+def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
+    """run.json and metrics.jsonl of one finished run; refuses anything not completed."""
+    record_path = run_dir / "run.json"
+    if not record_path.exists():
+        raise UsageError(f"run {run_dir.name} has no run.json in {run_dir}; train it first")
+    record = read_json(record_path, "gpt2dist train")
+    if record.get("status") != "completed":
+        error = f": {record['error']}" if record.get("error") else ""
+        raise UsageError(f"run {run_dir.name} did not complete (status '{record.get('status')}'{error}); running the "
+                         "study again retries it")
+    lines = read_jsonl(run_dir / "metrics.jsonl", "gpt2dist train")
+    return record, pd.DataFrame([line for line in lines if line.get("kind") != "ledger"])  # run.json has the ledger
+
+
+def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, dict], dict[str, str]]:
+    """The completed runs' lines in one table, their records, and why each other run is left out."""
+    frames, records, missing = [], {}, {}
+    for run in study.runs:
+        try:
+            record, lines = read_run(runs_dir / run.run_id)
+        except UsageError as exc:
+            missing[run.run_id] = str(exc)
+            continue
+        records[run.run_id] = record
+        train = lines[lines["kind"] == "train"].drop(columns=["kind", "val_loss", "val_ppl"], errors="ignore")
+        train = train.assign(elapsed_s=train["step_time_s"].cumsum())
+        evals = lines[lines["kind"] == "eval"].reindex(columns=["step", "val_loss", "val_ppl"])
+        table = train.merge(evals, on="step", how="outer")
+        frames.append(table.assign(run_id=run.run_id, config_id=run.config_id, strategy=run.strategy,
+                                   precision=run.precision, nproc=run.nproc, nodes=run.nodes, emulated=run.emulated,
+                                   link_mbit=run.link_mbit if run.link_mbit else math.nan, repeat=run.repeat))
+    if not frames:
+        first = next(iter(missing.values()))
+        raise UsageError(f"no run of the study has completed ({len(missing)} missing; the first: {first})")
+    table = pd.concat(frames, ignore_index=True).sort_values(["run_id", "step"], kind="stable")
+    first = ["run_id", *CONFIG_KEYS[1:], "repeat", "step"]
+    return table[first + [c for c in table.columns if c not in first]], records, missing
+
+
+def _link_bytes_per_step(record: dict, steps: int) -> float:
+    """Measured on emulated nodes: the busiest node's sent bytes over the run, per step (start-up,
+    evaluation and TCP/IP headers included, so a little above the modelled payload)."""
+    links = (record.get("emulated_nodes") or {}).get("link_bytes")
+    if not links or not steps:
+        return math.nan
+    return max(counts["tx_bytes"] for counts in links.values()) / steps
+
+
+def _ledger_of(ledger: dict | None) -> dict:
+    """The run's time ledger as columns: seconds per step by part, and the collectives' traced payload."""
+    if not ledger:
+        return {}
+    parts = {f"{LEDGER}{name}": value for name, value in ledger.items() if name.endswith("_s")}
+    traced = ledger.get("collectives") or {}
+    return parts | {"traced_collective_bytes_per_step": sum(c["bytes"] for c in traced.values()) if traced
+                    else math.nan}
+
+
+def _predicted_state(record: dict) -> float:
+    """config.memory's model state for the run's own spec; NaN for a record of a spec this code no longer reads."""
+    try:
+        spec = RunSpec.model_validate(record["config"])
+    except ValidationError:
+        return math.nan
+    return predict_memory(spec).state
+
+
+def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_tokens: int,
+            target: float) -> pd.DataFrame:
+    """One row per run: steady-state medians after warm-up, percentiles, memory, the final validation
+    loss, the conditions it ran in, and whether they disturbed it."""
+    excluded_steps = study.preset.study.excluded_steps
+    rows = []
+    for run_id, run in table.groupby("run_id", sort=True):
+        # steps profiled for the ledger ran slowed: not throughput samples
+        traced = run["traced"].eq(True) if "traced" in run.columns else pd.Series(False, index=run.index)
+        steady = run[(run["step"] >= excluded_steps) & ~traced].dropna(subset=["tokens_per_s"])
+        if steady.empty:
+            raise UsageError(f"run {run_id} has no step after study.excluded_steps={excluded_steps}; lower it")
+        record = records[run_id]
+        evals = run.dropna(subset=["val_loss"])
+        tokens_per_s = steady["tokens_per_s"].median()
+        state = record.get("model_state_bytes") or {}
+        measures = conditions_of(record, steady)
+        wall = wall_seconds(record)
+        steps_to_target, time_to_target = to_target(run, target)
+        per_token = energy_per_token(steady, int(run["nproc"].iloc[0]), record["tokens_per_step"])
+        rows.append({
+            **run.iloc[0][CONFIG_KEYS].to_dict(), "run_id": run_id, "repeat": int(run["repeat"].iloc[0]),
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_device": tokens_per_s / run["nproc"].iloc[0],
+            "samples_per_s": steady["samples_per_s"].median(),
+            "step_time_s": steady["step_time_s"].median(),
+            "step_time_p90_s": steady["step_time_s"].quantile(0.9),
+            "time_per_epoch_s": train_tokens / tokens_per_s,
+            "wall_s": wall,
+            # start-up (imports, rendezvous, compile), evaluation and checkpoints: wall time outside the steps
+            "overhead_s": wall - run["step_time_s"].sum() if record.get("resumed_from_step", 0) == 0 else math.nan,
+            "peak_mem_bytes": run["peak_mem_bytes"].max(),
+            "peak_reserved_bytes": run["peak_reserved_bytes"].max() if "peak_reserved_bytes" in run else math.nan,
+            "model_state_bytes": state.get("total", math.nan),
+            "param_bytes": state.get("params", math.nan),
+            "grad_bytes": state.get("grads", math.nan),
+            "optimizer_bytes": state.get("optimizer", math.nan),
+            "predicted_model_state_bytes": _predicted_state(record),
+            "comm_bytes_per_step": (record.get("communication") or {}).get("bytes_per_step", math.nan),
+            "link_bytes_per_step": _link_bytes_per_step(record, len(run.dropna(subset=["tokens_per_s"]))),
+            "final_val_loss": evals["val_loss"].iloc[-1] if len(evals) else math.nan,
+            "final_val_ppl": evals["val_ppl"].iloc[-1] if len(evals) else math.nan,
+            "steps_to_target": steps_to_target,
+            "time_to_target_s": time_to_target,
+            "energy_j_per_token": per_token,
+            "energy_to_target_j": per_token * steps_to_target * record["tokens_per_step"],
+            "grad_accum_steps": record.get("grad_accum_steps"),
+            "backend": (record.get("placement") or {}).get("backend"),
+            "busbw_gb_s": (record.get("interconnect") or {}).get("busbw_gb_s", math.nan),
+            "hardware": hardware_of(record),
+            **_ledger_of(record.get("ledger")),
+            **measures,
+            "disturbed": disturbance(measures, study.preset.study),
+        })
+    return pd.DataFrame(rows)
+
+
+def in_study_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows ordered single, dp, ddp, horovod, fsdp; then precision; then process count; then one
+    machine before emulated nodes, fastest link first."""
+    key = frame["strategy"].map(STRATEGY_NAMES.index) * 1000 + frame["precision"].map(PRECISIONS.index) * 100 + frame["nproc"]
+    nodes = frame["nodes"] if "nodes" in frame else 1
+    link = -frame["link_mbit"].fillna(math.inf) if "link_mbit" in frame else 0
+    ordered = frame.assign(_order=key, _nodes=nodes, _link=link).sort_values(["_order", "_nodes", "_link"], kind="stable")
+    return ordered.drop(columns=["_order", "_nodes", "_link"]).reset_index(drop=True)
+
+
+def baseline_of(row: dict, configs: set[str]) -> str | None:
+    """What a configuration's speedup divides by. On one machine: the one-process run of the same precision,
+    single's, else the strategy's own. Across a cluster's nodes: the same strategy and precision on one node
+    with the same processes per node, so the speedup is what the extra nodes bring. Never another precision:
+    dividing an fp16 run by an fp32 one would count the mixed-precision gain as scaling."""
+    strategy, precision = row["strategy"], row["precision"]
+    if row["nodes"] > 1 and not row["emulated"]:
+        candidates = [f"{strategy}-{precision}-n{row['nproc'] // row['nodes']}"]
+    else:
+        candidates = [f"single-{precision}-n1", f"{strategy}-{precision}-n1"]
+    return next((candidate for candidate in candidates if candidate in configs), None)
+
+
+def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.DataFrame:
+    """One row per configuration from its undisturbed runs. A configuration whose every run was
+    disturbed is summarised from them all and says so (`from_disturbed`), never silently."""
+    rows, used = [], {}
+    for keys, group in runs.groupby(CONFIG_KEYS, sort=False, dropna=False):
+        quiet = group[group["disturbed"] == ""]
+        chosen = quiet if len(quiet) else group
+        used[keys[0]] = chosen.set_index("repeat")
+        row = dict(zip(CONFIG_KEYS, keys)) | {"repeats": len(chosen), "disturbed_runs": len(group) - len(quiet),
+                                              "from_disturbed": quiet.empty}
+        for metric in SUMMARISED:
+            centre, low, high = log_interval(chosen[metric])
+            row |= {metric: centre, f"{metric}_ci_low": low, f"{metric}_ci_high": high}
+        for part in PER_CONFIGURATION + [c for c in chosen if c.startswith(LEDGER) or c.startswith("traced_")]:
+            row[part] = chosen[part].median()
+        row["grad_accum_steps"] = chosen["grad_accum_steps"].iloc[0]
+        row["backend"] = chosen["backend"].iloc[0]
+        row["busbw_gb_s"] = chosen["busbw_gb_s"].median()
+        row["steps_to_target"] = chosen["steps_to_target"].median()
+        row["reached_target"] = int(chosen["steps_to_target"].notna().sum())
+        rows.append(row)
+    summary = in_study_order(pd.DataFrame(rows))
+    summary["label"] = summary["config_id"].map(study.labels).fillna("")
+    configs = set(summary["config_id"])
+    summary["baseline"] = [baseline_of(row, configs) for row in summary.to_dict("records")]
+    ratios = []
+    only_disturbed = set(summary.loc[summary["from_disturbed"], "config_id"])
+    for config, baseline in zip(summary["config_id"], summary["baseline"]):
+        if not isinstance(baseline, str):
+            ratios.append((math.nan, math.nan, math.nan, 0, "no baseline"))
+        elif baseline == config:
+            ratios.append((1.0, 1.0, 1.0, len(used[config]), "baseline"))
+        else:
+            ratio = paired_ratio(used[config]["tokens_per_s"], used[baseline]["tokens_per_s"])
+            judged = verdict(ratio[1], ratio[2], ratio[3])
+            ratios.append((*ratio, "only disturbed runs" if {config, baseline} & only_disturbed else judged))
+    summary[["speedup", "speedup_ci_low", "speedup_ci_high", "speedup_pairs", "vs_baseline"]] = pd.DataFrame(
+        ratios, index=summary.index)
+    # the speedup per unit of what was added: processes over the baseline's (nodes, across a cluster)
+    nproc = summary.set_index("config_id")["nproc"]
+    added = summary["nproc"] / summary["baseline"].map(nproc).fillna(1)
+    for column in ("", "_ci_low", "_ci_high"):
+        summary[f"scaling_efficiency{column}"] = summary[f"speedup{column}"] / added
+    per_token = flops_per_token(study.preset.model)
+
+    def utilisation(row) -> float:
+        """Against the peak of the arithmetic this row ran (fp32 rows against the fp32 peak, not bf16's)."""
+        peak = peak_flops(device_name, row["precision"]) if device_name else None
+        return mfu(row["tokens_per_s"], per_token, row["nproc"], peak) if peak else math.nan
+
+    summary["mfu"] = summary.apply(utilisation, axis=1)
+    reference = reference_rows(runs[runs["disturbed"] == ""])["steps_to_target"]
+    summary["numerics"] = [needs_more_steps(used[config]["steps_to_target"], reference)
+                           for config in summary["config_id"]]
+    train = study.preset.train
+    return with_predictions(summary, study.device, train.global_batch_size // train.micro_batch_size)
+
+
+def hardware_of(record: dict) -> str:
+    """What a run's throughput depends on besides its strategy: the device model of every node (GPU, else CPU)
+    and, with GPUs, how they are linked within a node (NVLink or PCIe, from `nvidia-smi topo -m`)."""
+    devices = record["devices"]
+    nodes = record.get("node_hardware") or [{"devices": {(devices.get("gpus") or [devices["cpu"]])[0]: 1}}]
+    models = sorted({model for node in nodes for model in node["devices"]})
+    if not devices.get("gpus"):
+        return " + ".join(models)
+    links = "NVLink" if re.search(r"\bNV\d+\b", devices.get("topology") or "") else "PCIe"
+    return f"{' + '.join(models)} ({links})"
+
+
+def refuse_mixed_hardware(runs: pd.DataFrame) -> None:
+    """Throughput from different machines is not a comparison of strategies."""
+    kinds = runs.groupby("hardware")["run_id"].apply(list)
+    if len(kinds) > 1:
+        where = "; ".join(f"{kind}: {', '.join(ids[:3])}{' ...' if len(ids) > 3 else ''}" for kind, ids in kinds.items())
+        raise UsageError(f"the runs were made on different hardware ({where}); re-run them on one kind of machine, or "
+                         "compare them anyway with `gpt2dist collect --mixed-hardware`")
+
+
+def hardware_label(records: dict[str, dict]) -> tuple[str, str | None]:
+    """('2x NVIDIA H100 80GB HBM3', gpu name) or ('AMD EPYC ... (2 cores)', None) from the runs' records;
+    a CPU study with bf16 runs on a CPU without bf16 instructions says so, as its bf16 rows are slow for it."""
+    devices = next(iter(records.values()))["devices"]
+    if devices.get("gpus"):
+        return f"{len(devices['gpus'])}x {devices['gpus'][0]}", devices["gpus"][0]
+    emulated = devices.get("cpu_bf16") == "emulated" and any(r.get("precision") == "bf16" for r in records.values())
+    return f"{devices['cpu']} ({devices['cpu_cores']} cores{', bf16 emulated' if emulated else ''})", None
+
+
+def refuse_if_too_disturbed(disturbed: pd.DataFrame, limit: int | None, runs_dir: Path) -> None:
+    if limit is None or len(disturbed) <= limit:
+        return
+    outputs = " ".join(str(Path(runs_dir) / run_id / "run.json") for run_id in disturbed["run_id"])
+    raise UsageError(f"{len(disturbed)} runs were disturbed (study.max_disturbed={limit}): "
+                     f"{', '.join(disturbed['run_id'])}; on a quieter machine re-run them with "
+                     f"`snakemake --cores all --forcerun {outputs}`")
+
+
+def _json_rows(frame: pd.DataFrame, key: str) -> dict:
+    return {row.pop(key): {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+            for row in json.loads(frame.to_json(orient="records"))}
+
+
+def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixed_hardware: bool = False) -> dict:
+    table, records, missing = tidy_table(study, Path(runs_dir))
+    train_tokens = read_meta(Path(data_dir))["splits"]["train"]["tokens"]
+    hardware, gpu_name = hardware_label(records)
+    target = target_loss(table, study.preset.study.target_val_loss)
+    runs = per_run(table, records, study, train_tokens, target)
+    if not mixed_hardware:
+        refuse_mixed_hardware(runs)
+    disturbed = runs[runs["disturbed"] != ""]
+    refuse_if_too_disturbed(disturbed, study.preset.study.max_disturbed, runs_dir)
+    summary = summarise(runs, study, gpu_name)
+    for run_id, reason in missing.items():
+        log.warning("collect: %s left out: %s", run_id, reason)
+    for row in disturbed.itertuples():
+        log.warning("collect: %s disturbed, left out of the statistics: %s", row.run_id, row.disturbed)
+    out_dir = Path(out_dir)
+    model = predicted_vs_measured(summary)
+    for frame, name in ((table, "metrics.csv"), (runs, "runs.csv"), (summary, "summary.csv"), (model, "link_model.csv")):
+        with atomic_open(out_dir / name, "w") as handle:
+            frame.to_csv(handle, index=False, float_format=CANONICAL_FLOAT)
+    write_compact_views(out_dir, [run.config_id for run in configurations(study)], summary, table)
+    first = next(iter(records.values()))
+    result = {
+        "preset": study.preset_name,
+        "hardware": hardware,
+        "device": study.device,
+        "excluded_steps": study.preset.study.excluded_steps,
+        "target_val_loss": target,
+        "versions": first["versions"],
+        "dropped_configurations": study.dropped,
+        "mixed_hardware": sorted(runs["hardware"].unique()) if mixed_hardware else None,
+        "missing_runs": missing,
+        "disturbed_runs": dict(zip(disturbed["run_id"], disturbed["disturbed"])),
+        "answer": rank(runs, summary),
+        "configs": _json_rows(summary, "config_id"),
+        "findings": check_claims(runs, summary, model),
+        "link_model": json.loads(model.to_json(orient="records")),
+    }
+    atomic_write_json(out_dir / "summary.json", result)
+    return result

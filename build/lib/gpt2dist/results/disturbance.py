@@ -1,0 +1,87 @@
+"""Was a run measured on a quiet machine? One verdict per run, with the reason, from what the
+run recorded about its conditions: other processes' share of its CPUs (the launcher's load
+monitor), how much CPU time rank 0 got for its threads, how steady its step times were, and on
+GPUs whether the device slowed itself for heat or power.
+
+A disturbed run's numbers are not averaged in silently: collect leaves them out of the
+statistics and marks them, or refuses the study (study.max_disturbed)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from gpt2dist.config.schema import StudyConfig
+from gpt2dist.config.strategies import STRATEGIES
+from gpt2dist.system.gpu_telemetry import DISTURBING_REASONS
+
+
+def step_time_spread(step_times: pd.Series) -> float:
+    """Median absolute deviation over median: robust to the odd slow step (a checkpoint, GC),
+    not to a machine that was busy for part of the run."""
+    median = step_times.median()
+    return float((step_times - median).abs().median() / median) if median > 0 else float("nan")
+
+
+def cpu_share(steady: pd.DataFrame, threads: int | None) -> float:
+    """Rank 0's CPU time per step over what its compute threads could have used (median)."""
+    if "cpu_time_s" not in steady or not threads:
+        return float("nan")
+    return float((steady["cpu_time_s"] / (steady["step_time_s"] * threads)).median())
+
+
+def gpu_slowdown_steps(steady: pd.DataFrame) -> int:
+    """Steady steps during which the GPU reported a thermal, power-brake or hardware slowdown."""
+    if "clock_event_reasons" not in steady:
+        return 0
+    reasons = steady["clock_event_reasons"].dropna().astype("int64")
+    return int(((reasons & DISTURBING_REASONS) != 0).sum())
+
+
+def foreign_share_while_steady(conditions: dict, steady: pd.DataFrame) -> float:
+    """Mean share of the run's CPUs other processes used during the steady-state steps: the load
+    samples whose interval overlaps them (start-up, when the workflow tool itself is busy, is not
+    what the numbers measure). All samples where the steps carry no timestamps; NaN without samples."""
+    shares, ends = conditions.get("foreign_cpu_share") or [], conditions.get("sample_ends_unix_s") or []
+    if not shares:
+        return float("nan")
+    if "end_unix_s" in steady and len(ends) == len(shares):
+        begin = (steady["end_unix_s"] - steady["step_time_s"]).min()
+        finish = steady["end_unix_s"].max()
+        interval = conditions.get("interval_s", 1.0)
+        overlapping = [s for s, end in zip(shares, ends) if end > begin and end - interval < finish]
+        shares = overlapping or shares
+    return sum(shares) / len(shares)
+
+
+def conditions_of(record: dict, steady: pd.DataFrame) -> dict:
+    """The per-run measures collect tabulates (NaN where the run did not record them)."""
+    conditions = record.get("conditions") or {}
+    threads = (record.get("threads") or {}).get("torch")
+    on_cpu = str((record.get("placement") or {}).get("device", "cpu")).startswith("cpu")
+    # pp's stages idle in the pipeline's bubble, and ranks on a shaped link wait for it: by design, not starved
+    on_a_shaped_link = bool((record.get("emulated_nodes") or {}).get("link_mbit"))
+    judged = on_cpu and not STRATEGIES[record["strategy"]].idle_by_design and not on_a_shaped_link
+    return {
+        "foreign_cpu_share": foreign_share_while_steady(conditions, steady),
+        "steal_share": conditions.get("steal_share_mean", float("nan")),
+        "step_time_spread": step_time_spread(steady["step_time_s"]),
+        "cpu_share": cpu_share(steady, threads) if judged else float("nan"),
+        "gpu_slowdown_steps": gpu_slowdown_steps(steady),
+    }
+
+
+def disturbance(measures: dict, study: StudyConfig) -> str:
+    """Why the run counts as disturbed ('' when it does not): every reason that applies."""
+    reasons = []
+    if measures["foreign_cpu_share"] > study.max_foreign_cpu_share:  # NaN compares False: not recorded
+        reasons.append(f"other processes used {measures['foreign_cpu_share']:.0%} of its CPUs "
+                       f"(limit {study.max_foreign_cpu_share:.0%})")
+    if measures["cpu_share"] < study.min_cpu_share:
+        reasons.append(f"rank 0 got {measures['cpu_share']:.0%} of its threads' CPU time "
+                       f"(limit {study.min_cpu_share:.0%})")
+    if measures["step_time_spread"] > study.max_step_time_spread:
+        reasons.append(f"step times spread {measures['step_time_spread']:.0%} around their median "
+                       f"(limit {study.max_step_time_spread:.0%})")
+    if measures["gpu_slowdown_steps"]:
+        reasons.append(f"the GPU slowed itself (thermal/power/hardware) in {measures['gpu_slowdown_steps']} steps")
+    return "; ".join(reasons)

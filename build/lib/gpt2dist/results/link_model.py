@@ -1,0 +1,101 @@
+"""A step across nodes = the same configuration's step on one machine + the bytes its busiest rank
+sends per step (training.communication) over the node's link.
+
+The model has no overlap of communication with compute, no latency and no protocol overhead:
+the simplest model that can be wrong, and `predicted_vs_measured` says by how much on the
+emulated links. The same arithmetic projects the papers' presets to GPU clusters
+(`projection`), where compute time comes from the FLOP count at an assumed MFU instead of a
+measurement: a projection, labelled as one wherever it is shown.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from gpt2dist.config.schema import Preset, RunSpec
+from gpt2dist.config.sizes import flops_per_token
+from gpt2dist.config.strategies import STRATEGIES, check_run, traffic
+from gpt2dist.errors import UsageError
+from gpt2dist.system.hardware import COMPUTE_DTYPE, peak_flops
+
+# Per GPU and direction (reference facts): NVLink 4 inside a node; one InfiniBand NDR port per GPU across nodes
+NVLINK_BYTES_PER_S = 450e9
+INFINIBAND_BYTES_PER_S = 50e9
+# Data-parallel strategies of a process per GPU, whose collectives span every GPU, so nodes' links carry them
+PROJECTED_STRATEGIES = tuple(name for name, d in STRATEGIES.items() if d.data_parallel and not d.one_process)
+
+
+def link_seconds(bytes_per_step: float, link_mbit: float) -> float:
+    return bytes_per_step * 8 / (link_mbit * 1e6)
+
+
+def predicted_vs_measured(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration on shaped emulated links: the model's step time (from the one-machine run of
+    the same strategy, precision and process count) beside the measured one, and its relative error."""
+    columns = ["config_id", "strategy", "precision", "nproc", "nodes", "link_mbit", "one_machine_step_time_s",
+               "modelled_link_s", "predicted_step_time_s", "measured_step_time_s", "measured_step_time_ci_low_s",
+               "measured_step_time_ci_high_s", "measured_link_s", "error", "modelled_bytes_per_step",
+               "measured_bytes_per_step"]
+    if "nodes" not in summary:
+        return pd.DataFrame(columns=columns)
+    one_machine = summary[summary["nodes"] == 1].set_index(["strategy", "precision", "nproc"])
+    rows = []
+    for row in summary[(summary["nodes"] > 1) & summary["link_mbit"].notna()].itertuples():
+        key = (row.strategy, row.precision, row.nproc)
+        if key not in one_machine.index:
+            continue
+        compute = one_machine.loc[key, "step_time_s"]
+        link = link_seconds(row.comm_bytes_per_step, row.link_mbit)
+        rows.append([row.config_id, row.strategy, row.precision, row.nproc, row.nodes, row.link_mbit, compute, link,
+                     compute + link, row.step_time_s, row.step_time_s_ci_low, row.step_time_s_ci_high,
+                     row.step_time_s - compute, (compute + link) / row.step_time_s - 1, row.comm_bytes_per_step,
+                     row.link_bytes_per_step])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mfu: float, gpus_per_node: int,
+               node_counts: list[int]) -> pd.DataFrame:
+    """Projected tokens/s of the data-parallel strategies at `gpus_per_node` x each node count, weak
+    scaling (each GPU keeps the preset's micro-batch, no accumulation): compute at `mfu` of the GPU's
+    peak, the ring over NVLink inside one node and over InfiniBand across nodes, no overlap."""
+    if precision not in COMPUTE_DTYPE:
+        raise UsageError(f"--precision '{precision}' is not one of {', '.join(COMPUTE_DTYPE)}")
+    if gpus_per_node < 1 or not node_counts or min(node_counts) < 1:
+        raise UsageError(f"--gpus-per-node and --nodes count at least 1, got {gpus_per_node} GPUs per node and nodes "
+                         f"{','.join(map(str, node_counts))}")
+    peak = peak_flops(gpu, precision)
+    if peak is None:
+        raise UsageError(f"no peak FLOP/s known for GPU '{gpu}' (known: H100, H100 NVL, H100 PCIe, H200, A100)")
+    if not 0 < mfu <= 1:
+        raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu}")
+    m, t = preset.model, preset.train
+    tokens_per_gpu = t.micro_batch_size * m.n_positions
+    compute_s = tokens_per_gpu * flops_per_token(m) / (peak * mfu)
+    rows = []
+    for strategy in PROJECTED_STRATEGIES:
+        for nodes in node_counts:
+            n = gpus_per_node * nodes
+            train = t.model_copy(update={"global_batch_size": t.micro_batch_size * n})
+            spec = RunSpec(data_dir="", out_dir="", preset=preset_name, strategy=strategy, precision=precision,
+                           nproc=n, device="cuda", model=m, train=train)
+            try:
+                check_run(spec, n)
+            except UsageError as exc:
+                rows.append({"strategy": strategy, "nodes": nodes, "gpus": n, "note": f"not projected: {exc}"})
+                continue
+            bandwidth = NVLINK_BYTES_PER_S if nodes == 1 else INFINIBAND_BYTES_PER_S
+            comm_s = traffic(spec).bytes_per_step / bandwidth
+            step_s = compute_s + comm_s
+            rows.append({"strategy": strategy, "nodes": nodes, "gpus": n, "compute_ms": compute_s * 1e3,
+                         "communication_ms": comm_s * 1e3, "step_ms": step_s * 1e3,
+                         "tokens_per_s": n * tokens_per_gpu / step_s, "scaling_efficiency": compute_s / step_s,
+                         "note": "projection"})
+    return pd.DataFrame(rows).assign(preset=preset_name, gpu=gpu, precision=precision, assumed_mfu=mfu)
+
+
+def worst_error(model: pd.DataFrame) -> float:
+    """The largest |error| of predicted_vs_measured's rows; NaN without any."""
+    errors = model["error"].abs().dropna() if len(model) else pd.Series(dtype=float)
+    return float(errors.max()) if len(errors) else math.nan

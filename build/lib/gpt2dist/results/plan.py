@@ -1,0 +1,85 @@
+"""`gpt2dist plan`: before anything launches, each configuration's memory per rank and step time, the study's
+duration, and what will not fit a GPU's memory.
+
+The model state is counted as collect checks it, to the byte, on every run (results/prediction.py);
+activations, buffers and GPU step times are estimates (config/memory.py; compute at an assumed MFU of the
+GPU's peak, the traffic model's bytes over NVLink inside a node and InfiniBand across nodes, no overlap) that
+no GPU run has checked yet, and the plan says so.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from gpt2dist.config.memory import predict
+from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.sizes import flops_per_token
+from gpt2dist.config.strategies import traffic
+from gpt2dist.errors import UsageError
+from gpt2dist.pipeline.study import Study, configurations, planned_spec
+from gpt2dist.results.link_model import INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
+from gpt2dist.results.prediction import predicted_step_time
+from gpt2dist.system.hardware import peak_flops
+
+MIB, GIB = 2**20, 2**30
+# what a GPU's allocations may take of its memory: the CUDA context and the caching allocator's fragmentation
+# take the rest (torch.cuda.max_memory_allocated, which the prediction stands for, counts neither)
+USABLE_SHARE = 0.9
+
+
+def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float) -> float:
+    """A GPU cluster's step by the step model (results.prediction): one GPU's step of the whole global batch at
+    `mfu` of its peak in the spec's arithmetic, divided among its processes, and the traffic model's bytes over
+    NVLink inside a node or InfiniBand across nodes."""
+    peak = peak_flops(gpu, spec.precision)
+    if peak is None:
+        raise UsageError(f"no peak FLOP/s known for GPU '{gpu}' (known: H100, H100 NVL, H100 PCIe, H200, A100)")
+    if not 0 < mfu <= 1:
+        raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu:g}")
+    m, t = spec.model, spec.train
+    single = t.global_batch_size * m.n_positions * flops_per_token(m) / (peak * mfu)
+    link = NVLINK_BYTES_PER_S if spec.nodes == 1 else INFINIBAND_BYTES_PER_S
+    facts = {"strategy": spec.strategy, "nproc": spec.nproc, "nodes": spec.nodes, "emulated": False,
+             "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": link / 1e9}
+    return predicted_step_time(facts, single, "cuda", t.global_batch_size // t.micro_batch_size)
+
+
+def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float]) -> pd.DataFrame:
+    """One row per configuration: predicted bytes per rank by part, whether it fits each GPU memory size (with
+    the margin), and on GPUs the step time and the run's training time."""
+    if not memory_gb or min(memory_gb) <= 0:
+        raise UsageError("--memory-gb lists GPU memory sizes in GB, e.g. 80,40")
+    t = study.preset.train
+    repeats = pd.Series([run.config_id for run in study.runs]).value_counts()
+    rows = []
+    for run in configurations(study):
+        spec = planned_spec(study.preset_name, study.preset, run, study.device)
+        memory = predict(spec)
+        row = {"config_id": run.config_id, "strategy": run.strategy, "precision": run.precision, "nproc": run.nproc,
+               "nodes": run.nodes, "repeats": int(repeats[run.config_id]), "state_mib": memory.state / MIB,
+               "activations_mib": memory.activations / MIB, "buffers_mib": memory.buffers / MIB,
+               "peak_mib": memory.peak / MIB}
+        for size in memory_gb:
+            row[f"margin_{size:g}gb_gib"] = (size * 1e9 * USABLE_SHARE - memory.peak) / GIB
+        step = gpu_step_seconds(spec, gpu, mfu) if study.device == "cuda" else math.nan
+        row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fit_lines(table: pd.DataFrame, memory_gb: list[float]) -> list[str]:
+    """Per GPU memory size: the configurations that overflow it with their shortfall, else the tightest fit."""
+    lines = []
+    for size in memory_gb:
+        margin = table[f"margin_{size:g}gb_gib"]
+        over = table.assign(margin=margin)[margin < 0]
+        if len(over):
+            named = ", ".join(f"{row.config_id} ({-row.margin:.1f} GiB over)" for row in over.itertuples())
+            lines.append(f"will not fit a {size:g} GB GPU: {named}")
+        else:
+            tightest = margin.idxmin()
+            lines.append(f"every configuration fits a {size:g} GB GPU; the tightest, {table.loc[tightest, 'config_id']}, "
+                         f"with {margin[tightest]:.1f} GiB to spare")
+    return lines

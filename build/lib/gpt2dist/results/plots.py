@@ -1,0 +1,358 @@
+"""`gpt2dist plot`: the study's figures, each one function of the collected tables.
+
+Every figure shares one seaborn theme, says its units on the axes and its hardware and
+preset in the title, and is written as PNG and SVG, at most 8 inches wide with its legend inside
+the canvas, so it reads at 800 pixels. A strategy has one colour and marker in every figure, a
+precision one line style. Per-configuration bars run across, one row each, grouped by placement
+(processes, nodes, link) and ranked within it, fastest on top: the answer at a glance. Bars and error
+bars show the same statistic as summary.csv (geometric mean over undisturbed repeats, 95% log-scale
+interval); each run is drawn over its bar, disturbed runs as red crosses, so nothing left out of a
+statistic is hidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from gpt2dist.config.schema import PRECISIONS  # noqa: E402
+from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES  # noqa: E402
+from gpt2dist.io import atomic_open  # noqa: E402
+from gpt2dist.pipeline.study import LINK_FIGURE  # noqa: E402
+from gpt2dist.results.collect import in_study_order  # noqa: E402
+from gpt2dist.results.inputs import read_csv, read_summary  # noqa: E402
+from gpt2dist.results.link_model import predicted_vs_measured  # noqa: E402
+from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns  # noqa: E402
+
+EXACT_FLOOR = 1e-9  # where the deviation figure draws an exact match (a log axis has no zero)
+WIDTH = 8.0  # inches: 1200 pixels at the DPI written, so a figure shown 800 pixels wide keeps 2/3 of its type
+DPI = 150
+MARKERS = "osD^vPX*h"  # one per strategy, in the registry's order
+NPROC_LINES = {1: "-", 2: "--", 4: ":", 8: "-."}  # processes, where the precision is the panel
+LINES = {"fp32": "-", "tf32": ":", "bf16": "--", "fp16": "-.", "apex-O1": (0, (3, 1, 1, 1, 1, 1)),
+         "apex-O2": (0, (6, 2))}
+
+
+def _colours() -> dict[str, tuple]:
+    return dict(zip(PRECISIONS, sns.color_palette("colorblind", len(PRECISIONS))))
+
+
+def strategy_style() -> dict[str, dict]:
+    """Each strategy's colour and marker, the same in every figure."""
+    colours = sns.color_palette("colorblind", len(STRATEGY_NAMES))
+    return {s: {"color": c, "marker": m} for s, c, m in zip(STRATEGY_NAMES, colours, MARKERS)}
+
+
+def _figure(height: float, **kw) -> tuple[plt.Figure, plt.Axes]:
+    """A figure WIDTH wide whose layout makes room for everything drawn, legends outside the axes included."""
+    return plt.subplots(figsize=(WIDTH, height), layout="constrained", **kw)
+
+
+def _legend_below(fig: plt.Figure, handles: list, columns: int = 3) -> None:
+    fig.legend(handles=handles, loc="outside lower center", ncol=columns, fontsize="small", frameon=False)
+
+
+def _placement(row: dict) -> str:
+    processes = f"{row['nproc']} process{'es' * (row['nproc'] > 1)}"
+    nodes = row.get("nodes", 1)
+    if pd.isna(nodes) or nodes == 1:
+        return processes
+    if not row.get("emulated", True):  # a cluster's nodes (older summaries: every spread was emulated)
+        return f"{processes} on {nodes:g} nodes"
+    link = row.get("link_mbit")
+    return f"{processes} on {nodes:g} nodes, " + ("unshaped link" if pd.isna(link) else f"{link:g} Mbit/s")
+
+
+def ranked(summary: pd.DataFrame, column: str, ascending: bool) -> pd.DataFrame:
+    """Configurations grouped by placement (in study order) and ranked within it by `column`, the best first;
+    configurations without a value last."""
+    data = in_study_order(summary)
+    data = data.assign(placement=[_placement(row) for row in data.to_dict("records")])
+    groups = list(dict.fromkeys(data["placement"]))
+    data = data.assign(_group=data["placement"].map(groups.index))
+    ordered = data.sort_values(["_group", column], ascending=[True, ascending], na_position="last", kind="stable")
+    return ordered.drop(columns="_group").reset_index(drop=True)
+
+
+def _row_label(row: dict) -> str:
+    label = row.get("label")
+    return (f"{label}: " if isinstance(label, str) and label else "") + f"{row['strategy']} {row['precision']}"
+
+
+def _rows(ax: plt.Axes, data: pd.DataFrame) -> np.ndarray:
+    """One row per configuration, top to bottom, each placement headed by its name; returns the rows' y."""
+    y = np.arange(len(data))
+    ax.set_yticks(y, [_row_label(row) for row in data.to_dict("records")], fontsize="small")
+    ax.set_ylim(len(data) - 0.5, -1.0)  # top row first, room above it for the first heading
+    for start, placement in ((i, p) for i, p in enumerate(data["placement"]) if i == 0 or p != data["placement"][i - 1]):
+        if start:
+            ax.axhline(start - 0.5, color="grey", linewidth=0.8)
+        ax.text(0.995, start - 0.45, placement, transform=ax.get_yaxis_transform(), ha="right", va="bottom",
+                fontsize="small", style="italic")
+    return y
+
+
+def _error(frame: pd.DataFrame, column: str, scale: float) -> np.ndarray:
+    """Asymmetric error bar lengths from the summary's interval columns (0 where there is none)."""
+    centre = frame[column] / scale
+    low = (centre - frame[f"{column}_ci_low"] / scale).fillna(0).clip(lower=0)
+    high = (frame[f"{column}_ci_high"] / scale - centre).fillna(0).clip(lower=0)
+    return np.vstack([low, high])
+
+
+def _config_bars(runs: pd.DataFrame, summary: pd.DataFrame, column: str, scale: float, xlabel: str, title: str,
+                 best_is_high: bool) -> plt.Figure:
+    data = ranked(summary, column, ascending=not best_is_high)
+    colours = _colours()
+    fig, ax = _figure(0.32 * len(data) + 2.4)
+    y = _rows(ax, data)
+    bars = ax.barh(y, data[column] / scale, color=[colours[p] for p in data["precision"]],
+                   xerr=_error(data, column, scale), capsize=3, ecolor="black", height=0.7)
+    for bar, from_disturbed in zip(bars, data["from_disturbed"]):
+        if from_disturbed:
+            bar.set_hatch("//")
+    for i, config in enumerate(data["config_id"]):
+        mine = runs[runs["config_id"] == config]
+        quiet = mine["disturbed"].fillna("") == ""
+        ax.scatter(mine.loc[quiet, column] / scale, np.full(quiet.sum(), i), color="black", s=10, zorder=3)
+        ax.scatter(mine.loc[~quiet, column] / scale, np.full((~quiet).sum(), i), color="red", marker="x", s=30,
+                   zorder=3)
+    handles = [Patch(color=colours[p], label=p) for p in data["precision"].unique()]
+    handles += [Line2D([], [], color="black", marker="o", linestyle="", markersize=4, label="one run"),
+                Line2D([], [], color="red", marker="x", linestyle="", label="disturbed run (left out)")]
+    if data["from_disturbed"].any():
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="only disturbed runs"))
+    _legend_below(fig, handles, columns=len(handles))
+    ax.set(xlabel=xlabel, title=title)
+    return fig
+
+
+def throughput(runs: pd.DataFrame, summary: pd.DataFrame, metrics: pd.DataFrame, title: str) -> plt.Figure:
+    return _config_bars(runs, summary, "tokens_per_s", 1e3, "throughput (thousand tokens/s)",
+                        f"Throughput, geometric mean and 95% interval, fastest first\n{title}", best_is_high=True)
+
+
+def epoch_time(runs, summary, metrics, title):
+    return _config_bars(runs, summary, "time_per_epoch_s", 60, "time per epoch (min)",
+                        f"Time per epoch, shortest first\n{title}", best_is_high=False)
+
+
+def memory(runs, summary, metrics, title):
+    """Left: the model state each rank holds (what sharding divides); right: the process's peak."""
+    data = ranked(summary, "peak_mem_bytes", ascending=True)
+    fig, (state, peak) = _figure(0.32 * len(data) + 2.6, ncols=2, sharey=True)
+    y = _rows(state, data)
+    left = np.zeros(len(data))
+    handles = []
+    greys = sns.color_palette("Greys", 4)[1:]  # shades, so the parts are not read as precisions
+    for part, colour in zip(("param_bytes", "grad_bytes", "optimizer_bytes"), greys):
+        values = data[part].fillna(0).to_numpy() / 2**20
+        state.barh(y, values, left=left, color=colour, height=0.7)
+        handles.append(Patch(color=colour, label=part.removesuffix("_bytes") + " (model state)"))
+        left += values
+    state.set(xlabel="MiB per rank", title="Model state held per rank")
+    colours = _colours()
+    peak.barh(y, data["peak_mem_bytes"] / 2**20, color=[colours[p] for p in data["precision"]],
+              xerr=_error(data, "peak_mem_bytes", 2**20), capsize=3, height=0.7)
+    handles += [Patch(color=colours[p], label=f"{p} (peak)") for p in data["precision"].unique()]
+    peak.set(xlabel="MiB per process", title="Peak memory\n(CUDA allocated; resident set on CPU)")
+    _legend_below(fig, handles)
+    fig.suptitle(f"Memory, lowest peak first\n{title}")
+    return fig
+
+
+def _scaling(summary: pd.DataFrame, column: str, ideal: Callable, ylabel: str, title: str) -> plt.Figure:
+    """Against processes on one machine; runs on emulated nodes are in the links figure, and those across a
+    cluster's nodes (whose speedup is over one node) in the throughput and ranking."""
+    data = summary.dropna(subset=[column])
+    if "nodes" in data:
+        data = data[data["nodes"] == 1]
+    fig, ax = _figure(5.6)
+    style = strategy_style()
+    for (strategy, precision), group in data.groupby(["strategy", "precision"], sort=False):
+        group = group.sort_values("nproc")
+        ax.errorbar(group["nproc"], group[column], yerr=_error(group, column, 1.0), capsize=4,
+                    linestyle=LINES.get(precision, "-"), label=f"{strategy} {precision}", **style[strategy])
+    counts = sorted(summary["nproc"].unique())
+    ax.plot(counts, [ideal(n) for n in counts], color="grey", linestyle=":", label="ideal")
+    ax.set(xlabel="processes (GPUs on CUDA machines)", ylabel=ylabel, title=title, xticks=counts)
+    _legend_below(fig, ax.get_legend_handles_labels()[0], columns=4)
+    return fig
+
+
+def speedup(runs, summary, metrics, title):
+    return _scaling(summary, "speedup", float, "speedup over the baseline (x), paired by repeat",
+                    f"Speedup\n{title}")
+
+
+def efficiency(runs, summary, metrics, title):
+    return _scaling(summary, "scaling_efficiency", lambda n: 1.0, "scaling efficiency", f"Scaling efficiency\n{title}")
+
+
+def deviation_from_single(metrics: pd.DataFrame) -> pd.DataFrame:
+    """|loss - single's loss| / single's loss per step and repeat, against `single` at the same precision
+    (fp32's where the study has no single run at that precision): the equivalence claim, made visible."""
+    train = metrics.dropna(subset=["loss"])
+    single = train[train["strategy"] == REFERENCE].set_index(["precision", "repeat", "step"])["loss"]
+    rows = []
+    for config, group in train[train["strategy"] != REFERENCE].groupby("config_id", sort=False):
+        precision = group["precision"].iloc[0]
+        reference = precision if precision in single.index.get_level_values(0) else "fp32"
+        keys = pd.MultiIndex.from_arrays([[reference] * len(group), group["repeat"], group["step"]])
+        base = single.reindex(keys).to_numpy()
+        rows.append(group.assign(reference=f"single {reference}",
+                                 deviation=np.abs(group["loss"].to_numpy() - base) / np.abs(base)))
+    return pd.concat(rows, ignore_index=True).dropna(subset=["deviation"]) if rows else pd.DataFrame()
+
+
+def loss_deviation(runs, summary, metrics, title):
+    data = deviation_from_single(metrics)
+    precisions = [p for p in PRECISIONS if p in set(data["precision"])] if len(data) else ["fp32"]
+    columns = min(2, len(precisions))
+    rows = -(-len(precisions) // columns)
+    fig, axes = _figure(3.6 * rows + 2.2, nrows=rows, ncols=columns, squeeze=False, sharey=True)
+    style, handles = strategy_style(), {}
+    for ax, precision in zip(axes.flat, precisions):
+        panel = data[data["precision"] == precision] if len(data) else data
+        for (strategy, nproc), group in (panel.groupby(["strategy", "nproc"], sort=False) if len(panel) else []):
+            median = group.groupby("step")["deviation"].median().clip(lower=EXACT_FLOOR)
+            (line,) = ax.plot(median.index, median.to_numpy(), linestyle=NPROC_LINES.get(nproc, "-"), markersize=3,
+                              label=f"{strategy} n={nproc}", **style[strategy])
+            handles.setdefault(line.get_label(), line)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_yscale("log")
+        reference = panel["reference"].iloc[0] if len(panel) else f"{REFERENCE} {precision}"
+        ax.set(xlabel="optimizer step", title=f"{precision}, against {reference}")
+    for ax in list(axes.flat)[len(precisions):]:
+        ax.set_axis_off()
+    fig.supylabel(f"|loss - single's| / single's (exact matches at {EXACT_FLOOR:g})", fontsize="small")
+    _legend_below(fig, list(handles.values()), columns=4)
+    fig.suptitle(f"Deviation from the single-process loss, median over repeats\n{title}")
+    return fig
+
+
+def loss_vs_time(runs, summary, metrics, title):
+    data = metrics.dropna(subset=["loss"])
+    data = data[data["repeat"] == data["repeat"].min()]  # wall-clock axes differ between repeats
+    fig, ax = _figure(5.6)
+    style = strategy_style()
+    for (strategy, precision, nproc), group in data.groupby(["strategy", "precision", "nproc"], sort=False):
+        ax.plot(group["elapsed_s"], group["loss"], linestyle=LINES.get(precision, "-"), markersize=3,
+                markevery=max(1, len(group) // 5), label=f"{strategy} {precision} n={nproc}", **style[strategy])
+    ax.set(xlabel="wall-clock training time (s)", ylabel="training loss (nats/token)",
+           title=f"Loss over time, first repeat\n{title}")
+    _legend_below(fig, ax.get_legend_handles_labels()[0], columns=4)
+    return fig
+
+
+def links(runs, summary, metrics, title):
+    """Throughput against link bandwidth on emulated nodes, measured and predicted, and the time the link adds."""
+    model = predicted_vs_measured(summary)
+    rows = summary.set_index("config_id").loc[model["config_id"]].reset_index()
+    fig, (rate, added) = _figure(5.6, ncols=2)
+    style = strategy_style()
+    keys = []
+    for (strategy, precision), group in rows.groupby(["strategy", "precision"], sort=False):
+        group = group.sort_values("link_mbit")
+        mine = model.set_index("config_id").loc[group["config_id"]]
+        colour = style[strategy]["color"]
+        keys.append(Patch(color=colour, label=f"{strategy} {precision} n={group['nproc'].iloc[0]}"))
+        rate.errorbar(group["link_mbit"], group["tokens_per_s"], yerr=_error(group, "tokens_per_s", 1.0), marker="o",
+                      capsize=4, color=colour)
+        tokens_per_step = group["tokens_per_s"].to_numpy() * group["step_time_s"].to_numpy()
+        rate.plot(group["link_mbit"], tokens_per_step / mine["predicted_step_time_s"].to_numpy(), linestyle="--",
+                  color=colour)
+        rate.axhline(tokens_per_step.mean() / mine["one_machine_step_time_s"].iloc[0], linestyle=":", color=colour)
+        added.plot(mine["link_mbit"], mine["measured_link_s"].clip(lower=1e-4), marker="o", linestyle="none",
+                   color=colour)
+        added.plot(mine["link_mbit"], mine["modelled_link_s"], linestyle="--", color=colour)
+    keys += [Line2D([], [], color="black", marker="o", linestyle="none", label="measured (95% interval)"),
+             Line2D([], [], color="black", linestyle="--", label="link model"),
+             Line2D([], [], color="black", linestyle=":", label="on one machine")]
+    rates = sorted(model["link_mbit"].unique())
+    for ax in (rate, added):
+        ax.set_xscale("log")
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.minorticks_off()
+        ax.set_xlabel("each node's link, Mbit/s each way")
+    added.set_yscale("log")
+    rate.set(ylabel="tokens/s", title="Throughput on 2 emulated nodes")
+    added.set(ylabel="s per step", title="Time the link adds per step\n(on the link minus on one machine)")
+    _legend_below(fig, keys, columns=3)
+    fig.suptitle(f"Link bandwidth (tc tbf; latency not emulated;\nthe nodes share the machine's cores)\n{title}")
+    return fig
+
+
+def time_ledger(runs, summary, metrics, title):
+    """Each configuration's traced step stacked by where its time went; the parts sum to the step."""
+    columns = ledger_columns(summary)
+    data = summary.dropna(subset=columns, how="all") if columns else summary.iloc[0:0]
+    if not columns or data.empty:
+        fig, ax = _figure(3.0)
+        ax.text(0.5, 0.5, "No run recorded a time ledger\n(made before gpt2dist traced steps, or train.ledger_steps: 0)",
+                ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        ax.set_title(f"Where a step's time goes\n{title}")
+        return fig
+    data = ranked(data.assign(_traced=data[columns].fillna(0).sum(axis=1)), "_traced", ascending=True)
+    fig, ax = _figure(0.32 * len(data) + 2.6)
+    y = _rows(ax, data)
+    left = np.zeros(len(data))
+    colours = sns.color_palette("colorblind", 10)  # compute blue, hidden under it light blue, exposed red, idle grey
+    palette = dict(zip(PART_WORDS, (colours[0], colours[9], colours[3], colours[8], colours[7])))
+    for column in columns:
+        part = column.removeprefix(LEDGER)
+        values = data[column].fillna(0).to_numpy() * 1e3
+        ax.barh(y, values, left=left, color=palette[part], label=PART_WORDS[part], height=0.7,
+                hatch="//" if part == "comm_exposed_s" else None, edgecolor="white")
+        left += values
+    ax.set(xlabel="ms per traced step (median over repeats)",
+           title=f"Where a step's time goes (torch.profiler), shortest step first\n{title}")
+    _legend_below(fig, ax.get_legend_handles_labels()[0], columns=2)  # three columns of these words pass 8 in
+    return fig
+
+
+FIGURES: dict[str, Callable[..., plt.Figure]] = {
+    "throughput": throughput, "speedup": speedup, "efficiency": efficiency, "loss_deviation": loss_deviation,
+    "loss_vs_time": loss_vs_time, "memory": memory, "epoch_time": epoch_time, "time_ledger": time_ledger,
+}
+
+
+def use_theme() -> None:
+    """The one look of every figure (and a fixed salt: the same SVG ids for the same figure)."""
+    sns.set_theme(style="whitegrid", context="notebook", palette="colorblind",
+                  rc={"axes.titlesize": "medium", "figure.titlesize": "medium", "svg.hashsalt": "gpt2dist"})
+
+
+def plot(results: Path) -> list[Path]:
+    results = Path(results)
+    info = read_summary(results)
+    tables = [read_csv(results / name, "gpt2dist collect") for name in ("runs.csv", "summary.csv", "metrics.csv")]
+    repeats = int(tables[1]["repeats"].max()) if len(tables[1]) else 0
+    title = f"{info['hardware']}\npreset {info['preset']}, up to {repeats} repeats per configuration"
+    use_theme()
+    drawn = dict(FIGURES)
+    if len(predicted_vs_measured(tables[1])):
+        drawn[LINK_FIGURE] = links
+    written = []
+    for name, figure in drawn.items():
+        fig = figure(*tables, title)
+        for ext in ("png", "svg"):
+            path = results / "figures" / f"{name}.{ext}"
+            with atomic_open(path, "wb") as handle:
+                # no creation date: figures rebuilt from the same runs are the same bytes
+                fig.savefig(handle, format=ext, dpi=DPI, metadata={"Date": None} if ext == "svg" else None)
+            written.append(path)
+        plt.close(fig)
+    return written

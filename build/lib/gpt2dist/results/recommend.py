@@ -1,0 +1,127 @@
+"""`gpt2dist recommend`: for a described GPU cluster and a preset's model, the strategies ranked by predicted
+time to train a number of tokens, each with whether it fits in memory, an interval from the step-time model's
+measured error, and what the prediction extrapolates beyond.
+
+The model's error is measured by leave-one-out over stored studies (collected results directories): each
+configuration's step is predicted with a per-strategy correction learned from the other configurations of the
+same strategy (the median of measured / modelled over them; none where there are none), and compared with its
+measurement. On a cluster of the stored studies' device kind the same corrections apply and the interval spans
+the 5th to 95th percentile of those errors (the strategy's own where it has at least MIN_ERRORS, else all).
+Corrections learned on CPUs say nothing about GPUs: there the uncorrected model's errors on the stored studies
+give the interval, and the recommendation says it extrapolates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from gpt2dist.config.memory import predict
+from gpt2dist.config.schema import Preset, RunSpec
+from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES, check_run
+from gpt2dist.errors import UsageError
+from gpt2dist.results.inputs import read_csv, read_summary
+from gpt2dist.results.plan import GIB, USABLE_SHARE, gpu_step_seconds
+
+MIN_ERRORS = 3
+LOW, HIGH = 0.05, 0.95
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A collected study: where its runs ran and its summary (with predicted beside measured step times)."""
+
+    name: str
+    device: str
+    summary: pd.DataFrame
+
+    @property
+    def rivals(self) -> pd.DataFrame:
+        """Its configurations the step model predicts from single's (single's own is the calibration)."""
+        s = self.summary
+        return s[(s["strategy"] != REFERENCE) & s["predicted_step_time_s"].notna() & (s["step_time_s"] > 0)]
+
+
+def read_stored(directories: list[Path]) -> list[Stored]:
+    return [Stored(Path(d).name, read_summary(Path(d))["device"],
+                   read_csv(Path(d) / "summary.csv", "gpt2dist collect")) for d in directories]
+
+
+def leave_one_out(stored: list[Stored]) -> pd.DataFrame:
+    """Per stored configuration beside single: the model's error with its strategy's correction learned from
+    the other configurations (of studies on the same device kind) alone."""
+    rows = pd.concat([s.rivals.assign(study=s.name, device=s.device) for s in stored], ignore_index=True)
+    ratio = rows["step_time_s"] / rows["predicted_step_time_s"]
+    errors = []
+    for index, row in rows.iterrows():
+        others = ratio[(rows["strategy"] == row["strategy"]) & (rows["device"] == row["device"]) & (rows.index != index)]
+        correction = others.median() if len(others) else 1.0
+        errors.append({"study": row["study"], "config_id": row["config_id"], "strategy": row["strategy"],
+                       "learned_from": len(others), "uncorrected_error": row["step_time_error"],
+                       "error": row["predicted_step_time_s"] * correction / row["step_time_s"] - 1})
+    return pd.DataFrame(errors, columns=["study", "config_id", "strategy", "learned_from", "uncorrected_error",
+                                         "error"])
+
+
+def extrapolations(stored: list[Stored], gpus: int, nodes: int) -> list[str]:
+    """What about the cluster no stored study measured."""
+    notes = []
+    if not any(s.device == "cuda" for s in stored):
+        notes.append("no stored study ran on GPUs: corrections learned on CPUs are not applied, and the interval is "
+                     "the uncorrected model's error there")
+    most = max(int(s.summary["nproc"].max()) for s in stored)
+    if gpus > most:
+        notes.append(f"{gpus} processes, the stored studies ran at most {most}")
+    spread = [s.summary for s in stored if "emulated" in s.summary]
+    if nodes > 1 and not any(((f["nodes"] > 1) & ~f["emulated"].astype(bool)).any() for f in spread):
+        notes.append(f"{nodes} real nodes, the stored studies' nodes were emulated on one machine or absent")
+    return notes
+
+
+def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus_per_node: int, nodes: int,
+              precision: str, mfu: float, tokens: float, memory_gb: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The candidates ranked (fitting first, then by predicted hours; those that cannot run last, saying why),
+    and the leave-one-out errors."""
+    if gpus_per_node < 1 or nodes < 1:
+        raise UsageError(f"--gpus and --nodes count at least 1, got {gpus_per_node} GPUs per node and {nodes} nodes")
+    if tokens <= 0 or memory_gb <= 0:
+        raise UsageError(f"--tokens and --memory-gb are positive; got {tokens:g} and {memory_gb:g}")
+    errors = leave_one_out(stored)
+    on_gpus = [s for s in stored if s.device == "cuda"]
+    measured = pd.concat([s.rivals for s in on_gpus], ignore_index=True) if on_gpus else None
+    m, t, n = preset.model, preset.train, gpus_per_node * nodes
+    train = t.model_copy(update={"global_batch_size": t.micro_batch_size * n})  # a micro-batch per GPU per step
+    tokens_per_step = train.global_batch_size * m.n_positions
+    rows = []
+    for strategy in STRATEGY_NAMES:
+        if strategy == REFERENCE:
+            continue
+        spec = RunSpec(data_dir="", out_dir="", preset=name, strategy=strategy, precision=precision, nproc=n,
+                       nodes=nodes, device="cuda", model=m, train=train)
+        try:
+            check_run(spec, gpus_per_node)
+        except UsageError as exc:
+            rows.append({"strategy": strategy, "note": f"cannot run here: {exc}"})
+            continue
+        step = gpu_step_seconds(spec, gpu, mfu)
+        own = errors[errors["strategy"] == strategy]
+        if measured is not None:
+            ratios = measured.loc[measured["strategy"] == strategy]
+            correction = (ratios["step_time_s"] / ratios["predicted_step_time_s"]).median() if len(ratios) else 1.0
+            column = "error"
+        else:
+            correction, column = 1.0, "uncorrected_error"
+        spread = (own if len(own) >= MIN_ERRORS else errors)[column].dropna()
+        low, high = (spread.quantile(LOW), spread.quantile(HIGH)) if len(spread) else (math.nan, math.nan)
+        hours = tokens / tokens_per_step * step * correction / 3600
+        peak_bytes = predict(spec).peak
+        rows.append({"strategy": strategy, "gpus": n, "fits": peak_bytes <= memory_gb * 1e9 * USABLE_SHARE,
+                     "peak_gib": peak_bytes / GIB, "step_ms": step * correction * 1e3, "hours": hours,
+                     "hours_low": hours / (1 + high), "hours_high": hours / (1 + low), "errors_from": len(spread),
+                     "note": ""})
+    table = pd.DataFrame(rows)
+    runnable = table[table["note"] == ""].sort_values(["fits", "hours"], ascending=[False, True])
+    return pd.concat([runnable, table[table["note"] != ""]], ignore_index=True), errors

@@ -1,0 +1,279 @@
+"""`gpt2dist report`: results/summary.md, the study's comparison table regenerated from
+summary.json, with the environment it was measured in."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from tabulate import tabulate
+
+from gpt2dist.io import atomic_write_text
+from gpt2dist.pipeline.study import FIGURES, LINK_FIGURE
+from gpt2dist.results.collect import in_study_order
+from gpt2dist.results.inputs import read_summary
+from gpt2dist.results.link_model import worst_error
+from gpt2dist.results.prediction import STEP_TARGET, prediction_errors
+from gpt2dist.results.ranking import answer_markdown
+from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _num(value, fmt: str, scale: float = 1.0) -> str:
+    return "n/a" if _missing(value) else format(value / scale, fmt)
+
+
+def _with_ci(row: dict, key: str, fmt: str, scale: float = 1.0) -> str:
+    low, high = row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high")
+    middle = _num(row[key], fmt, scale)
+    if _missing(low) or _missing(high):
+        return middle
+    return f"{middle} ({_num(low, fmt, scale)} to {_num(high, fmt, scale)})"
+
+
+def _speedup(row: dict) -> str:
+    if row.get("vs_baseline") in ("baseline", "no baseline"):
+        return row["vs_baseline"]
+    return f"{_with_ci(row, 'speedup', '.2f')}: {row.get('vs_baseline')}"
+
+
+def _mark(row: dict) -> str:
+    if row.get("from_disturbed"):
+        return "only disturbed runs"
+    return f"{row['disturbed_runs']} left out" if row.get("disturbed_runs") else ""
+
+
+def warnings_markdown(summary: dict) -> str:
+    """What is missing or was disturbed, first, so nobody reads the table without knowing."""
+    lines = []
+    if summary.get("mixed_hardware"):
+        lines.append(f"**These runs were made on different hardware ({'; '.join(summary['mixed_hardware'])}), "
+                     "compared at the user's request (collect --mixed-hardware): a gap between strategies may be "
+                     "a gap between machines.**\n")
+    if summary.get("missing_runs"):
+        lines.append(f"**Failed or missing runs: {len(summary['missing_runs'])}. Their configurations are "
+                     "summarised from the runs that completed, or not at all; running the study again "
+                     "(`snakemake --cores all`, or `dvc repro --ignore-errors`) trains these alone:**\n")
+        lines += [f"- `{run_id}`: {why}" for run_id, why in summary["missing_runs"].items()]
+        lines.append("")
+    if summary.get("disturbed_runs"):
+        lines.append(f"**Disturbed runs, left out of the statistics: {len(summary['disturbed_runs'])} (a "
+                     "configuration with no other run is marked 'only disturbed runs'):**\n")
+        lines += [f"- `{run_id}`: {why}" for run_id, why in summary["disturbed_runs"].items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def findings_markdown(summary: dict) -> str:
+    rows = [[f"{f['text']} ({f['source']})", f["verdict"], f["statistic"]] for f in summary.get("findings", [])]
+    return tabulate(rows, headers=["claim", "verdict", "statistic (95% intervals, undisturbed runs only)"],
+                    tablefmt="github")
+
+
+def _where(row: dict) -> str:
+    nodes = row.get("nodes") or 1
+    if nodes == 1:
+        return "one machine"
+    if not row.get("emulated", True):  # summaries from before real nodes existed: every spread was emulated
+        busbw = row.get("busbw_gb_s")
+        return f"{nodes} nodes" + ("" if _missing(busbw) else f", {busbw:,.1f} GB/s busbw")
+    link = row.get("link_mbit")
+    return f"{nodes} emulated nodes, " + ("unshaped" if _missing(link) else f"{link:g} Mbit/s")
+
+
+def link_model_markdown(summary: dict) -> str:
+    """Predicted against measured step times on the emulated links, and the model's worst error."""
+    model = summary.get("link_model") or []
+    if not model:
+        return ""
+    rows = [[row["strategy"], row["precision"], row["nproc"], f"{row['link_mbit']:g}",
+             _num(row["one_machine_step_time_s"] * 1e3, ",.1f"), _num(row["modelled_link_s"] * 1e3, ",.1f"),
+             _num(row["predicted_step_time_s"] * 1e3, ",.1f"),
+             f"{_num(row['measured_step_time_s'] * 1e3, ',.1f')} ({_num(row['measured_step_time_ci_low_s'], ',.1f', 1e-3)}"
+             f" to {_num(row['measured_step_time_ci_high_s'], ',.1f', 1e-3)})",
+             _num(row["error"], "+.0%"), _num(row["modelled_bytes_per_step"], ",.2f", 2**20),
+             _num(row["measured_bytes_per_step"], ",.2f", 2**20)] for row in model]
+    table = tabulate(rows, headers=["strategy", "precision", "processes", "link Mbit/s", "one machine ms",
+                                    "+ modelled link ms", "= predicted ms", "measured ms (95% interval)", "error",
+                                    "modelled MiB/step", "measured MiB/step on the link"], tablefmt="github")
+    worst = worst_error(pd.DataFrame(model))
+    return f"""## Emulated links: the link model against measurement
+
+Two nodes emulated on this machine (network namespaces joined by a bridge, each node's link shaped by
+`tc tbf`; latency not emulated, and the nodes share the machine's cores). The model: a step on the link takes
+the same configuration's step on one machine plus the bytes the busiest rank sends per step (the traffic
+model) over the link's bandwidth, with no overlap and no protocol overhead. Measured bytes are what the
+busiest node's interface sent over the run per step (start-up, evaluation and TCP/IP headers included).
+Worst error of the model on these links: {_num(worst, '.0%')}.
+
+{table}
+"""
+
+
+def convergence_markdown(configs: pd.DataFrame, target: float | None) -> str:
+    """Time (and energy, where GPUs report power) to the target validation loss, and the numerics check."""
+    if "time_to_target_s" not in configs or target is None or _missing(target):
+        return ""  # collected before time to target existed, or no single fp32 run to set the target
+    rows = [[row["strategy"], row["precision"], row["nproc"], f"{row['reached_target']:.0f} of {row['repeats']:.0f}",
+             _num(row["steps_to_target"], ",.0f"), _with_ci(row, "time_to_target_s", ",.2f"),
+             _with_ci(row, "energy_to_target_j", ",.0f") if not _missing(row.get("energy_to_target_j")) else "not measured",
+             row.get("numerics") if isinstance(row.get("numerics"), str) and row.get("numerics") else "no"]
+            for row in configs.to_dict("records")]
+    table = tabulate(rows, headers=["strategy", "precision", "processes", "reached", "steps (median)",
+                                    "training s to target (95% interval)", "J to target (95% interval)",
+                                    "needs more steps than single fp32?"], tablefmt="github")
+    flagged = [f"{row['strategy']} {row['precision']} x{row['nproc']}" for row in configs.to_dict("records")
+               if isinstance(row.get("numerics"), str) and row.get("numerics")]
+    return f"""## Time to the target loss
+
+Throughput rewards a configuration whose speed comes from changed numerics even if it learns less per step, so
+each run is also timed to its first evaluation at or below a validation loss of {target:.4f} (study.target_val_loss;
+by default 1% above the worst final validation loss of single's fp32 runs). Training seconds count the steps
+before that evaluation; steps are resolved to the evaluation interval. A configuration needs more steps than
+single fp32 when a repeat never reached the target, or when a one-sided Welch t-test over the repeats says so at
+the 5% level (with no spread on either side: when every repeat needed more), as MLPerf checks a submission's
+convergence against reference points. Energy is rank 0's GPU
+power at each step times the step's time, for every GPU of the run; CPUs report none ("not measured").
+{"Flagged: " + ", ".join(flagged) + "." if flagged else "No configuration needs more steps than single fp32 here."}
+
+{table}
+"""
+
+
+def prediction_markdown(configs: pd.DataFrame) -> str:
+    """The planner's predictions against this study's runs: its error per strategy, and what it leaves out."""
+    if "step_time_error" not in configs:
+        return ""  # collected before predictions existed
+    errors = prediction_errors(configs)
+    rows = [[row["strategy"], row["configurations"], _num(row["worst_state_error"], "+.1%"),
+             _num(row["median_step_error"], "+.0%"), _num(row["worst_step_error"], "+.0%")]
+            for row in errors.to_dict("records")]
+    table = tabulate(rows, headers=["strategy", "configurations", "model state: worst error",
+                                    "step time: median error", "step time: worst error"], tablefmt="github")
+    missed = errors[errors["worst_step_error"].abs() > STEP_TARGET]["strategy"].tolist()
+    verdict = (f"Beyond {STEP_TARGET:.0%} here: {', '.join(missed)}." if missed
+               else f"Every strategy within {STEP_TARGET:.0%} here.")
+    return f"""## Predictions against the runs
+
+What `gpt2dist plan` predicts, checked on this study (error = predicted / measured - 1). Model state is
+counted from the parameters each strategy leaves rank 0 (config/memory.py); step time is single's measured
+step divided among the processes (sharing the machine's cores on CPUs, a device each on GPUs), a pipeline's
+bubble, and the traffic model's bytes at the bus bandwidth each run measured before training, with no
+overlap. Single's step calibrates the model, so its own error is not counted. The model does not know that
+tensor parallelism's smaller matrices compute less efficiently, nor each rank's Python overhead.
+{verdict}
+
+{table}
+"""
+
+
+def ledger_markdown(configs: pd.DataFrame) -> str:
+    """'Where the time goes': each configuration's traced step split into the ledger's parts."""
+    columns = ledger_columns(configs)
+    rows = []
+    for row in configs.to_dict("records"):
+        if any(_missing(row.get(c)) for c in columns):
+            continue
+        step = sum(row[c] for c in columns)
+        rows.append([row["strategy"], row["precision"], row["nproc"], _num(step * 1e3, ",.1f"),
+                     *(_num(row[c] / step, ".0%") for c in columns),
+                     _num(row.get("traced_collective_bytes_per_step"), ",.2f", 2**20),
+                     _num(row.get("comm_bytes_per_step"), ",.2f", 2**20)])
+    if not rows:
+        return ""
+    table = tabulate(rows, headers=["strategy", "precision", "processes", "traced step ms",
+                                    *(PART_WORDS[c.removeprefix(LEDGER)] for c in columns),
+                                    "collective payload MiB/step (traced)", "sent MiB/step (model)"],
+                     tablefmt="github")
+    return f"""## Where the time goes
+
+The last steps of each run, traced with torch.profiler (median over the repeats; these steps are left out of
+the throughput numbers above, since the profiler slows them). The parts add up to the traced step: compute;
+communication that ran while compute did (hidden) and while nothing else did (exposed); building batches; and
+idle time, when the rank neither computed nor communicated (Python and launch overhead, waiting for another
+rank, a pipeline's bubble). Horovod's collectives run on its own thread, which the profiler does not trace: its
+waits for them count as exposed communication, and its hidden part reads 0. The traced payload is what the
+torch.distributed collectives carried per step; the model column is what the busiest rank sends by the traffic
+model (for a ring all-reduce over n ranks, 2(n-1)/n of the payload).
+
+{table}
+"""
+
+
+def summary_markdown(summary: dict) -> str:
+    configs = in_study_order(pd.DataFrame(summary["configs"].values())).to_dict("records")
+    named = any(row.get("label") for row in configs)  # a paper preset: its names for the rows come first
+    spread = any((row.get("nodes") or 1) > 1 for row in configs)  # a study with runs on several nodes
+    rows = [
+        [*([row.get("label") or ""] if named else []), row["strategy"], row["precision"], row["nproc"],
+         *([_where(row)] if spread else []), row["repeats"],
+         _mark(row),
+         _with_ci(row, "tokens_per_s", ",.0f"), _speedup(row),
+         _with_ci(row, "scaling_efficiency", ".2f"), _num(row["step_time_s"] * 1e3, ",.1f"),
+         _num(row["step_time_p90_s"] * 1e3, ",.1f"), _num(row.get("overhead_s"), ",.1f"),
+         _num(row.get("model_state_bytes"), ",.0f", 2**20), _num(row.get("comm_bytes_per_step"), ",.1f", 2**20),
+         _num(row["peak_mem_bytes"], ",.0f", 2**20),
+         _num(row.get("final_val_loss"), ".3f"), _num(row.get("mfu"), ".1%")]
+        for row in configs
+    ]
+    table = tabulate(rows, headers=[*(["paper's name"] if named else []), "strategy", "precision", "processes",
+                                    *(["where"] if spread else []), "repeats", "disturbed",
+                                    "tokens/s (95% interval)", "speedup (95% interval): vs baseline",
+                                    "efficiency", "step ms p50", "step ms p90", "overhead s",
+                                    "model state MiB/rank", "sent MiB/step", "peak MiB", "final val loss", "MFU"],
+                     tablefmt="github")
+    versions = ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v)
+    dropped = ", ".join(f"{config} ({why})" for config, why in summary["dropped_configurations"].items()) or "none"
+    ledger = ledger_markdown(in_study_order(pd.DataFrame(summary["configs"].values())))
+    drawn = FIGURES + ((LINK_FIGURE,) if summary.get("link_model") else ())
+    figures = "\n".join(f"![{name}](figures/{name}.png)" for name in drawn)
+    return f"""# gpt2dist results: preset `{summary['preset']}`
+
+Hardware: {summary['hardware']}. Software: {versions}.
+
+{warnings_markdown(summary)}
+{answer_markdown(summary["answer"]) if summary.get("answer") else ""}
+## Every configuration
+
+Each run's throughput is its median after its first {summary['excluded_steps']} steps. The table gives the geometric
+mean over a configuration's undisturbed repeats with a 95% t-interval on the log scale (it cannot leave the
+positive numbers; with two or three repeats it is wide, as it should be). Speedup is over the one-process run
+of the same precision (`single`'s, else the strategy's own; across a cluster's nodes, the same strategy on one
+node with as many processes per node), paired by repeat round, and says whether its interval excludes 1
+("faster", "slower") or not ("not distinguishable"); efficiency is speedup / the processes (or nodes) added.
+Overhead is wall time outside the training steps (start-up, evaluation, checkpoints). Model state is the
+parameters, gradients and optimizer state rank 0 holds. Sent is what the busiest rank sends per step by
+the strategy's traffic model (ring collectives, activations at pipeline boundaries), not a measurement. Configurations the planned cluster cannot hold: {dropped}.
+
+{table}
+
+{ledger}
+{convergence_markdown(in_study_order(pd.DataFrame(summary["configs"].values())), summary.get("target_val_loss"))}
+{prediction_markdown(in_study_order(pd.DataFrame(summary["configs"].values())))}
+## The papers' claims on this study's data
+
+{findings_markdown(summary)}
+
+{link_model_markdown(summary)}
+
+{figures}
+"""
+
+
+def report(results: Path) -> Path:
+    """summary.md, and findings.md: the claims alone, for readers who want only the verdicts."""
+    results = Path(results)
+    summary = read_summary(results)
+    atomic_write_text(results / "findings.md", f"""# The seed studies' claims, checked: preset `{summary['preset']}`
+
+Hardware: {summary['hardware']}. Verdicts use undisturbed runs only; see summary.md for the numbers.
+
+{findings_markdown(summary)}
+""")
+    path = results / "summary.md"
+    atomic_write_text(path, summary_markdown(summary))
+    return path

@@ -1,0 +1,204 @@
+"""`gpt2dist selftest`: every configuration of the chosen study for a few steps on a tiny GPT-2
+(the preset's vocabulary and context, 2 layers), plus one checkpoint-and-resume per strategy.
+
+The paper study is about a hundred runs of minutes each; a configuration that crashes on this
+node should be known in minutes, not after hours. Each check is a real `gpt2dist train`
+subprocess, so a crash in one (a CUDA error, a missing library, a hung rank) cannot take the
+others down, and its error line is the one a user would see. The shards are random tokens
+written here: the selftest checks the training machinery, and needs no `prepare` first.
+`calibrate` trains the preset's own model the same way for a few steps, to time it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpt2dist.config.schema import PRECISIONS
+from gpt2dist.config.strategies import REFERENCE, describe
+from gpt2dist.data.shards import write_shards
+from gpt2dist.errors import UsageError, failure_line
+from gpt2dist.io import atomic_write_json
+from gpt2dist.launch.locks import hold_the_machine
+from gpt2dist.pipeline.duration import Calibration, wall_seconds
+from gpt2dist.pipeline.study import Run, Study, configurations, resume_cases
+
+STEPS = 4
+CALIBRATION_STEPS = 3  # the first warms up; the median of the other two is the step time
+RESUME_AT = 2  # warm-up (1 step) + 1: the cosine decay, laid out over max_steps, has not moved yet, so
+# the --max-steps RESUME_AT run takes the same first steps as the STEPS one it is compared with
+# A resumed run must end where an uninterrupted one ends; reduced precisions and GPU reductions
+# are not bitwise repeatable, so they get a looser bound.
+RESUME_RTOL = {"fp32": 1e-5}
+RESUME_RTOL_REDUCED = 1e-2
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    seconds: float
+    error: str = ""
+
+
+def overrides(study: Study, steps: int) -> list[str]:
+    """A tiny version of the study's model and a global batch that every process count divides."""
+    batch = math.lcm(*(run.nproc for run in study.runs))
+    stages = max([2, *(describe(run.strategy).pipeline_stages(run.nproc) for run in study.runs)])  # a block per stage
+    return [
+        f"model.n_layer={stages}",
+        f"train.global_batch_size={batch}",
+        "train.micro_batch_size=1",
+        f"train.max_steps={steps}",
+        "train.lr_warmup_steps=1",
+        f"train.eval_interval={steps}",
+        "train.eval_batches=1",
+    ]
+
+
+def write_random_shards(directory: Path, study: Study, rows_per_step: int, steps: int) -> Path:
+    """Enough uniformly random tokens of the preset's vocabulary for `steps` steps (and an evaluation)."""
+    model = study.preset.model
+    rng = np.random.default_rng(0)
+    tokens = {split: [rng.integers(0, model.vocab_size, size=rows_per_step * (model.n_positions + 1) * (steps + 2),
+                                   dtype=np.uint16)]
+              for split in ("train", "val")}
+    write_shards(directory, tokens, vocab_size=model.vocab_size, eos_id=0, tokenizer={"name": "selftest-random"},
+                 source={"name": "selftest-random"})
+    return directory
+
+
+def train(study: Study, params: Path, shards: Path, run: Run, out: Path, timeout_s: float, *sets: str) -> str | None:
+    """`gpt2dist train` of one configuration with `--set` overrides; None when it succeeded, else its error line."""
+    command = [sys.executable, "-m", "gpt2dist", "train", "--data", str(shards), "--out", str(out), "--params",
+               str(params), "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
+               "--nproc", str(run.nproc), *run.node_args(), *(arg for value in sets for arg in ("--set", value))]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"no result within {timeout_s:g} s (a hung rank or collective?)"
+    return failure_line(done.stderr) if done.returncode else None
+
+
+class Selftest:
+    def __init__(self, study: Study, params: Path, workdir: Path, timeout_s: float):
+        self.study, self.params, self.workdir, self.timeout_s = study, params, workdir, timeout_s
+        self.shards = write_random_shards(workdir / "shards", study, math.lcm(*(run.nproc for run in study.runs)), STEPS)
+        self.base = overrides(study, STEPS)
+
+    def train(self, run: Run, out: Path, *extra: str) -> str | None:
+        """Run `gpt2dist train` for one configuration; None when it succeeded, else its error line."""
+        return train(self.study, self.params, self.shards, run, out, self.timeout_s, *self.base, *extra)
+
+    def configuration(self, run: Run) -> Check:
+        started = time.perf_counter()
+        out = self.workdir / run.config_id
+        # one checkpoint, at the end: on the paper preset each is most of a gigabyte
+        error = self.train(run, out, f"train.checkpoint_interval={STEPS}")
+        (out / "checkpoint.pt").unlink(missing_ok=True)
+        return Check(run.config_id, error is None, time.perf_counter() - started, error or "")
+
+    def resume(self, run: Run) -> Check:
+        """Stop after RESUME_AT steps, re-run to STEPS, and compare with the uninterrupted run."""
+        name, out = f"resume {run.config_id}", self.workdir / f"resume-{run.config_id}"
+        started = time.perf_counter()
+        every = f"train.checkpoint_interval={RESUME_AT}"
+        error = self.train(run, out, every, f"train.max_steps={RESUME_AT}") or self.train(run, out, every)
+        if error is None:
+            error = resume_mismatch(out, self.workdir / run.config_id, run.precision)
+        (out / "checkpoint.pt").unlink(missing_ok=True)
+        return Check(name, error is None, time.perf_counter() - started, error or "")
+
+
+def calibrate(study: Study, params: Path, timeout_s: float = 600) -> Calibration:
+    """Time CALIBRATION_STEPS steps of the preset's own model in one process, once per precision of the
+    study: the measure the study's duration estimate scales (pipeline/duration.py)."""
+    sets = [f"train.max_steps={CALIBRATION_STEPS}", "train.lr_warmup_steps=1", "train.ledger_steps=0",
+            f"train.eval_interval={CALIBRATION_STEPS}", f"train.checkpoint_interval={CALIBRATION_STEPS}"]
+    step_s, launch_s = {}, []
+    with tempfile.TemporaryDirectory(prefix="gpt2dist-calibrate-", ignore_cleanup_errors=True) as tmp:
+        shards = write_random_shards(Path(tmp) / "shards", study, study.preset.train.global_batch_size,
+                                     CALIBRATION_STEPS)
+        for precision in sorted({run.precision for run in study.runs}, key=PRECISIONS.index):
+            out = Path(tmp) / precision
+            error = train(study, params, shards, Run(REFERENCE, precision, 1, 0), out, timeout_s, *sets)
+            if error:
+                raise UsageError(f"calibration in {precision} failed: {error}")
+            record = json.loads((out / "run.json").read_text())
+            steps = [line["step_time_s"] for line in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                     if line["kind"] == "train"]
+            step_s[precision] = statistics.median(steps[1:])  # the first step carries the warm-up
+            launch_s.append(wall_seconds(record) - CALIBRATION_STEPS * step_s[precision])
+    return Calibration(step_s, statistics.median(launch_s))
+
+
+def final_loss(run_dir: Path) -> float:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [line for line in lines if line["kind"] == "train"][-1]["loss"]
+
+
+def resume_mismatch(resumed: Path, whole: Path, precision: str) -> str | None:
+    record = json.loads((resumed / "run.json").read_text())
+    if record.get("resumed_from_step") != RESUME_AT:
+        return f"the re-run started at step {record.get('resumed_from_step')}, not at its checkpoint's {RESUME_AT}"
+    uninterrupted = whole / "run.json"
+    if not uninterrupted.exists() or json.loads(uninterrupted.read_text()).get("status") != "completed":
+        return "no uninterrupted run to compare with (its configuration failed)"
+    a, b = final_loss(resumed), final_loss(whole)
+    rtol = RESUME_RTOL.get(precision, RESUME_RTOL_REDUCED)
+    if abs(a - b) > rtol * abs(b):
+        return f"resumed run ends at loss {a:.6f}, uninterrupted at {b:.6f} (tolerance {rtol:g} relative)"
+    return None
+
+
+def run_selftest(study: Study, params: Path, out: Path, *, only: list[str] | None = None, resume: bool = False,
+                 timeout_s: float = 600, report=print) -> list[Check]:
+    """Run the checks, report each as it ends, and write `out` (atomically) with all of them.
+
+    Without `only`: every configuration, and a resume for each strategy's resume case. With it:
+    those configurations, each also resumed when `resume` is set (the pipeline's job per configuration)."""
+    if only:
+        runs = {run.config_id: run for run in configurations(study)}
+        unknown = [config for config in only if config not in runs]
+        if unknown:
+            raise UsageError(f"--only {', '.join(unknown)}: not a configuration of preset '{study.preset_name}' "
+                             f"(it has {', '.join(runs)})")
+        chosen = [runs[config] for config in only]
+        resumed = chosen if resume else []
+    else:
+        chosen, resumed = configurations(study), resume_cases(study)
+    checks: list[Check] = []
+    # The checks' own runs share the lock: a timeout must not count time spent waiting for another run.
+    # Shared with other selftests (the pipeline runs one per configuration, several at once on a CPU
+    # machine), never with a timed run. ignore_cleanup_errors: the ranks of a timed-out check may
+    # still be leaving their directory. Beside `out`, not in /tmp: a multi-node check's ranks on the
+    # other nodes read its shards, and a cluster shares the project's directory, not its nodes' /tmp.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".selftest-", dir=out.parent, ignore_cleanup_errors=True) as tmp, \
+            hold_the_machine(shared=True):
+        test = Selftest(study, params, Path(tmp), timeout_s)
+        total = len(chosen) + len(resumed)
+        for run in chosen:
+            checks.append(test.configuration(run))
+            report(checks[-1], len(checks), total)
+        for run in resumed:
+            checks.append(test.resume(run))
+            report(checks[-1], len(checks), total)
+    atomic_write_json(out, {
+        "preset": study.preset_name,
+        "device": study.device,
+        "steps": STEPS,
+        "passed": sum(check.ok for check in checks),
+        "failed": sum(not check.ok for check in checks),
+        "checks": [asdict(check) for check in checks],
+    })
+    return checks

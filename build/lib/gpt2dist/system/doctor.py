@@ -1,0 +1,107 @@
+"""`gpt2dist doctor`: what this environment can run, and which pieces the chosen preset's
+study needs but does not find. The same facts are embedded in every run.json."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from gpt2dist.config.strategies import extras_needed
+from gpt2dist.errors import UsageError
+from gpt2dist.pipeline.study import Study
+from gpt2dist.system import environment
+from gpt2dist.system.allocation import job_allocation
+
+
+@dataclass(frozen=True)
+class Fact:
+    name: str
+    value: str
+    ok: bool = True
+
+
+def facts(no_gpu: bool) -> list[Fact]:
+    versions, devices = environment.versions(), environment.devices()
+    hvd, apex = environment.horovod_build(), environment.apex_features()
+    mpi = environment.mpi_implementation()
+    rows = [
+        Fact("python", versions["python"]),
+        Fact("torch", versions["torch"]),
+        Fact("image", _image_summary(environment.image())),
+        Fact("CPU", f"{devices['cpu']} ({devices['cpu_cores']} cores)"),
+        Fact("bf16 on the CPU", {"native": "native (AVX512-BF16 or AMX)",
+                                 "emulated": "emulated (no AVX512-BF16 or AMX): preset auto picks cpu-emulated-bf16",
+                                 "unknown": "unknown"}[devices["cpu_bf16"]]),
+        Fact("MPI", mpi or "not found", mpi is not None),
+        Fact("Horovod", "not importable" if hvd is None else
+             f"{versions['horovod']} (gloo {hvd['gloo']}, mpi {hvd['mpi']}, nccl {hvd['nccl']})", hvd is not None),
+        Fact("apex.amp", "importable" if apex["amp"] else "not importable", apex["amp"]),
+        Fact("apex.parallel", "importable" if apex["parallel"] else "not importable", apex["parallel"]),
+        Fact("apex fused optimizers", "importable" if apex["fused_adam"] and apex["amp_C"] else "not importable",
+             apex["fused_adam"] and apex["amp_C"]),
+    ]
+    if not no_gpu:
+        gpus = devices["gpus"]
+        rows += [
+            Fact("CUDA (torch build)", versions["cuda"] or "none: a CPU-only build of torch",
+                 versions["cuda"] is not None),
+            Fact("GPUs", ", ".join(gpus) or "none visible", bool(gpus)),
+            Fact("driver", devices.get("driver") or "not found (no nvidia-smi)", devices.get("driver") is not None),
+            Fact("NCCL", versions["nccl"] or "not read (no GPU visible)", versions["nccl"] is not None),
+            Fact("interconnect (nvidia-smi topo -m)", devices.get("topology") or "unknown", True),
+        ]
+    for key, value in environment.slurm().items():
+        rows.append(Fact(key, value))
+    if "SLURM_JOB_ID" in os.environ:
+        rows.append(_allocation())
+    return rows
+
+
+def _image_summary(record: dict | None) -> str:
+    if record is None:
+        return "none (not inside a gpt2dist image)"
+    if "error" in record:
+        return record["error"]
+    base = record.get("base", {})
+    return (f"gpt2dist {record.get('variant')} image {str(record.get('content_id'))[:19]} "
+            f"on {base.get('name')} ({str(base.get('id'))[:19]})")
+
+
+def _allocation() -> Fact:
+    """The job's allocation as `gpt2dist train` will read it, to launch its ranks."""
+    try:
+        allocation = job_allocation()
+    except UsageError as exc:
+        return Fact("SLURM allocation", str(exc), False)
+    if allocation is None:
+        return Fact("SLURM allocation", "inside a job step: ranks start on this node")
+    gpus = f", {allocation.gpus_per_node} GPUs per node" if allocation.gpus_per_node else ""
+    return Fact("SLURM allocation", f"{len(allocation.nodes)} node(s) {','.join(allocation.nodes)}, "
+                f"{allocation.tasks} tasks x {allocation.cpus_per_task} CPUs{gpus}")
+
+
+def missing_for(study: Study, no_gpu: bool) -> list[str]:
+    """Each piece the study's runs need that this environment lacks: which runs need it, and the fix."""
+    needs: dict[tuple[str, str], list[str]] = {}  # (what, how to get it) -> configurations
+    hvd, apex = environment.horovod_build(), environment.apex_features()
+    available = {"horovod.torch": hvd is not None, "apex.amp": apex["amp"], "apex.parallel": apex["parallel"]}
+    gpu_study = study.device == "cuda" and not no_gpu
+    versions = environment.versions()
+    for run in study.runs:
+        if run.repeat:
+            continue
+        # even with --no-gpu (an image built on a host without GPUs): a CPU-only torch never runs a GPU study
+        if study.device == "cuda" and versions["cuda"] is None:
+            needs.setdefault(("a CUDA build of torch", f"torch {versions['torch']} is CPU-only"), []).append(
+                run.config_id)
+        extras = extras_needed(run.strategy, run.precision)
+        for extra in extras:
+            if not available[extra.module]:
+                needs.setdefault((extra.name, extra.source), []).append(run.config_id)
+        if gpu_study and hvd is not None and not hvd["nccl"] and any(e.module == "horovod.torch" for e in extras):
+            needs.setdefault(("Horovod built with NCCL", "rebuild it with containers/install_horovod.sh --gpu"),
+                             []).append(run.config_id)
+    configurations = sum(1 for run in study.runs if not run.repeat)
+    return [f"{what}, needed by "
+            + (f"all {len(runs)} configurations" if len(runs) == configurations else ", ".join(runs))
+            + f": {fix}" for (what, fix), runs in needs.items()]

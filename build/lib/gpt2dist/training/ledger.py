@@ -1,0 +1,197 @@
+"""Where a step's time goes, from torch.profiler traces of a run's last few steps: compute,
+communication hidden under compute, exposed communication, data loading, and idle time (host
+overhead, waiting, a pipeline's bubble). The five parts partition the step's wall time, so a
+strategy that is slower says why: more exposed communication, more idle, or more compute.
+
+Which trace events count as what:
+- compute: on CUDA, every kernel, copy and memset but NCCL's; on CPU, the operators the ranks'
+  own threads run, leaving out collectives, the operators that build a batch and those inside a
+  marked wait.
+- communication: on CUDA, NCCL's kernels; on CPU, gloo's collectives (its worker threads
+  annotate each); on both, the spans the strategies mark as waiting for a collective outside
+  torch (Horovod's background thread is not traced, so its overlap with compute is not seen: its
+  hidden part reads 0 and its waits count as exposed).
+- data: building the next batch on the host, where nothing else runs.
+Collectives issued through torch.distributed are also counted with their payload bytes, beside the
+traffic model's estimate of what the strategy sends (config/strategies.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+STEP, DATA, COMM_WAIT = "gpt2dist.step", "gpt2dist.data", "gpt2dist.comm_wait"
+PARTS = ("compute_s", "comm_hidden_s", "comm_exposed_s", "data_s", "idle_s")
+ELEMENT_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4}
+COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional::")
+
+Interval = tuple[float, float]
+
+
+def comm_wait():
+    """Marks a span the host spends waiting for a collective the profiler cannot see (Horovod's)."""
+    return record_function(COMM_WAIT)
+
+
+def building_batch():
+    return record_function(DATA)
+
+
+def timed_step():
+    return record_function(STEP)
+
+
+class StepTracer:
+    """Traces `steps` of a run with torch.profiler (every rank, so the traced steps slow all alike);
+    rank 0 turns the trace into the ledger."""
+
+    def __init__(self, steps: range, device: torch.device, list_element_bytes: int):
+        self.steps, self.device, self.list_element_bytes = steps, device, list_element_bytes
+        self.profiler: profile | None = None
+
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        if step not in self.steps:
+            yield
+            return
+        if self.profiler is None:  # a resumed run starts inside the range: it traces the steps left
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+            self.profiler = profile(activities=activities, record_shapes=True)  # shapes give collectives' bytes
+            self.profiler.start()
+        yield
+
+    def finished(self, step: int) -> bool:
+        return self.profiler is not None and step == self.steps[-1]
+
+    def ledger(self, summarise: bool) -> dict | None:
+        """Stop tracing; the ledger of the traced steps when `summarise` (rank 0), else None."""
+        self.profiler.stop()
+        if not summarise:
+            return None
+        with tempfile.TemporaryDirectory() as scratch:
+            trace = Path(scratch) / "trace.json"
+            self.profiler.export_chrome_trace(str(trace))
+            events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+        return summarise_trace(events, self.device.type == "cuda", self.list_element_bytes)
+
+
+def summarise_trace(events: list[dict], cuda: bool, list_element_bytes: int = 4) -> dict:
+    """The mean ledger (seconds per step) of the traced steps, and their collectives per step."""
+    windows = union(span(e) for e in events if e["name"] == STEP)
+    data = union(span(e) for e in events if e["name"] == DATA)
+    waits = [span(e) for e in events if e["name"] == COMM_WAIT]
+    if cuda:
+        device_work = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        comm = union([span(e) for e in device_work if e["name"].lower().startswith("nccl")] + waits)
+        compute = union(span(e) for e in device_work if not e["name"].lower().startswith("nccl"))
+    else:
+        comm = union([span(e) for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:")]
+                     + waits)
+        ops = [span(e) for e in events if e.get("cat") == "cpu_op" and not is_communication(e["name"])]
+        compute = subtract(subtract(union(ops), data), union(waits))  # what runs inside a wait is the collective's
+    parts = dict.fromkeys(PARTS, 0.0)
+    for window in windows:
+        k, c, d = (clip(intervals, window) for intervals in (compute, comm, data))
+        hidden = length(intersect(k, c))
+        exposed = subtract(c, k)
+        parts["compute_s"] += length(k) - hidden
+        parts["comm_hidden_s"] += hidden
+        parts["comm_exposed_s"] += length(exposed)
+        parts["data_s"] += length(subtract(subtract(d, k), c))
+        parts["idle_s"] += (window[1] - window[0]) - length(union(k + c + d))
+    steps = max(1, len(windows))
+    ledger = {name: seconds / steps / 1e6 for name, seconds in parts.items()}  # trace times are microseconds
+    ledger["traced_steps"] = len(windows)
+    ledger["collectives"] = collectives(events, windows, steps, list_element_bytes)
+    return ledger
+
+
+def collectives(events: list[dict], windows: list[Interval], steps: int, list_element_bytes: int) -> dict:
+    """Calls and payload bytes per step of each torch.distributed collective issued in the windows."""
+    found: dict[str, dict] = {}
+    for e in events:
+        if e.get("cat") != "cpu_op" or not e["name"].startswith(COLLECTIVE_PREFIXES):
+            continue
+        if not any(start <= e["ts"] < end for start, end in windows):
+            continue
+        entry = found.setdefault(e["name"].split("::", 1)[1], {"calls": 0, "bytes": 0})
+        entry["calls"] += 1
+        entry["bytes"] += payload_bytes(e.get("args") or {}, list_element_bytes)
+    return {name: {"calls": v["calls"] / steps, "bytes": v["bytes"] / steps} for name, v in sorted(found.items())}
+
+
+def payload_bytes(args: dict, list_element_bytes: int) -> int:
+    """Bytes of a collective's first (input) argument: a tensor, or a list of them (whose dtype the
+    trace does not give: the strategy's gradient element size)."""
+    dims, kinds = args.get("Input Dims") or [], args.get("Input type") or []
+    if not dims:
+        return 0
+    shapes = dims[0] if kinds and kinds[0] == "TensorList" else [dims[0]]
+    size = list_element_bytes if kinds and kinds[0] == "TensorList" else ELEMENT_BYTES.get(kinds[0] if kinds else "", 4)
+    return sum(math.prod(shape) for shape in shapes) * size
+
+
+def is_communication(name: str) -> bool:
+    lowered = name.lower()
+    return name.startswith(COLLECTIVE_PREFIXES) or any(word in lowered for word in ("gloo", "nccl", "wait"))
+
+
+# -- interval arithmetic on sorted, disjoint [start, end) lists (written here: a few lines, no library needed)
+
+def span(event: dict) -> Interval:
+    return event["ts"], event["ts"] + event.get("dur", 0)
+
+
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        elif end > start:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+def clip(intervals: list[Interval], window: Interval) -> list[Interval]:
+    return [(max(s, window[0]), min(e, window[1])) for s, e in intervals if e > window[0] and s < window[1]]
+
+
+def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if start < end:
+            out.append((start, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    out, first = [], 0
+    for start, end in a:
+        while first < len(b) and b[first][1] <= start:  # both sorted: cuts behind this interval stay behind
+            first += 1
+        cut = first
+        while cut < len(b) and b[cut][0] < end:
+            if b[cut][0] > start:
+                out.append((start, b[cut][0]))
+            start = max(start, b[cut][1])
+            cut += 1
+        if start < end:
+            out.append((start, end))
+    return out
+
+
+def length(intervals: list[Interval]) -> float:
+    return sum(end - start for start, end in intervals)

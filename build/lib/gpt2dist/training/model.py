@@ -1,0 +1,112 @@
+"""GPT-2 built from our ModelConfig, and its next-token loss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpt2dist.config.schema import ModelConfig
+
+if TYPE_CHECKING:
+    from gpt2dist.training.gpt2 import GPT2
+
+
+# The head's matrix product runs over the vocabulary rounded up to this (50257 -> 50304): the tensor cores'
+# tiles and 16-byte aligned rows want it; the extra logits are cut off before the loss, never predicted.
+VOCAB_MULTIPLE = 64
+
+
+def build_model(cfg: ModelConfig, *, seed: int) -> GPT2:
+    """Seeded init on CPU, so every rank and every strategy starts from identical weights."""
+    from gpt2dist.training.gpt2 import GPT2
+
+    torch.manual_seed(seed)
+    model = GPT2(cfg)
+    model.lm_head = DeferredHead(model.transformer.wte.weight)
+    return model
+
+
+class DeferredHead(nn.Module):
+    """GPT-2's head, tied to the token embedding, whose product with the hidden states is left to the loss
+    (head_loss): the model's forward returns the final hidden states, and the logits exist only inside the
+    loss, which can then run as one compiled graph that never keeps a float32 copy of them. Its parameter
+    keeps the name `lm_head.weight`, as in transformers' GPT-2."""
+
+    def __init__(self, weight: nn.Parameter):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+
+def head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum over these positions of the next-token cross-entropy of the tied head's logits, in float32.
+
+    The product runs over the vocabulary padded with zero rows to a multiple of VOCAB_MULTIPLE; the
+    padding's logits are cut off before the softmax. Compiled (train.compile), the upcast, softmax and
+    their backward fuse into the reads of the 16-bit logits: no float32 copy of them is stored."""
+    vocab = weight.shape[0]
+    padding = -vocab % VOCAB_MULTIPLE
+    logits = F.linear(hidden, F.pad(weight, (0, 0, 0, padding)) if padding else weight)[..., :vocab]
+    return F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="sum")
+
+
+def transformer_blocks(model: GPT2) -> list[nn.Module]:
+    return list(model.transformer.h)
+
+
+def compile_blocks(model: GPT2) -> None:
+    """Compile each block in place, whole (fullgraph: a graph break is an error, not a silent return to
+    eager code); works the same before DDP, Horovod or FSDP2 wrapping."""
+    for block in transformer_blocks(model):
+        block.compile(fullgraph=True)
+
+
+def compiled_head_loss() -> Callable[..., torch.Tensor]:
+    """head_loss as one compiled graph."""
+    return torch.compile(head_loss, fullgraph=True)
+
+
+class TokenLoss(nn.Module):
+    """The model and its next-token cross-entropy as one module, returning (loss sum, token count).
+
+    DataParallel gathers whatever its module returns onto device 0: returning the loss rather
+    than logits keeps each replica's [rows, T, vocab] logits on its own GPU and gathers two
+    numbers per device. Autocast is entered here, inside the replica, because DataParallel's
+    worker threads inherit "autocast on" but not its dtype (pytorch#125186): a bf16 run
+    would otherwise compute in fp16 without a loss scaler.
+    """
+
+    def __init__(self, model: nn.Module, autocast: Callable[[], AbstractContextManager],
+                 loss: Callable[..., torch.Tensor] = head_loss):
+        super().__init__()
+        self.model, self.autocast, self.loss = model, autocast, loss
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.autocast():
+            hidden = self.model(inputs)
+            total = self.loss(hidden, head_weight(self.model), targets)
+        # shape [1], not a scalar: DataParallel's gather concatenates these without a warning
+        return total.reshape(1), targets.new_full((1,), targets.numel())
+
+
+def head_weight(model: nn.Module) -> torch.Tensor:
+    """The tied head's weight as the model holds it now (through a DDP-style wrapper's `module`)."""
+    return getattr(model, "module", model).lm_head.weight
+
+
+def mean_loss(loss_sums: torch.Tensor, token_counts: torch.Tensor) -> torch.Tensor:
+    """Per-token mean over all replicas: weighting by tokens keeps it exact for uneven chunks."""
+    return loss_sums.sum() / token_counts.sum()
+
+
+def lm_loss(loss: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of a batch through a TokenLoss (or DataParallel over one)."""
+    return mean_loss(*loss(inputs, targets))
+

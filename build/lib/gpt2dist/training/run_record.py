@@ -1,0 +1,99 @@
+"""run.json, one run's record, has one writer: the process that launched the ranks (`gpt2dist train`),
+or rank 0 itself when the ranks were started by hand from printed multi-node commands (their spec then
+names no launch attempt).
+
+Rank 0 reports what training did through rank0.json, which only rank 0 writes (a whole new file at each
+change, replaced atomically). The record's writer writes run.json once when the launch starts, and once
+when the ranks have ended: the report, if it belongs to this launch (the attempt id in the spec), with
+what the launcher saw around it (the command, the machine's load, the exit status, a stop signal).
+Nothing reads, merges and rewrites run.json.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gpt2dist.config.schema import RunSpec
+from gpt2dist.io import atomic_write_json, atomic_write_text
+
+RECORD, REPORT, METRICS = "run.json", "rank0.json", "metrics.jsonl"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def new_attempt() -> str:
+    """An id for one launch of a run: it ties rank 0's report to the launch that reads it."""
+    return uuid.uuid4().hex[:16]
+
+
+class RankReport:
+    """What rank 0 tells the record's writer: the whole report, rewritten atomically at each change."""
+
+    def __init__(self, out: Path, attempt: str | None):
+        self.path = Path(out) / REPORT
+        self.fields: dict = {"attempt": attempt}
+
+    def update(self, **fields) -> None:
+        self.fields.update(fields)
+        atomic_write_json(self.path, self.fields)
+
+
+def read_report(out: Path, attempt: str | None) -> dict | None:
+    """Rank 0's report of this launch; None when it wrote none (an earlier launch's does not count)."""
+    try:
+        report = json.loads((Path(out) / REPORT).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return report if report.get("attempt") == attempt else None
+
+
+@dataclass
+class Outcome:
+    """How the ranks ended, as their launcher saw it."""
+
+    exit_code: int = 0
+    stopped_by: int | None = None  # the stop signal forwarded to the ranks, if any
+    facts: dict = field(default_factory=dict)  # what the launch mode adds to the record (e.g. emulated nodes)
+
+
+def start_record(spec: RunSpec, **facts) -> None:
+    """run.json while the ranks run: this launch's settings, status running."""
+    out = Path(spec.out_dir)
+    atomic_write_json(out / RECORD, {"status": "running", "run_id": out.name, "attempt": spec.attempt,
+                                     "strategy": spec.strategy, "precision": spec.precision, "nproc": spec.nproc,
+                                     "preset": spec.preset, **facts})
+
+
+def finish_record(spec: RunSpec, outcome: Outcome, **facts) -> dict:
+    """Write run.json from rank 0's report and the launch's facts once the ranks have ended; return it.
+
+    The checkpoint of a completed run that is not to be kept goes only after run.json says completed:
+    a launcher killed before that leaves it, and the same command resumes at the last step."""
+    out = Path(spec.out_dir)
+    report = read_report(out, spec.attempt)
+    record = {**(report or {}), "run_id": out.name, "attempt": spec.attempt, **facts, **outcome.facts}
+    trained = report is not None and report.get("status") == "completed"
+    if outcome.stopped_by is not None and not trained:  # a signal after the last step changes nothing
+        record.update(status="interrupted", signal=signal.Signals(outcome.stopped_by).name,
+                      finished_at=record.get("finished_at") or now_iso())
+    elif outcome.exit_code or not trained:
+        record.update(status="failed", exit_code=outcome.exit_code, finished_at=now_iso())
+        if not outcome.exit_code:
+            record["error"] = "the ranks exited without reporting a completed run"
+    else:
+        record["status"] = "completed"
+        if not spec.keep_checkpoint:
+            record["checkpoint_step"] = None
+    atomic_write_json(out / RECORD, record)
+    if record["status"] == "completed" and not spec.keep_checkpoint:
+        (out / "checkpoint.pt").unlink(missing_ok=True)
+    if not (out / METRICS).exists():  # a run that failed before its first step: the workflow tools' outputs
+        atomic_write_text(out / METRICS, "")  # exist, and run.json says what happened
+    return record

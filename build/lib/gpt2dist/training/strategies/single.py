@@ -1,0 +1,11 @@
+"""Single device: the reference every other strategy must match."""
+
+from gpt2dist.training.strategies.base import Strategy, describe
+
+
+class Single(Strategy):
+    name = "single"
+
+    def prepare(self, model, make_optimizer, precision):
+        describe(self, f"one replica on {self.placement.device}")
+        return super().prepare(model, make_optimizer, precision)

@@ -1,0 +1,123 @@
+"""Tensor parallelism (Megatron-style, on DTensor) and its 2-D combination with FSDP.
+
+`tp`: every block's attention heads and MLP columns are split over all processes. q/k/v and
+the first MLP matrix are column-parallel (each rank computes its own heads and columns, no
+communication), the two output projections row-parallel (partial sums all-reduced): one
+all-reduce per sub-layer in forward and one in backward. Embeddings, LayerNorms and the tied
+head stay whole on every rank, which all see the same rows: one replica, split.
+
+`fsdp-tp`: a (replicas x tensor_parallel_size) mesh; TP inside each replica's ranks as above,
+then FSDP shards every parameter over the replicas.
+
+GPT-2 fuses q, k and v into one [3 x width, width] matrix. A column split of it would give rank 0
+all of q and half of k, so its rows are reordered before the split ([q_r, k_r, v_r] on rank r)
+and put back in GPT-2's order in checkpoints: a checkpoint is the same as `single`'s."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from gpt2dist.training.model import transformer_blocks
+from gpt2dist.training.strategies.base import describe
+from gpt2dist.training.strategies.fsdp import shard_fully
+from gpt2dist.training.strategies.torch_distributed import TorchDistributed, sharded_grad_norm
+
+FUSED_QKV = ".attn.c_attn."  # parameters (and their optimizer state) stored in the reordered layout
+
+
+def qkv_order(width: int, tp: int) -> torch.Tensor:
+    """Row order putting rank r's q, k and v heads next to each other: [q_0 k_0 v_0 q_1 k_1 v_1 ...]."""
+    rows = torch.arange(3 * width).view(3, tp, width // tp)  # (q|k|v, rank, rows of that rank's heads)
+    return rows.transpose(0, 1).reshape(-1)
+
+
+def shard_blocks(model: nn.Module, mesh: DeviceMesh) -> int:
+    """Split each block's attention and MLP over `mesh` in place; returns the number of blocks."""
+    tp = mesh.size()
+    blocks = transformer_blocks(model)
+    for block in blocks:
+        attn = block.attn
+        with torch.no_grad():
+            order = qkv_order(attn.c_proj.in_features, tp)
+            attn.c_attn.weight.copy_(attn.c_attn.weight[order])
+            attn.c_attn.bias.copy_(attn.c_attn.bias[order])
+        parallelize_module(block, mesh, {
+            "attn.c_attn": ColwiseParallel(),
+            "attn.c_proj": RowwiseParallel(),
+            "mlp.c_fc": ColwiseParallel(),
+            "mlp.c_proj": RowwiseParallel(),
+        })
+    return len(blocks)
+
+
+def _reorder_qkv(state: dict, tp: int, *, to_gpt2: bool) -> None:
+    """Reorder the fused q/k/v rows of every tensor in `state` (a model or per-parameter optimizer
+    state dict, keyed by name), in place."""
+    for name, value in state.items():
+        if FUSED_QKV not in name:
+            continue
+        if isinstance(value, dict):  # optimizer state of one parameter: step, exp_avg, exp_avg_sq
+            for key, tensor in value.items():
+                if torch.is_tensor(tensor) and tensor.dim() >= 1:
+                    value[key] = _permute_rows(tensor, tp, to_gpt2)
+        else:
+            state[name] = _permute_rows(value, tp, to_gpt2)
+
+
+def _permute_rows(tensor: torch.Tensor, tp: int, to_gpt2: bool) -> torch.Tensor:
+    order = qkv_order(tensor.shape[0] // 3, tp)
+    return tensor[torch.argsort(order)] if to_gpt2 else tensor[order]
+
+
+class TensorParallel(TorchDistributed):
+    name = "tp"
+    compile_conflict = ("the attention code is compiled with the block; under DTensor it would trace the "
+                        "collectives too, which this study has not validated")
+    uniform_parameters = False  # DTensors on the tensor-parallel mesh next to plain (or other-mesh) ones
+
+    def prepare(self, model, make_optimizer, precision):
+        model.to(self.placement.device)
+        mesh = init_device_mesh(self.placement.device.type, (self.placement.world_size,), mesh_dim_names=("tp",))
+        blocks = shard_blocks(model, mesh)
+        self.wrapping = {"tensor_parallel": mesh.size(), "parallel_blocks": blocks}
+        describe(self, f"{blocks} blocks split over {mesh.size()} ranks (q/k/v, MLP in: column; projections: row); "
+                       "embeddings, LayerNorms and head replicated")
+        return model, make_optimizer(model)
+
+    def global_grad_norm(self, grads):
+        return sharded_grad_norm(grads, self.placement.device)
+
+    def full_state_dict(self, model, optimizer, precision):
+        model_state, optim_state = super().full_state_dict(model, optimizer, precision)
+        _reorder_qkv(model_state, self.spec.tensor_parallel_size, to_gpt2=True)
+        _reorder_qkv(optim_state.get("state", {}), self.spec.tensor_parallel_size, to_gpt2=True)
+        return model_state, optim_state
+
+    def load_full_state_dict(self, model, optimizer, precision, model_state, optim_state):
+        model_state, optim_state = dict(model_state), {**optim_state, "state": dict(optim_state["state"])}
+        _reorder_qkv(model_state, self.spec.tensor_parallel_size, to_gpt2=False)
+        _reorder_qkv(optim_state["state"], self.spec.tensor_parallel_size, to_gpt2=False)
+        super().load_full_state_dict(model, optimizer, precision, model_state, optim_state)
+
+
+class FSDPTensorParallel(TensorParallel):
+    name = "fsdp-tp"
+
+    def prepare(self, model, make_optimizer, precision):
+        model.to(self.placement.device)
+        tp = self.spec.tensor_parallel_size
+        replicas = self.placement.world_size // tp
+        mesh = init_device_mesh(self.placement.device.type, (replicas, tp), mesh_dim_names=("dp", "tp"))
+        shard_blocks(model, mesh["tp"])
+        sharded = shard_fully(model, mesh["dp"])
+        self.wrapping = {"tensor_parallel": tp, "fsdp_replicas": replicas, "fully_shard_modules": sharded}
+        describe(self, f"{replicas} FSDP replicas x {tp} tensor-parallel ranks; blocks split as tp, every "
+                       "parameter sharded over the replicas")
+        return model, make_optimizer(model)
+
+    def accumulate(self, model, last):
+        model.set_requires_gradient_sync(last)
+        return super().accumulate(model, last)
