@@ -12,10 +12,10 @@
 #   selftest  the one-GPU study's selftests (preset gpu-1gpu: every configuration of preset paper that runs
 #             on one GPU, with a kill and resume per strategy; Apex O1/O2, apex-ddp and Horovod over NCCL
 #             included), the pipeline's own jobs, four at a time: they measure nothing, and one GPU holds them
-#   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) with a profile of 3 steps
 #   study     the one-GPU study under Snakemake (the selftests above are its first jobs, done). Snakemake
 #             resumes it at run granularity, so it starts whenever a minute is left
 #   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz)
+#   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) with a profile of 3 steps
 #   tests     pytest -m gpu
 #   memory    bench/memory_model.py: predicted against measured peak memory per strategy
 #   mfu_tf32  bench/mfu.py in tf32
@@ -180,9 +180,9 @@ step_memory() {
   "$python" bench/memory_model.py --nproc 1
 }
 
-# name and the seconds a step needs to be worth starting on one H100: the whole step, except for the study,
-# which resumes (it takes about 10 minutes in all: 12 selftests, 24 runs of 20 steps)
-STEPS=(install:60 doctor:30 selftest:150 mfu:180 study:60 bundle:60 tests:300 memory:120 mfu_tf32:150)
+# name and the seconds a step needs to be worth starting on one H100 or H200: the whole step (install 15 s,
+# selftest 110 s, mfu 75 s on an H200), except for the study, which resumes (24 runs of 20 steps; not yet timed)
+STEPS=(install:60 doctor:30 selftest:150 study:60 bundle:60 mfu:120 tests:300 memory:120 mfu_tf32:120)
 
 copy_out() {
   [[ -n $out ]] || return 0

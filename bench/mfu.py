@@ -16,9 +16,9 @@ Beside it, in the same run and on the same model, batch and optimizer, a bare tr
 engine round by round: engine/bare with its 95% interval (target >= 0.97) says what the engine's own
 work costs, apart from what the GPU can do at all.
 
---profile-steps N then profiles N more engine steps (torch.profiler): the operators that take the
-GPU's time, and how much of the steps' wall time the GPU was busy at all (the rest: host work, syncs
-and launch gaps), so a change to the engine starts from what the profile shows.
+--profile-steps N then profiles N more engine steps (torch.profiler): the time ledger's split of their
+wall time (compute, communication, data, idle: the GPU waiting on the host, syncs and launch gaps) and
+the operators that take the GPU's time, so a change to the engine starts from what the profile shows.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import argparse
 import sys
 
 import torch
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 from common import (
     against_target,
     bare_loop,
@@ -41,6 +43,7 @@ from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.results.statistics import log_interval
 from gpt2dist.system.gpu_telemetry import DISTURBING_REASONS
 from gpt2dist.system.hardware import COMPUTE_DTYPE, mfu, peak_flops
+from gpt2dist.training.ledger import PARTS, profile_ledger
 
 
 def main() -> None:
@@ -90,20 +93,18 @@ def main() -> None:
 
 
 def profile(trainer, first_step: int, steps: int) -> None:
-    """The GPU's busy share of the steps' wall time and its heaviest operators, from torch.profiler."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        wall = steps * trainer.tokens_per_step / engine(trainer, first_step, steps)
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    if not kernels:
-        print(f"profile of {steps} steps: {wall:.3f} s wall; no GPU activity recorded (CUPTI unavailable here?)")
-        return
-    busy_s = sum(e.device_time_total for e in kernels) / 1e6  # microseconds; overlapping streams count twice
-    print(f"profile of {steps} steps: {wall:.3f} s wall, GPU kernels {busy_s:.3f} s ({busy_s / wall:.0%} busy), "
-          f"{len(kernels) / steps:,.0f} kernels per step")
-    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
+    """Where the steps' time goes (the time ledger's parts: a GPU idle between kernels shows as idle) and the
+    operators that take the GPU's time, from torch.profiler."""
+    cuda = trainer.place.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        engine(trainer, first_step, steps)
+    ledger = profile_ledger(prof, cuda)
+    step_s = sum(ledger[part] for part in PARTS)
+    print(f"profile of {ledger['traced_steps']} steps, {step_s * 1e3:,.1f} ms each: " + ", ".join(
+        f"{part.removesuffix('_s')} {ledger[part] / step_s:.1%}" for part in PARTS))
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":

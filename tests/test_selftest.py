@@ -4,6 +4,7 @@ run for real (each check a `gpt2dist train` subprocess), with a matrix of what w
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,33 @@ def test_a_hung_configuration_fails_the_selftest_with_its_line(params_file, tmp_
     report = json.loads(out.read_text())
     assert report["failed"] == 4 and all("no result within 0.5 s" in check["error"] for check in report["checks"])
     assert "failed" in result.stdout and "single-fp32-n1" in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_check_leaves_the_output_that_led_to_its_error_in_the_log(params_file, tmp_path):
+    """A launcher's complaint comes before the rank's error line (Open MPI's, seen on a GPU node): the table
+    holds the error line, the log the lines before it. The failure is injected into the check's `gpt2dist
+    train` alone, at interpreter start."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if sys.orig_argv[1:4] == ['-m', 'gpt2dist', 'train']:\n"
+        "    print('prterun was unable to find the specified executable file', file=sys.stderr)\n"
+        "    print('error: training failed (horovodrun exited with 66)', file=sys.stderr, flush=True)\n"
+        "    os._exit(1)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "single.json"
+    result = gpt2dist("selftest", "--params", params_file, "--only", "single-fp32-n1", "--out", out, env=env,
+                      check=False)
+    assert result.returncode == 2
+    assert json.loads(out.read_text())["checks"][0]["error"] == "error: training failed (horovodrun exited with 66)"
+    before, after = result.stderr.split("--- single-fp32-n1: the last 2 lines of its output ---\n")
+    assert after.startswith("prterun was unable to find the specified executable file\n"
+                            "error: training failed (horovodrun exited with 66)\n"), result.stderr
+    # control: without the injection the same check passes, and says nothing of its output
+    passed = gpt2dist("selftest", "--params", params_file, "--only", "single-fp32-n1", "--out", out)
+    assert "lines of its output" not in passed.stderr
 
 
 @pytest.mark.timeout(300)

@@ -34,6 +34,7 @@ from gpt2dist.pipeline.study import Run, Study, configurations, resume_cases
 
 STEPS = 4
 CALIBRATION_STEPS = 3  # the first warms up; the median of the other two is the step time
+FAILED_OUTPUT_LINES = 40
 RESUME_AT = 2  # warm-up (1 step) + 1: the cosine decay, laid out over max_steps, has not moved yet, so
 # the --max-steps RESUME_AT run takes the same first steps as the STEPS one it is compared with
 # A resumed run must end where an uninterrupted one ends; reduced precisions and GPU reductions
@@ -86,7 +87,12 @@ def train(study: Study, params: Path, shards: Path, run: Run, out: Path, timeout
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"no result within {timeout_s:g} s (a hung rank or collective?)"
-    return failure_line(done.stderr) if done.returncode else None
+    if not done.returncode:
+        return None
+    # the error line goes in the table; what led to it, to the log (a launcher's own complaint included)
+    tail = done.stderr.splitlines()[-FAILED_OUTPUT_LINES:]
+    print(f"--- {run.config_id}: the last {len(tail)} lines of its output ---", *tail, sep="\n", file=sys.stderr)
+    return failure_line(done.stderr)
 
 
 class Selftest:

@@ -16,7 +16,7 @@ from conftest import REPO
 from gpt2dist.pipeline.study import configurations, plan_study
 
 CAMPAIGN = REPO / "bench" / "gpu_campaign.sh"
-STEPS = ["install", "doctor", "study", "bundle", "mfu", "tests", "memory", "mfu_tf32"]
+STEPS = ["install", "doctor", "selftest", "study", "bundle", "mfu", "tests", "memory", "mfu_tf32"]
 
 
 def campaign(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:

@@ -89,6 +89,23 @@ def test_attention_runs_causal_sdpa_without_a_mask(shards, params_file, tmp_path
     assert set(calls) == {(torch.bfloat16, True, True)}
 
 
+def test_the_loss_takes_a_float16_models_float32_outputs():
+    """Apex O2 holds the model (the tied head too) in float16 and casts its forward's outputs to float32: the loss
+    casts them to the head's dtype (on an H200 it failed with "expected mat1 and mat2 to have the same dtype")."""
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(2, 8, 16), torch.randn(500, 16).half()
+    targets = torch.randint(0, 500, (2, 8))
+    with pytest.raises(RuntimeError, match="same dtype"):  # the fault: the product without the cast
+        F.linear(hidden, weight)
+    assert head_loss(hidden, weight, targets).item() == head_loss(hidden.half(), weight, targets).item()
+    # under autocast the dtypes differ on purpose (bf16 activations, fp32 weight): nothing is cast
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = hidden.bfloat16()
+        assert head_loss(low, weight.float(), targets).item() == F.cross_entropy(
+            F.linear(low, F.pad(weight.float(), (0, 0, 0, 12)))[..., :500].float().reshape(-1, 500),
+            targets.reshape(-1), reduction="sum").item()
+
+
 def test_the_loss_pads_the_vocabulary_and_predicts_only_real_tokens():
     torch.manual_seed(0)
     vocab, width = 500, 16

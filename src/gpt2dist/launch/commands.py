@@ -57,7 +57,7 @@ def horovodrun_bin() -> str:
     return found
 
 
-def local_command(launcher: str, nproc: int, spec_path: Path, *, cuda: bool) -> list[str] | None:
+def local_command(launcher: str, nproc: int, spec_path: Path) -> list[str] | None:
     """The command for one machine; None means train inside this process."""
     if launcher == "python":
         return None
@@ -65,19 +65,19 @@ def local_command(launcher: str, nproc: int, spec_path: Path, *, cuda: bool) -> 
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                 "-m", "gpt2dist.launch.worker", str(spec_path)]
     if launcher == "horovodrun":
-        controller = [] if cuda else ["--gloo"]
-        return [horovodrun_bin(), "-np", str(nproc), "-H", f"localhost:{nproc}", *controller,
-                *worker_args(spec_path)]
+        # Gloo as the controller on GPUs too (NCCL still carries the GPU tensors): horovodrun 0.28.1's mpirun
+        # line (`-bind-to none`) is refused by Open MPI 5, which reads "none" as the program (seen on an H200)
+        return [horovodrun_bin(), "-np", str(nproc), "-H", f"localhost:{nproc}", "--gloo", *worker_args(spec_path)]
     raise ValueError(f"unknown launcher {launcher}")
 
 
 def multinode_commands(launcher: str, hosts: list[Host], spec_path: Path, *, port: int = DEFAULT_PORT,
-                       run_id: str = "gpt2dist", cuda: bool = True) -> dict[str, str]:
+                       run_id: str = "gpt2dist") -> dict[str, str]:
     """Commands for several machines, keyed by where they run.
 
     torchrun runs the same command on every node and meets at a c10d rendezvous on the
-    first; horovodrun and mpirun start every rank from the first node over SSH (on CPU,
-    horovodrun with its Gloo controller).
+    first; horovodrun (with its Gloo controller: see local_command) and mpirun start every rank from the
+    first node over SSH.
     """
     world = sum(h.slots for h in hosts)
     spec = shlex.quote(str(spec_path))
@@ -90,11 +90,12 @@ def multinode_commands(launcher: str, hosts: list[Host], spec_path: Path, *, por
     if launcher == "horovodrun":
         host_list = ",".join(f"{h.name}:{h.slots}" for h in hosts)
         return {
-            hosts[0].name + " (horovodrun)": (f"horovodrun -np {world} -H {host_list}{'' if cuda else ' --gloo'} "
+            hosts[0].name + " (horovodrun)": (f"horovodrun -np {world} -H {host_list} --gloo "
                                               f"python -m gpt2dist.launch.worker {spec}"),
             hosts[0].name + " (mpirun)": (
-                f"mpirun -np {world} -H {host_list} -bind-to none -map-by slot "
-                "-x NCCL_DEBUG=INFO -x LD_LIBRARY_PATH -x PATH -mca pml ob1 -mca btl ^openib "
+                # double-dash options: Open MPI 5 no longer takes -bind-to or -mca
+                f"mpirun -np {world} -H {host_list} --bind-to none --map-by slot "
+                "-x NCCL_DEBUG=INFO -x LD_LIBRARY_PATH -x PATH --mca pml ob1 "
                 f"python -m gpt2dist.launch.worker {spec}"
             ),
         }

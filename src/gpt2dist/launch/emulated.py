@@ -40,7 +40,7 @@ def run(spec: RunSpec, emulation: Emulation) -> tuple[int, int | None, dict, str
         if launcher == "horovodrun":
             stack.enter_context(emulated_nodes.ssh_between(made))
         hosts = [commands.Host(node.name, spec.nproc // emulation.nodes) for node in made.nodes]
-        printed = commands.multinode_commands(launcher, hosts, out / "spec.json", run_id=out.name, cuda=False)
+        printed = commands.multinode_commands(launcher, hosts, out / "spec.json", run_id=out.name)
         if launcher == "torchrun":
             used = {"every node": printed["every node"]}
             started = [node.command(commands.runnable(used["every node"])) for node in made.nodes]

@@ -85,8 +85,7 @@ def print_multinode(spec: RunSpec, hosts: list[commands.Host]) -> list[str]:
     """Write the spec and return the commands that start it on several machines."""
     out = Path(spec.out_dir)
     write_spec(spec, out / "spec.json")
-    lines = commands.multinode_commands(spec.description.launcher, hosts, out / "spec.json", run_id=out.name,
-                                          cuda=spec.device == "cuda")
+    lines = commands.multinode_commands(spec.description.launcher, hosts, out / "spec.json", run_id=out.name)
     return [f"# on {where}\n{command}" for where, command in lines.items()]
 
 
@@ -160,7 +159,7 @@ def _launch_mode(spec: RunSpec, emulation: emulated.Emulation | None) -> tuple[L
             facts = {"nodes": allocation.nodes, "ranks_per_node": allocation.ranks_per_node,
                      **({"horovod_launch": horovod.via, "horovod_launch_why": horovod.why} if horovod else {})}
             return (lambda s: _with_srun(s, command, allocation, facts)), " ".join(command)
-    command = commands.local_command(launcher, spec.nproc, out / "spec.json", cuda=spec.device == "cuda")
+    command = commands.local_command(launcher, spec.nproc, out / "spec.json")
     if command is None:
         return _in_process, f"(in this process) {spec.strategy}"
     return (lambda s: _with_local_launcher(s, command)), " ".join(command)

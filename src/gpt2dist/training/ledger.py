@@ -74,13 +74,16 @@ class StepTracer:
     def ledger(self, summarise: bool) -> dict | None:
         """Stop tracing; the ledger of the traced steps when `summarise` (rank 0), else None."""
         self.profiler.stop()
-        if not summarise:
-            return None
-        with tempfile.TemporaryDirectory() as scratch:
-            trace = Path(scratch) / "trace.json"
-            self.profiler.export_chrome_trace(str(trace))
-            events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
-        return summarise_trace(events, self.device.type == "cuda", self.list_element_bytes)
+        return profile_ledger(self.profiler, self.device.type == "cuda", self.list_element_bytes) if summarise else None
+
+
+def profile_ledger(profiler: profile, cuda: bool, list_element_bytes: int = 4) -> dict:
+    """The ledger of a stopped profiler's steps (those the trainer marked with timed_step)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        trace = Path(scratch) / "trace.json"
+        profiler.export_chrome_trace(str(trace))
+        events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    return summarise_trace(events, cuda, list_element_bytes)
 
 
 def summarise_trace(events: list[dict], cuda: bool, list_element_bytes: int = 4) -> dict:
