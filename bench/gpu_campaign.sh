@@ -181,7 +181,7 @@ step_memory() {
 }
 
 # name and the seconds a step needs to be worth starting on one H100 or H200: the whole step (install 15 s,
-# selftest 110 s, mfu 75 s on an H200), except for the study, which resumes (24 runs of 20 steps; not yet timed)
+# selftest 120 s, mfu 75 s on an H200), except for the study, which resumes (24 runs of 20 steps; not yet timed)
 STEPS=(install:60 doctor:30 selftest:150 study:60 bundle:60 mfu:120 tests:300 memory:120 mfu_tf32:120)
 
 copy_out() {
