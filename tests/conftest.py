@@ -223,6 +223,17 @@ def gpt2dist(*args: str, check: bool = True, env: dict | None = None, **popen) -
     return result
 
 
+def assert_answer_or_one_error(code: int, out: str, err: str, answer: str = "") -> None:
+    """Any input gets an answer (exit 0, output starting with `answer`, no complaint but warnings) or one
+    `error:` line with exit 2: never a traceback."""
+    assert "Traceback" not in out + err
+    lines = [line for line in err.strip().splitlines() if not line.startswith("warning: ")]
+    if code == 0:
+        assert out.strip().startswith(answer) and out.strip() and not lines, (out[:300], err)
+    else:
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
+
+
 def train_args(shards: Path, params: Path, out: Path, strategy: str, *extra: str, nproc: int = 1,
                precision: str = "fp32") -> list[str]:
     return ["train", "--data", shards, "--params", params, "--out", out, "--strategy", strategy,

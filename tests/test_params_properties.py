@@ -15,7 +15,7 @@ from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 from test_cli_properties import invoke
 
-from conftest import REPO
+from conftest import REPO, assert_answer_or_one_error
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
 
@@ -47,15 +47,6 @@ def planned(params: dict) -> tuple[int, str, str]:
         return invoke("plan", "--params", str(path), "--preset", "cpu")
 
 
-def assert_answer_or_one_error(code: int, out: str, err: str) -> None:
-    assert "Traceback" not in out + err
-    lines = [line for line in err.strip().splitlines() if not line.startswith("warning: ")]
-    if code == 0:
-        assert out.startswith("Plan of preset cpu"), out[:300]
-    else:
-        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
-
-
 @seed(20261126)
 @settings(max_examples=30, deadline=None)
 @given(path=st.sampled_from(CPU_LEAVES), value=VALUES)
@@ -65,7 +56,7 @@ def test_any_value_at_any_key_is_planned_or_one_error_line(path, value):
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
-    assert_answer_or_one_error(*planned(params))
+    assert_answer_or_one_error(*planned(params), "Plan of preset cpu")
 
 
 @seed(20261126)
@@ -76,7 +67,7 @@ def test_extends_and_run_group_keys_are_planned_or_one_error_line(parent, key, v
     params = yaml.safe_load(yaml.safe_dump(PARAMS))
     params["presets"]["child"] = {"extends": parent}
     params["presets"]["cpu"]["study"]["runs"][0][key] = value
-    assert_answer_or_one_error(*planned(params))
+    assert_answer_or_one_error(*planned(params), "Plan of preset cpu")
 
 
 def test_what_the_property_found_is_one_error_line_now():
