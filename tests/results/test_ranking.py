@@ -1,5 +1,6 @@
-"""The answer that opens summary.md: per placement, configurations ranked by throughput, each one's ratio
-to the fastest paired by repeat round, in words where the data gives no number."""
+"""The answer that opens summary.md: per placement, configurations in tiers by throughput, each one's ratio
+to the top one paired by repeat round and corrected for the placement's comparisons, a single fastest only
+beyond the noise of every other, in words where the data gives no number."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from gpt2dist.results.statistics import log_interval
 def study(per_round: dict[str, list[float]], disturbed: dict[str, set[int]] | None = None):
     """runs and summary frames as collect makes them, for two-process configurations on one machine."""
     disturbed = disturbed or {}
-    runs = pd.DataFrame([{"config_id": config, "strategy": config.split("-")[0], "precision": "fp32", "nproc": 2,
+    runs = pd.DataFrame([{"config_id": config, "strategy": config.split("-")[0], "precision": "fp32",
+                          "nproc": int(config.rsplit("-n", 1)[1]),
                           "nodes": 1, "link_mbit": math.nan, "repeat": repeat, "tokens_per_s": value,
                           "disturbed": "load" if repeat in disturbed.get(config, ()) else ""}
                          for config, values in per_round.items() for repeat, value in enumerate(values)])
@@ -30,16 +32,56 @@ def study(per_round: dict[str, list[float]], disturbed: dict[str, set[int]] | No
     return runs, pd.DataFrame(rows)
 
 
-def test_the_fastest_comes_first_and_the_others_are_paired_ratios():
+def test_configurations_that_cannot_be_told_apart_share_the_top_tier_and_none_is_called_fastest():
     runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [70, 77, 74],
                            "horovod-fp32-n2": [101, 104, 106]})
     (group,) = rank(runs, summary)
     assert [row["config_id"] for row in group["ranked"]] == ["ddp-fp32-n2", "horovod-fp32-n2", "fsdp-fp32-n2"]
+    assert [row["tier"] for row in group["ranked"]] == [1, 1, 2]
     fsdp = group["ranked"][2]
     assert fsdp["vs_fastest"] == pytest.approx(math.exp(sum(math.log(x) for x in (0.70, 0.70, 74 / 105)) / 3))
     assert fsdp["gap"] == "slower" and group["ranked"][1]["gap"] == "not distinguishable"
     text = answer_markdown([group])
-    assert "fastest is **ddp fp32**" in text and "fsdp fp32: 0.70 (" in text and "slower, beyond the noise" in text
+    assert "the top tier holds 2 configurations that cannot be told apart: ddp fp32, horovod fp32" in text
+    assert "fastest is" not in text
+    assert "- tier 2, slower than ddp fp32 beyond the noise:\n  - fsdp fp32: 0.70 (" in text
+
+
+def test_a_single_fastest_is_named_only_beyond_the_noise_of_every_other():
+    runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [70, 77, 74]})
+    text = answer_markdown(rank(runs, summary))
+    assert "fastest is **ddp fp32** at " in text and "beyond the noise of every other configuration here" in text
+
+
+def test_tiers_follow_each_tiers_own_top():
+    """c is below a but not below b: it joins b's tier, not a third one."""
+    runs, summary = study({"a-n2": [100, 101, 102], "b-n2": [80, 81, 82], "c-n2": [78, 82, 80]})
+    (group,) = rank(runs, summary)
+    assert {row["config_id"]: row["tier"] for row in group["ranked"]} == {"a-n2": 1, "b-n2": 2, "c-n2": 2}
+    assert "- tier 2, slower than a fp32 beyond the noise:\n  - b fp32: " in answer_markdown([group])
+
+
+def test_the_intervals_widen_with_the_number_of_comparisons():
+    """b is 0.92 of a, round by round: beyond the noise as one comparison, not among four."""
+    pair = {"a-n2": [100, 100, 100], "b-n2": [90, 92, 94]}
+    (alone,) = rank(*study(pair))
+    assert alone["level"] == pytest.approx(0.95)
+    assert {row["config_id"]: row["tier"] for row in alone["ranked"]} == {"a-n2": 1, "b-n2": 2}
+    crowd = pair | {f"{name}-n2": [50, 51, 52] for name in ("c", "d", "e")}
+    (among,) = rank(*study(crowd))
+    assert among["level"] == pytest.approx(1 - 0.05 / 4)
+    assert next(row for row in among["ranked"] if row["config_id"] == "b-n2")["tier"] == 1
+    assert "(Bonferroni: 98.8% each, so 95% for the placement as a whole)" in answer_markdown([among])
+
+
+def test_dataparallel_over_one_device_is_said_to_be_singles_computation():
+    runs, summary = study({"single-n1": [100, 101, 102], "dp-n1": [97, 99, 101]})
+    (group,) = rank(runs, summary)
+    assert {row["config_id"]: row["same_as"] for row in group["ranked"]} == {"single-n1": None, "dp-n1": "single-n1"}
+    assert "- dp fp32 (single fp32's computation, in DataParallel over one device): " in answer_markdown([group])
+    # the control: at two processes DataParallel is a rival of its own
+    (two,) = rank(*study({"ddp-n2": [100, 101, 102], "dp-n2": [97, 99, 101]}))
+    assert all(row["same_as"] is None for row in two["ranked"])
 
 
 def test_too_few_or_only_disturbed_repeats_are_said_in_words_never_nan():
@@ -48,7 +90,9 @@ def test_too_few_or_only_disturbed_repeats_are_said_in_words_never_nan():
     (group,) = rank(runs, summary)
     gaps = {row["config_id"]: row["gap"] for row in group["ranked"]}
     assert gaps == {"ddp-fp32-n2": "fastest", "fsdp-fp32-n2": "too few repeats", "tp-fp32-n2": "only disturbed runs"}
+    assert [row["tier"] for row in group["ranked"]] == [1, None, None]
     text = answer_markdown([group])
+    assert "nothing here can be placed against it" in text and "- not placed:" in text
     assert "nan" not in text.lower()
     assert "one undisturbed pair, so no interval; run more repeats" in text
     assert "measured only on a disturbed machine; re-run it quietly" in text
@@ -67,6 +111,11 @@ def test_a_slower_configuration_says_which_parts_of_its_step_take_longer():
     assert fsdp["ledger_gap_s"]["comm_exposed_s"] == pytest.approx(0.035)
     # the gap is mostly exposed communication (+35 ms), then idle (+11 ms); +2 ms compute is too small to name
     assert "per step it spends +35.0 ms exposed communication, +11.0 ms idle" in answer_markdown([group])
+    # a configuration whose traced steps were not slower gets no reason from them
+    summary.loc[summary["config_id"] == "fsdp-fp32-n2", parts] = [(0.060, 0.010, 0.005, 0.00101, 0.020)]
+    (same,) = rank(runs, summary)
+    assert "its traced steps were not measurably slower than ddp fp32's" in answer_markdown([same])
+    assert "+0.0 ms" not in answer_markdown([same])
     assert "ms compute" not in answer_markdown([group])
     # the control: without a ledger (runs made before it existed) the answer claims no reason
     (bare,) = rank(*study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [70, 77, 74]}))

@@ -1,6 +1,9 @@
-"""The study's answer: at each placement (process count, nodes, link), the configurations ranked by
-throughput, each with its throughput over the fastest one's, paired by repeat round, and whether that
-gap stands out from the run-to-run noise. It opens summary.md, before any table."""
+"""The study's answer: at each placement (process count, nodes, link), the configurations in tiers by
+throughput. Tier 1 is the top configuration and every one that cannot be told apart from it; tier 2
+starts at the fastest of the rest, and so on. Each comparison is a ratio paired by repeat round whose
+interval is widened for the number of comparisons in the placement (Bonferroni), so a placement of ten
+configurations does not find a "fastest" by chance. A single fastest is named only when tier 1 holds one
+configuration. It opens summary.md, before any table."""
 
 from __future__ import annotations
 
@@ -8,10 +11,12 @@ import math
 
 import pandas as pd
 
-from gpt2dist.results.statistics import paired_ratio, ratio_text, verdict
+from gpt2dist.config.strategies import describe
+from gpt2dist.results.statistics import LEVEL, paired_ratio, ratio_text, verdict
 from gpt2dist.results.time_ledger import why_slower, why_text
 
 PLACEMENT = ["nproc", "nodes", "emulated", "link_mbit"]
+SAME_TIER = {"not distinguishable", "faster"}  # "faster": ahead round by round though behind on average
 
 
 def _placement(row: dict) -> str:
@@ -27,16 +32,17 @@ def _placement(row: dict) -> str:
 
 
 def rank(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
-    """One entry per placement, fastest configuration first. Each configuration's ratio to the fastest uses
-    only repeat rounds where both ran undisturbed; `gap` says 'fastest', 'slower' (interval below 1),
-    'not distinguishable', 'too few repeats' or 'only disturbed runs'."""
+    """One entry per placement, fastest configuration first, each with its `tier` (None: too few undisturbed
+    repeats to place it) and its ratio to the placement's top. `gap` says 'fastest', 'slower' (interval below
+    1), 'not distinguishable', 'too few repeats' or 'only disturbed runs'; intervals are at the placement's
+    Bonferroni-corrected `level`."""
     quiet = runs[runs["disturbed"].fillna("") == ""]
 
     def rounds(config: str) -> pd.Series:
         return quiet[quiet["config_id"] == config].set_index("repeat")["tokens_per_s"]
 
-    def against(row: dict, best: dict) -> dict:
-        value, low, high, pairs = paired_ratio(rounds(row["config_id"]), rounds(best["config_id"]))
+    def against(row: dict, best: dict, level: float = LEVEL) -> dict:
+        value, low, high, pairs = paired_ratio(rounds(row["config_id"]), rounds(best["config_id"]), level)
         gap = "only disturbed runs" if row["from_disturbed"] or best["from_disturbed"] else verdict(low, high, pairs)
         return {"vs_fastest": value, "vs_fastest_ci_low": low, "vs_fastest_ci_high": high, "gap": gap}
 
@@ -47,22 +53,48 @@ def rank(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
     for _, group in groups:
         ordered = group.sort_values("tokens_per_s", ascending=False).to_dict("records")
         best = ordered[0]
+        level = 1 - (1 - LEVEL) / max(1, len(ordered) - 1)
+        tier_of = tiers(ordered, lambda row, anchor: against(row, anchor, level)["gap"])
         rows = []
         for row in ordered:
             entry = {"config_id": row["config_id"], "strategy": row["strategy"], "precision": row["precision"],
                      "tokens_per_s": row["tokens_per_s"], "tokens_per_s_ci_low": row["tokens_per_s_ci_low"],
-                     "tokens_per_s_ci_high": row["tokens_per_s_ci_high"], "repeats": row["repeats"]}
+                     "tokens_per_s_ci_high": row["tokens_per_s_ci_high"], "repeats": row["repeats"],
+                     "tier": tier_of.get(row["config_id"]), "same_as": same_computation(row, ordered)}
             if row is best:
                 entry |= {"vs_fastest": 1.0, "vs_fastest_ci_low": 1.0, "vs_fastest_ci_high": 1.0, "gap": "fastest"}
             else:
-                entry |= against(row, best) | {"ledger_gap_s": why_slower(row, best)}
+                entry |= against(row, best, level) | {"ledger_gap_s": why_slower(row, best)}
             rows.append({key: _json_safe(value) for key, value in entry.items()})
         # the placement's best against the study's fastest: does adding processes pay at all?
         versus = None if best["config_id"] == overall["config_id"] else {
             "config_id": overall["config_id"], **{k: _json_safe(v) for k, v in against(best, overall).items()}}
-        answer.append({"placement": _placement(best), "nproc": int(best["nproc"]), "ranked": rows,
-                       "vs_study_fastest": versus})
+        answer.append({"placement": _placement(best), "nproc": int(best["nproc"]), "level": level,
+                       "ranked": rows, "vs_study_fastest": versus})
     return answer
+
+
+def tiers(ordered: list[dict], gap) -> dict[str, int]:
+    """Tier per configuration (fastest first in `ordered`): each tier's top is the fastest one left, and holds
+    every one left that `gap(row, top)` cannot tell apart from it; one that cannot be compared with a top
+    (too few undisturbed repeats) gets no tier."""
+    tier_of, left, tier = {}, [row for row in ordered if not row["from_disturbed"]], 0
+    while left:
+        top, tier = left[0], tier + 1
+        tier_of[top["config_id"]] = tier
+        verdicts = {row["config_id"]: gap(row, top) for row in left[1:]}
+        tier_of |= {config: tier for config, said in verdicts.items() if said in SAME_TIER}
+        left = [row for row in left[1:] if verdicts[row["config_id"]] == "slower"]
+    return tier_of
+
+
+def same_computation(row: dict, ordered: list[dict]) -> str | None:
+    """The configuration this one computes exactly like, on the same device: a strategy whose one process
+    drives every device (DataParallel), at one device, is single's computation in a wrapper."""
+    if row["nproc"] != 1 or not describe(row["strategy"]).one_process or row["strategy"] == "single":
+        return None
+    twin = next((o for o in ordered if o["strategy"] == "single" and o["precision"] == row["precision"]), None)
+    return None if twin is None else twin["config_id"]
 
 
 def _json_safe(value):
@@ -97,23 +129,63 @@ GAP_WORDS = {
 }
 
 
+def _name(row: dict) -> str:
+    return f"{row['strategy']} {row['precision']}"
+
+
+def _line(row: dict, best: dict) -> str:
+    twin = f" (single {row['precision']}'s computation, in DataParallel over one device)" if row.get("same_as") else ""
+    gap = row.get("ledger_gap_s") or {}
+    why = why_text(gap)
+    if gap and not why:  # the ledger must not explain a gap its own steps do not show
+        why = f"; its traced steps were not measurably slower than {_name(best)}'s (the gap lies outside them, or " \
+              "in the noise)"
+    elif why:
+        why = f"; per step it spends {why} more than {_name(best)}"
+    return f"- {_name(row)}{twin}: {_ratio(row)} of {_name(best)}, {GAP_WORDS[row['gap']]}{why}"
+
+
 def answer_markdown(answer: list[dict]) -> str:
-    """'The answer' section: per placement, the fastest configuration, then each other one's share of it."""
+    """'The answer' section: per placement, its tiers (a single fastest only when it is beyond the noise of
+    every other), each configuration's share of the top one's throughput, and what could not be placed."""
     lines = ["## The answer", ""]
     for group in answer:
         best, *others = group["ranked"]
         versus = group.get("vs_study_fastest")
         beside = "" if versus is None else (
             f" That is {_ratio(versus)} of the study's fastest, {versus['config_id']}: {GAP_WORDS[versus['gap']]}.")
-        lines.append(f"**{group['placement']}**: fastest is **{best['strategy']} {best['precision']}** at "
-                     f"{_tokens(best)}.{beside}")
-        for row in others:
-            why = why_text(row.get("ledger_gap_s") or {})
-            lines.append(f"- {row['strategy']} {row['precision']}: {_ratio(row)} of it, {GAP_WORDS[row['gap']]}"
-                         + (f"; per step it spends {why} more than the fastest" if why else ""))
+        top = [row for row in group["ranked"] if row.get("tier") == 1]
+        placed = [row for row in group["ranked"] if row.get("tier")]
+        if not others:
+            lines.append(f"**{group['placement']}**: {_name(best)} at {_tokens(best)}, the only configuration "
+                         f"here.{beside}")
+        elif len(top) == 1 and len(placed) > 1:
+            lines.append(f"**{group['placement']}**: fastest is **{_name(best)}** at {_tokens(best)}, beyond the "
+                         f"noise of every other configuration here.{beside}")
+        elif len(top) > 1:
+            names = ", ".join(_name(row) for row in top)
+            lines.append(f"**{group['placement']}**: the top tier holds {len(top)} configurations that cannot be "
+                         f"told apart: {names}. Highest on average: {_name(best)} at {_tokens(best)}.{beside}")
+        else:
+            lines.append(f"**{group['placement']}**: {_name(best)} at {_tokens(best)}; nothing here can be placed "
+                         f"against it.{beside}")
+        tops = {}  # each tier's top: the first of it in throughput order
+        for row in group["ranked"]:
+            tops.setdefault(row.get("tier"), row)
+        for tier in sorted({row["tier"] for row in others if row.get("tier")}):
+            members = [row for row in others if row.get("tier") == tier]
+            if tier > 1:  # its members are below the previous tier's top, not necessarily every member of it
+                lines.append(f"- tier {tier}, slower than {_name(tops[tier - 1])} beyond the noise:")
+            lines.extend(("  " if tier > 1 else "") + _line(row, best) for row in members)
+        unplaced = [row for row in others if not row.get("tier")]
+        if unplaced:
+            lines.append("- not placed:")
+            lines.extend("  " + _line(row, best) for row in unplaced)
         lines.append("")
-    lines.append("Ratios pair each repeat round with the same round of the fastest configuration (95% intervals, "
-                 "undisturbed runs only)."
+    levels = sorted({group.get("level", LEVEL) for group in answer})
+    lines.append("Ratios pair each repeat round with the same round of the placement's top configuration (undisturbed "
+                 "runs only); their intervals are widened for the number of comparisons in the placement (Bonferroni: "
+                 f"{', '.join(f'{level:.1%}' for level in levels)} each, so 95% for the placement as a whole)."
                  + (" The time a slower configuration spends per step comes from the traced steps' ledger "
                     "(see 'Where the time goes')." if any(row.get("ledger_gap_s") for group in answer
                                                         for row in group["ranked"]) else ""))

@@ -24,9 +24,9 @@ LEVEL = 0.95
 NAN3 = (math.nan, math.nan, math.nan)
 
 
-def log_interval(values) -> tuple[float, float, float]:
-    """(geometric mean, low, high) of positive values with a 95% t-interval on the log scale;
-    the bounds are NaN with fewer than two values, all three with none or a non-positive one."""
+def log_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
+    """(geometric mean, low, high) of positive values with a t-interval (95% unless `level`) on the log
+    scale; the bounds are NaN with fewer than two values, all three with none or a non-positive one."""
     values = np.asarray(pd.Series(values).dropna(), dtype=float)
     if len(values) == 0 or (values <= 0).any():
         return NAN3
@@ -36,18 +36,18 @@ def log_interval(values) -> tuple[float, float, float]:
         return centre, math.nan, math.nan
     if np.ptp(logs) == 0:  # identical values: scipy's scale 0 gives NaN bounds
         return centre, centre, centre
-    low, high = stats.t.interval(LEVEL, len(logs) - 1, loc=logs.mean(), scale=stats.sem(logs))
+    low, high = stats.t.interval(level, len(logs) - 1, loc=logs.mean(), scale=stats.sem(logs))
     return centre, math.exp(low), math.exp(high)
 
 
-def paired_ratio(numerator: pd.Series, denominator: pd.Series) -> tuple[float, float, float, int]:
+def paired_ratio(numerator: pd.Series, denominator: pd.Series, level: float = LEVEL) -> tuple[float, float, float, int]:
     """(ratio, low, high, pairs): numerator / denominator per repeat round (both indexed by round),
     over the rounds both have, as a log-scale interval of the per-round ratios."""
     rounds = numerator.dropna().index.intersection(denominator.dropna().index)
     if len(rounds) == 0:
         return (*NAN3, 0)
     ratios = numerator.loc[rounds] / denominator.loc[rounds]
-    return (*log_interval(ratios), len(rounds))
+    return (*log_interval(ratios, level), len(rounds))
 
 
 def ratio_text(value: float, low: float, high: float) -> str:

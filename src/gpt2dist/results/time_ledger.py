@@ -38,5 +38,6 @@ def why_text(gap: dict[str, float]) -> str:
     """The parts that make up most of the gap, largest first: '+12.3 ms exposed communication, ...'."""
     added = sorted(((seconds, part) for part, seconds in gap.items() if seconds > 0), reverse=True)
     total = sum(seconds for seconds, _ in added)
-    named = [f"+{seconds * 1e3:,.1f} ms {PART_WORDS[part]}" for seconds, part in added if seconds >= 0.2 * total]
+    named = [f"+{seconds * 1e3:,.1f} ms {PART_WORDS[part]}" for seconds, part in added
+             if seconds >= max(0.2 * total, 5e-5)]  # under 0.05 ms it would print as +0.0 ms
     return ", ".join(named)
