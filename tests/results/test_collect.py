@@ -13,7 +13,7 @@ from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import parse_run_id, plan_study
 from gpt2dist.results import collect
 from gpt2dist.results.collect import SUMMARISED, baseline_of, summarise
-from gpt2dist.results.disturbance import conditions_of, disturbance, foreign_share_while_steady
+from gpt2dist.results.disturbance import conditions_of, disturbance, foreign_share_while_steady, outliers
 from gpt2dist.results.findings import CONTRADICTED, NOISE, SUPPORTED, UNTESTABLE, check_claims
 from gpt2dist.results.link_model import predicted_vs_measured
 from gpt2dist.results.statistics import log_interval, paired_ratio, ratio_text, verdict
@@ -133,6 +133,24 @@ def test_disturbed_runs_are_left_out_and_marked(study):
     # paired over the two rounds both have undisturbed, not round 1's 188/30 = 6x
     assert summary.loc["ddp-fp32-n2", "speedup"] == pytest.approx(1.9, rel=0.01)
     assert summary.loc["ddp-fp32-n2", "speedup_pairs"] == 2
+
+
+def test_an_outlier_is_flagged_either_way_and_repeats_that_merely_disagree_are_not():
+    rates = {"single-fp32-n1": [100.0, 104.0, 160.0], "ddp-fp32-n2": [100.0, 60.0, 98.0],
+             "fsdp-fp32-n2": [100.0, 125.0, 150.0], "tp-fp32-n2": [100.0, 300.0]}
+    found = outliers(runs_table(rates), 0.3).set_axis(runs_table(rates)["run_id"])
+    # a planted fast run: 57% above the median of the other two, which agree within 4%
+    assert found["single-fp32-n1-r2"] == ("an outlier: 57% faster than the median of its configuration's other "
+                                          "runs (102 tokens/s; limit 30%)")
+    assert found["ddp-fp32-n2-r1"].startswith("an outlier: 39% slower than the median")
+    # the controls: three repeats spread evenly (no run twice as far out as the others' spread), two repeats
+    # (no others to judge by), and the remaining runs of the flagged configurations
+    flagged = {run for run, why in found.items() if why}
+    assert flagged == {"single-fp32-n1-r2", "ddp-fp32-n2-r1"}, found
+    # a run already disturbed is not one of the others a run is judged by
+    table = runs_table(rates, disturbed={"single-fp32-n1-r0": "other processes used 50% of its CPUs"})
+    found = outliers(table, 0.3).set_axis(table["run_id"])
+    assert {run for run, why in found.items() if why} == {"ddp-fp32-n2-r1"}
 
 
 def test_a_configuration_with_only_disturbed_runs_says_so(study):

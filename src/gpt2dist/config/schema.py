@@ -194,6 +194,10 @@ class StudyConfig(_Strict):
                                          "used more than this share of its CPUs during its steady-state steps (mean of the load samples).")
     max_step_time_spread: float = Field(0.25, gt=0, description="A run is disturbed when its steady-state step times "
                                         "spread more than this (median absolute deviation / median).")
+    max_repeat_deviation: float = Field(0.3, gt=0, description="A run is an outlier, fast or slow, when its "
+                                        "throughput lies more than this share from the median of its configuration's "
+                                        "other undisturbed runs (2 or more) and more than twice as far as they lie from "
+                                        "each other; it is marked and left out of the statistics like a disturbed run.")
     min_cpu_share: float = Field(0.6, ge=0, le=1, description="On CPU, a run is disturbed when rank 0 got less than "
                                  "this share of its compute threads' time (median CPU time / (step time x threads)). "
                                  "Waiting on communication counts as idle: undisturbed tp and fsdp ranks at 2 processes "

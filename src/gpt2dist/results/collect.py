@@ -34,7 +34,7 @@ from gpt2dist.pipeline.duration import wall_seconds
 from gpt2dist.pipeline.study import Study, configurations
 from gpt2dist.results.compact import write_compact_views
 from gpt2dist.results.convergence import energy_per_token, needs_more_steps, reference_rows, target_loss, to_target
-from gpt2dist.results.disturbance import conditions_of, disturbance
+from gpt2dist.results.disturbance import conditions_of, disturbance, outliers
 from gpt2dist.results.findings import check_claims
 from gpt2dist.results.inputs import read_json, read_jsonl
 from gpt2dist.results.link_model import predicted_vs_measured
@@ -315,6 +315,8 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
     hardware, gpu_name = hardware_label(records)
     target = target_loss(table, study.preset.study.target_val_loss)
     runs = per_run(table, records, study, train_tokens, target)
+    runs["disturbed"] = runs["disturbed"].where(runs["disturbed"] != "",
+                                                outliers(runs, study.preset.study.max_repeat_deviation))
     if not mixed_hardware:
         refuse_mixed_hardware(runs)
     disturbed = runs[runs["disturbed"] != ""]

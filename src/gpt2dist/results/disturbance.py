@@ -1,7 +1,9 @@
 """Was a run measured on a quiet machine? One verdict per run, with the reason, from what the
 run recorded about its conditions: other processes' share of its CPUs (the launcher's load
 monitor), how much CPU time rank 0 got for its threads, how steady its step times were, and on
-GPUs whether the device slowed itself for heat or power.
+GPUs whether the device slowed itself for heat or power. Then, over its configuration's repeats,
+whether it is an outlier either way: a run far faster than its repeats is as suspect as a slow one
+(a quiet spell on a shared machine, a clock boost), and no condition it recorded would show it.
 
 A disturbed run's numbers are not averaged in silently: collect leaves them out of the
 statistics and marks them, or refuses the study (study.max_disturbed)."""
@@ -85,3 +87,24 @@ def disturbance(measures: dict, study: StudyConfig) -> str:
     if measures["gpu_slowdown_steps"]:
         reasons.append(f"the GPU slowed itself (thermal/power/hardware) in {measures['gpu_slowdown_steps']} steps")
     return "; ".join(reasons)
+
+
+def outliers(runs: pd.DataFrame, limit: float) -> pd.Series:
+    """Per run, why it is an outlier among its configuration's undisturbed runs ('' when it is not): more than
+    `limit` from the median of the others (at least 2), and more than twice as far as they lie from each
+    other, so that two repeats which merely disagree are not both thrown out. Leave-one-out medians: robust
+    to the outlier itself."""
+    reasons = pd.Series("", index=runs.index, dtype=object)
+    quiet = runs[runs["disturbed"] == ""]
+    for _, group in quiet.groupby("config_id"):
+        if len(group) < 3:
+            continue
+        for index, value in group["tokens_per_s"].items():
+            others = group["tokens_per_s"].drop(index)
+            centre, spread = others.median(), others.max() / others.min() - 1
+            deviation = max(value / centre, centre / value) - 1
+            if deviation > limit and deviation > 2 * spread:
+                side = "faster" if value > centre else "slower"
+                reasons[index] = (f"an outlier: {abs(value / centre - 1):.0%} {side} than the median of its "
+                                  f"configuration's other runs ({centre:,.0f} tokens/s; limit {limit:.0%})")
+    return reasons

@@ -61,7 +61,7 @@ def warnings_markdown(summary: dict) -> str:
         lines += [f"- `{run_id}`: {why}" for run_id, why in summary["missing_runs"].items()]
         lines.append("")
     if summary.get("disturbed_runs"):
-        lines.append(f"**Disturbed runs, left out of the statistics: {len(summary['disturbed_runs'])} (a "
+        lines.append(f"**Disturbed or outlying runs, left out of the statistics: {len(summary['disturbed_runs'])} (a "
                      "configuration with no other run is marked 'only disturbed runs'):**\n")
         lines += [f"- `{run_id}`: {why}" for run_id, why in summary["disturbed_runs"].items()]
         lines.append("")
