@@ -289,6 +289,18 @@ def test_cpu_bf16_is_native_only_with_bf16_instructions():
     assert machine.cpu_bf16("processor\t: 0\nmodel name\t: some CPU\n") == "unknown"  # no flags line: say so
 
 
+def test_two_cpus_of_one_name_are_told_apart_by_family_model_and_instruction_sets():
+    """Two virtual machines that both say "AMD EPYC": one AVX2-only, one with AVX512-BF16."""
+    zen3 = ("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nstepping\t: 1\n"
+            "cpu MHz\t\t: 2445.404\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\ncpu family\t: 99\n")
+    assert machine.cpu_identity(zen3) == {"family": "25", "model": "1", "stepping": "1", "mhz": 2445,
+                                          "speed_flags": ["AVX2"]}  # the first processor's fields only
+    zen4 = zen3.replace("model\t\t: 1\n", "model\t\t: 17\n").replace("avx2", "avx2 avx512f avx512_bf16")
+    assert machine.cpu_identity(zen4)["speed_flags"] == ["AVX2", "AVX-512", "AVX512-BF16"]
+    assert machine.cpu_identity(zen4) != machine.cpu_identity(zen3)
+    assert machine.cpu_identity("") == {}  # nothing to read: nothing claimed
+
+
 def test_an_extending_presets_values_are_watched_where_they_are_written():
     """DVC watches params by key: an extending preset's sections come from itself and its parents."""
     keys = section_keys(REPO_PARAMS, EMULATED_BF16)

@@ -308,6 +308,23 @@ def test_a_cpu_label_says_when_its_bf16_rows_ran_emulated():
     assert collect.hardware_label(old) == ("AMD EPYC 7B13 (2 cores)", None)  # records made before the field
 
 
+def test_the_label_tells_two_machines_of_one_name_apart():
+    identity = {"family": "25", "model": "1", "stepping": "1", "mhz": 2445, "speed_flags": ["AVX2"]}
+    avx2 = {"cpu": "AMD EPYC", "cpu_cores": 2, "gpus": [], "cpu_bf16": "emulated", "cpu_identity": identity}
+    bf16 = avx2 | {"cpu_bf16": "native", "cpu_identity": identity | {"model": "17", "speed_flags": [
+        "AVX2", "AVX-512", "AVX512-BF16"]}}
+    label = collect.hardware_label({"a": {"devices": avx2, "precision": "bf16"}})[0]
+    assert label == "AMD EPYC (family 25 model 1, AVX2 only; 2 cores at 2.4 GHz, bf16 emulated)"
+    assert collect.hardware_label({"a": {"devices": bf16, "precision": "bf16"}})[0] == (
+        "AMD EPYC (family 25 model 17, AVX2 + AVX-512 + AVX512-BF16; 2 cores at 2.4 GHz)")
+    # and runs from the two are refused as mixed hardware, which their model names alone would not show
+    assert collect.hardware_of({"devices": avx2}) != collect.hardware_of({"devices": bf16})
+    gpu = {"cpu": "x", "gpus": ["NVIDIA H200"], "gpu_memory_gib": [140], "driver": "580.159.04",
+           "power_limit_w": 700.0, "topology": "\tGPU0\nGPU0\t X \n"}
+    assert collect.hardware_label({"a": {"devices": gpu}}) == (
+        "1x NVIDIA H200 (140 GiB, driver 580.159.04, 700 W limit, PCIe)", "NVIDIA H200")
+
+
 def node_runs(kept_by_horovod: float, kept_by_ddp: float) -> pd.DataFrame:
     """Horovod and ddp on one node of 4 processes and across 2 of a cluster's nodes of 4 each, keeping these shares
     of twice their one-node throughput."""

@@ -265,13 +265,20 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
 
 
 def hardware_of(record: dict) -> str:
-    """What a run's throughput depends on besides its strategy: the device model of every node (GPU, else CPU)
-    and, with GPUs, how they are linked within a node (NVLink or PCIe, from `nvidia-smi topo -m`)."""
+    """What a run's throughput depends on besides its strategy: the device model of every node (GPU, else CPU,
+    with its family, model and speed-relevant instruction sets where the run recorded them, since two virtual
+    machines can both call themselves "AMD EPYC") and, with GPUs, how they are linked within a node (NVLink or
+    PCIe, from `nvidia-smi topo -m`)."""
     devices = record["devices"]
     nodes = record.get("node_hardware") or [{"devices": {(devices.get("gpus") or [devices["cpu"]])[0]: 1}}]
     models = sorted({model for node in nodes for model in node["devices"]})
     if not devices.get("gpus"):
-        return " + ".join(models)
+        identity = devices.get("cpu_identity") or {}
+        if "family" not in identity:  # recorded before the field, or off Linux
+            return " + ".join(models)
+        flags = identity.get("speed_flags") or []
+        sets = " + ".join(flags) if set(flags) - {"AVX2"} else f"{' + '.join(flags) or 'no AVX2'} only"
+        return f"{' + '.join(models)} (family {identity['family']} model {identity['model']}, {sets})"
     links = "NVLink" if re.search(r"\bNV\d+\b", devices.get("topology") or "") else "PCIe"
     return f"{' + '.join(models)} ({links})"
 
@@ -286,13 +293,25 @@ def refuse_mixed_hardware(runs: pd.DataFrame) -> None:
 
 
 def hardware_label(records: dict[str, dict]) -> tuple[str, str | None]:
-    """('2x NVIDIA H100 80GB HBM3', gpu name) or ('AMD EPYC ... (2 cores)', None) from the runs' records;
-    a CPU study with bf16 runs on a CPU without bf16 instructions says so, as its bf16 rows are slow for it."""
-    devices = next(iter(records.values()))["devices"]
+    """('2x NVIDIA H100 80GB HBM3 (80 GiB, driver 580.95, 700 W limit, NVLink)', gpu name) or ('AMD EPYC (family
+    25 model 1, AVX2 only; 2 cores at 2.4 GHz)', None) from the runs' records, with what they recorded; a CPU
+    study with bf16 runs on a CPU without bf16 instructions says so, as its bf16 rows are slow for it."""
+    record = next(iter(records.values()))
+    devices = record["devices"]
     if devices.get("gpus"):
-        return f"{len(devices['gpus'])}x {devices['gpus'][0]}", devices["gpus"][0]
+        gpus, name = devices["gpus"], devices["gpus"][0]
+        facts = [f"{devices['gpu_memory_gib'][0]} GiB" if devices.get("gpu_memory_gib") else "",
+                 f"driver {devices['driver']}" if devices.get("driver") else "",
+                 f"{devices['power_limit_w']:.0f} W limit" if devices.get("power_limit_w") else "",
+                 hardware_of(record).removeprefix(name).strip(" ()")]
+        return f"{len(gpus)}x {name} ({', '.join(fact for fact in facts if fact)})", name
     emulated = devices.get("cpu_bf16") == "emulated" and any(r.get("precision") == "bf16" for r in records.values())
-    return f"{devices['cpu']} ({devices['cpu_cores']} cores{', bf16 emulated' if emulated else ''})", None
+    mhz = (devices.get("cpu_identity") or {}).get("mhz")
+    cores = f"{devices['cpu_cores']} cores" + (f" at {mhz / 1000:.1f} GHz" if mhz else "")
+    model = hardware_of(record)
+    if model.endswith(")"):
+        return f"{model[:-1]}; {cores}{', bf16 emulated' if emulated else ''})", None
+    return f"{model} ({cores}{', bf16 emulated' if emulated else ''})", None
 
 
 def refuse_if_too_disturbed(disturbed: pd.DataFrame, limit: int | None, runs_dir: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from gpt2dist.config.machine import cpu_bf16
+from gpt2dist.config.machine import cpu_bf16, cpu_identity
 from gpt2dist.system.hardware import command_output
 
 # Written by containers/build_image.sh into every image it builds: the base and the image's ID.
@@ -59,6 +59,7 @@ def devices() -> dict:
     info = {
         "cpu": cpu_model(),
         "cpu_bf16": cpu_bf16(),
+        "cpu_identity": cpu_identity(),
         "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "hostname": platform.node(),
         "gpus": [],
@@ -66,8 +67,20 @@ def devices() -> dict:
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         info["driver"] = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        info["gpu_memory_gib"] = [round(torch.cuda.get_device_properties(i).total_memory / 2**30)
+                                  for i in range(torch.cuda.device_count())]
+        info["power_limit_w"] = power_limit_w()
         info["topology"] = command_output(["nvidia-smi", "topo", "-m"])
     return info
+
+
+def power_limit_w() -> float | None:
+    """GPU 0's power limit in watts (a capped GPU is a slower machine of the same name); None where unknown."""
+    out = command_output(["nvidia-smi", "--query-gpu=power.limit", "--format=csv,noheader,nounits"])
+    try:
+        return float(out.splitlines()[0])
+    except (AttributeError, IndexError, ValueError):  # no nvidia-smi, or "[N/A]"
+        return None
 
 
 def threads() -> dict:
