@@ -20,7 +20,9 @@ from gpt2dist.config.schema import PRECISIONS
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import Interrupted, UsageError, error_line
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+# click's plain help: rich's boxed tables cut option names and wrap descriptions to a few words at 80 columns
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"max_content_width": 120})
 
 
 # typer >= 0.29 vendors click, whose exceptions are then typer's own rather than the click package's
@@ -91,7 +93,8 @@ Nodes = Annotated[Optional[int], typer.Option(
     help="Plan the study for a cluster of this many nodes (default: params.yaml's nodes, else 1).",
     callback=COUNT.callback)]
 RunsDir = Annotated[Path, typer.Option(help="Directory holding one directory per run id.")]
-Overrides = Annotated[Optional[list[str]], typer.Option("--set", help="Override a preset key: model.n_layer=2.")]
+Overrides = Annotated[Optional[list[str]], typer.Option("--set", metavar="KEY=VALUE",
+                                                         help="Override a preset key: model.n_layer=2.")]
 
 
 def _print_version(asked: bool) -> None:
@@ -105,7 +108,7 @@ def _print_version(asked: bool) -> None:
 @app.callback()
 def main(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
                                                help="Print gpt2dist's version and exit.")] = False) -> None:
-    """Which data-parallel strategy trains GPT-2 fastest on this hardware, measured reproducibly."""
+    """Which parallel strategy trains GPT-2 fastest on this hardware, measured reproducibly."""
 
 
 # Warnings a command's planning raised (configurations dropped), printed once the command has succeeded

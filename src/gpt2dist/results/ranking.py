@@ -11,7 +11,7 @@ import math
 
 import pandas as pd
 
-from gpt2dist.config.strategies import describe
+from gpt2dist.config.strategies import REFERENCE, describe
 from gpt2dist.results.statistics import LEVEL, paired_ratio, ratio_text, verdict
 from gpt2dist.results.time_ledger import why_slower, why_text
 
@@ -91,9 +91,9 @@ def tiers(ordered: list[dict], gap) -> dict[str, int]:
 def same_computation(row: dict, ordered: list[dict]) -> str | None:
     """The configuration this one computes exactly like, on the same device: a strategy whose one process
     drives every device (DataParallel), at one device, is single's computation in a wrapper."""
-    if row["nproc"] != 1 or not describe(row["strategy"]).one_process or row["strategy"] == "single":
+    if row["nproc"] != 1 or not describe(row["strategy"]).one_process or row["strategy"] == REFERENCE:
         return None
-    twin = next((o for o in ordered if o["strategy"] == "single" and o["precision"] == row["precision"]), None)
+    twin = next((o for o in ordered if o["strategy"] == REFERENCE and o["precision"] == row["precision"]), None)
     return None if twin is None else twin["config_id"]
 
 
@@ -134,7 +134,7 @@ def _name(row: dict) -> str:
 
 
 def _line(row: dict, best: dict) -> str:
-    twin = f" (single {row['precision']}'s computation, in DataParallel over one device)" if row.get("same_as") else ""
+    twin = f" ({REFERENCE} {row['precision']}'s computation, in DataParallel over one device)" if row.get("same_as") else ""
     gap = row.get("ledger_gap_s") or {}
     why = why_text(gap)
     if gap and not why:  # the ledger must not explain a gap its own steps do not show
