@@ -554,13 +554,13 @@ def doctor(
 
     from gpt2dist.system.doctor import facts, missing_for
 
-    table = Table(title="gpt2dist doctor")
-    for column in ("check", "found", "ok"):
-        table.add_column(column)
-    for fact in facts(no_gpu):
-        table.add_row(fact.name, fact.value, "yes" if fact.ok else "no")
-    Console().print(table)
     study = _study(params, preset, gpus, nodes)
+    table = Table(title=f"gpt2dist doctor: preset {study.preset_name} on {study.device}")
+    for column in ("check", "found", "for this study"):
+        table.add_column(column)
+    for fact in facts(no_gpu, study):
+        table.add_row(fact.name, fact.value, fact.status)
+    Console().print(table)
     missing = missing_for(study, no_gpu)
     if missing:
         raise UsageError(f"preset '{study.preset_name}' needs what is missing here: " + "; ".join(missing))

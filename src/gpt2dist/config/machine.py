@@ -54,3 +54,13 @@ def cpu_identity(cpuinfo: str | None = None) -> dict:
     if flags:
         identity["speed_flags"] = [word for flag, word in SPEED_FLAGS.items() if flag in flags]
     return identity
+
+
+def describe_cpu(name: str, identity: dict) -> str:
+    """'AMD EPYC (family 25 model 1, AVX2 only)': a CPU's name with what tells it apart (just the name where
+    the identity was not recorded)."""
+    if "family" not in identity:
+        return name
+    flags = identity.get("speed_flags") or []
+    sets = " + ".join(flags) if set(flags) - {"AVX2"} else f"{' + '.join(flags) or 'no AVX2'} only"
+    return f"{name} (family {identity['family']} model {identity['model']}, {sets})"

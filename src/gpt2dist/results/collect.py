@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 from pydantic import ValidationError
 
+from gpt2dist.config.machine import describe_cpu
 from gpt2dist.config.memory import predict as predict_memory
 from gpt2dist.config.schema import PRECISIONS, RunSpec
 from gpt2dist.config.sizes import flops_per_token
@@ -273,12 +274,7 @@ def hardware_of(record: dict) -> str:
     nodes = record.get("node_hardware") or [{"devices": {(devices.get("gpus") or [devices["cpu"]])[0]: 1}}]
     models = sorted({model for node in nodes for model in node["devices"]})
     if not devices.get("gpus"):
-        identity = devices.get("cpu_identity") or {}
-        if "family" not in identity:  # recorded before the field, or off Linux
-            return " + ".join(models)
-        flags = identity.get("speed_flags") or []
-        sets = " + ".join(flags) if set(flags) - {"AVX2"} else f"{' + '.join(flags) or 'no AVX2'} only"
-        return f"{' + '.join(models)} (family {identity['family']} model {identity['model']}, {sets})"
+        return describe_cpu(" + ".join(models), devices.get("cpu_identity") or {})
     links = "NVLink" if re.search(r"\bNV\d+\b", devices.get("topology") or "") else "PCIe"
     return f"{' + '.join(models)} ({links})"
 

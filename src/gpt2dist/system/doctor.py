@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from gpt2dist.config.machine import describe_cpu
 from gpt2dist.config.strategies import extras_needed
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import Study
@@ -15,40 +16,52 @@ from gpt2dist.system.allocation import job_allocation
 
 @dataclass(frozen=True)
 class Fact:
+    """One row: what was found, and `status`: 'present', 'missing' (the study needs it), 'not needed' (absent,
+    and the study does not need it), or '' for a plain fact (a version, the CPU)."""
     name: str
     value: str
-    ok: bool = True
+    status: str = ""
 
 
-def facts(no_gpu: bool) -> list[Fact]:
+def _piece(name: str, value: str, found: bool, needed: bool) -> Fact:
+    return Fact(name, value, "present" if found else "missing" if needed else "not needed")
+
+
+def facts(no_gpu: bool, study: Study) -> list[Fact]:
     versions, devices = environment.versions(), environment.devices()
     hvd, apex = environment.horovod_build(), environment.apex_features()
     mpi = environment.mpi_implementation()
+    modules = {extra.module for run in study.runs for extra in extras_needed(run.strategy, run.precision)}
+    gpu_study = study.device == "cuda"
     rows = [
         Fact("python", versions["python"]),
         Fact("torch", versions["torch"]),
         Fact("image", _image_summary(environment.image())),
-        Fact("CPU", f"{devices['cpu']} ({devices['cpu_cores']} cores)"),
+        Fact("CPU", f"{describe_cpu(devices['cpu'], devices['cpu_identity'])}, {devices['cpu_cores']} cores"),
         Fact("bf16 on the CPU", {"native": "native (AVX512-BF16 or AMX)",
                                  "emulated": "emulated (no AVX512-BF16 or AMX): preset auto picks cpu-emulated-bf16",
                                  "unknown": "unknown"}[devices["cpu_bf16"]]),
-        Fact("MPI", mpi or "not found", mpi is not None),
-        Fact("Horovod", "not importable" if hvd is None else
-             f"{versions['horovod']} (gloo {hvd['gloo']}, mpi {hvd['mpi']}, nccl {hvd['nccl']})", hvd is not None),
-        Fact("apex.amp", "importable" if apex["amp"] else "not importable", apex["amp"]),
-        Fact("apex.parallel", "importable" if apex["parallel"] else "not importable", apex["parallel"]),
-        Fact("apex fused optimizers", "importable" if apex["fused_adam"] and apex["amp_C"] else "not importable",
-             apex["fused_adam"] and apex["amp_C"]),
+        # horovodrun starts ranks with its Gloo controller (launch/commands.py): MPI is a fact, not a need
+        _piece("MPI", mpi or "not found", mpi is not None, needed=False),
+        _piece("Horovod", "not importable" if hvd is None else
+               f"{versions['horovod']} (gloo {hvd['gloo']}, mpi {hvd['mpi']}, nccl {hvd['nccl']})",
+               hvd is not None and (hvd["nccl"] or not gpu_study or no_gpu), "horovod.torch" in modules),
+        _piece("apex.amp", "importable" if apex["amp"] else "not importable", apex["amp"], "apex.amp" in modules),
+        _piece("apex.parallel", "importable" if apex["parallel"] else "not importable", apex["parallel"],
+               "apex.parallel" in modules),
+        _piece("apex fused optimizers", "importable" if apex["fused_adam"] and apex["amp_C"] else "not importable",
+               apex["fused_adam"] and apex["amp_C"], "apex.amp" in modules),
     ]
     if not no_gpu:
         gpus = devices["gpus"]
         rows += [
-            Fact("CUDA (torch build)", versions["cuda"] or "none: a CPU-only build of torch",
-                 versions["cuda"] is not None),
-            Fact("GPUs", ", ".join(gpus) or "none visible", bool(gpus)),
-            Fact("driver", devices.get("driver") or "not found (no nvidia-smi)", devices.get("driver") is not None),
-            Fact("NCCL", versions["nccl"] or "not read (no GPU visible)", versions["nccl"] is not None),
-            Fact("interconnect (nvidia-smi topo -m)", devices.get("topology") or "unknown", True),
+            _piece("CUDA (torch build)", versions["cuda"] or "none: a CPU-only build of torch",
+                   versions["cuda"] is not None, gpu_study),
+            _piece("GPUs", ", ".join(gpus) or "none visible", bool(gpus), gpu_study),
+            _piece("driver", devices.get("driver") or "not found (no nvidia-smi)", devices.get("driver") is not None,
+                   gpu_study),
+            _piece("NCCL", versions["nccl"] or "not read (no GPU visible)", versions["nccl"] is not None, gpu_study),
+            Fact("interconnect (nvidia-smi topo -m)", devices.get("topology") or "unknown"),
         ]
     for key, value in environment.slurm().items():
         rows.append(Fact(key, value))
@@ -72,7 +85,7 @@ def _allocation() -> Fact:
     try:
         allocation = job_allocation()
     except UsageError as exc:
-        return Fact("SLURM allocation", str(exc), False)
+        return Fact("SLURM allocation", str(exc), "missing")
     if allocation is None:
         return Fact("SLURM allocation", "inside a job step: ranks start on this node")
     gpus = f", {allocation.gpus_per_node} GPUs per node" if allocation.gpus_per_node else ""
