@@ -439,7 +439,8 @@ def recommend(
     from tabulate import tabulate
 
     from gpt2dist.config.presets import resolve_preset
-    from gpt2dist.results.recommend import HIGH, LOW, extrapolations, read_stored, recommend as ranked
+    from gpt2dist.results.recommend import HIGH, LOW, extrapolations, read_stored, verdict_line
+    from gpt2dist.results.recommend import recommend as ranked
 
     directories = studies or sorted(p.parent / p.name.removesuffix(".tar.gz")
                                     for p in (params.parent / "docs" / "reference").glob("*.tar.gz"))
@@ -459,10 +460,7 @@ def recommend(
     typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
     for row in table[table["note"] != ""].itertuples():
         typer.echo(f"{row.strategy}: {row.note}")
-    best = runnable[runnable["fits"]]
-    typer.echo("\n" + (f"Fastest that fits: {best.iloc[0]['strategy']}, {best.iloc[0]['hours']:,.2f} hours "
-                       f"({best.iloc[0]['hours_low']:,.2f} to {best.iloc[0]['hours_high']:,.2f})."
-                       if len(best) else "No strategy fits this GPU's memory at the preset's micro-batch."))
+    typer.echo("\n" + verdict_line(runnable[runnable["fits"]]))
     def spread(column: str) -> str:
         e = errors[column].dropna()
         return f"median |error| {e.abs().median():.0%}, {e.quantile(LOW):+.0%} to {e.quantile(HIGH):+.0%}"

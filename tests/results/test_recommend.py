@@ -8,7 +8,7 @@ import re
 import pandas as pd
 import pytest
 
-from gpt2dist.results.recommend import Stored, leave_one_out, read_stored
+from gpt2dist.results.recommend import Stored, leave_one_out, read_stored, verdict_line
 
 from conftest import REPO, gpt2dist
 
@@ -49,9 +49,19 @@ def test_the_ranking_puts_what_fits_first_then_the_fastest():
     assert fits.any() and (~fits).any() and not fits[fits.idxmin():].any()  # every fitting row above the rest
     hours = table.loc[fits, "hours"].str.replace(",", "").astype(float)
     assert hours.is_monotonic_increasing
-    assert f"Fastest that fits: {table.loc[0, 'strategy']}," in text
+    assert re.search(rf"(Fastest that fits|Tied for fastest \(.*?\)): {table.loc[0, 'strategy']}, ", text), text
     assert "tp: cannot run here: tp splits attention heads over 8 ranks" in text  # GPT-2 small's 12 heads
     assert "No strategy fits" in recommended("--gpus", "8", "--memory-gb", "1").stdout
+
+
+def test_strategies_whose_intervals_overlap_the_fastests_are_a_tie():
+    fitting = pd.DataFrame({"strategy": ["ddp", "horovod", "pp"], "hours": [0.79, 0.79, 1.43],
+                            "hours_low": [0.70, 0.75, 1.30], "hours_high": [0.79, 0.95, 2.42]})
+    line = verdict_line(fitting)
+    assert line.startswith("Tied for fastest") and "horovod, 0.79 hours (0.75 to 0.95)" in line and "pp" not in line
+    # the control: apart, the fastest is named alone
+    apart = fitting.assign(hours_low=[0.70, 0.80, 1.30])
+    assert verdict_line(apart) == "Fastest that fits: ddp, 0.79 hours (0.70 to 0.79), ahead of every other's interval."
 
 
 def test_the_stated_error_is_the_leave_one_out_over_the_stored_studies():

@@ -125,3 +125,22 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
     table = pd.DataFrame(rows)
     runnable = table[table["note"] == ""].sort_values(["fits", "hours"], ascending=[False, True])
     return pd.concat([runnable, table[table["note"] != ""]], ignore_index=True), errors
+
+
+def verdict_line(fitting: pd.DataFrame) -> str:
+    """The answer over the strategies that fit (fastest predicted first): the fastest alone only when no other's
+    interval reaches into its own; otherwise every strategy the model cannot tell from it, as a tie."""
+    if fitting.empty:
+        return "No strategy fits this GPU's memory at the preset's micro-batch."
+    best = fitting.iloc[0]
+
+    def hours(row) -> str:
+        return f"{row['hours']:,.2f} hours ({row['hours_low']:,.2f} to {row['hours_high']:,.2f})"
+
+    tied = fitting.iloc[1:][fitting.iloc[1:]["hours_low"] <= best["hours_high"]]
+    if tied.empty:
+        return f"Fastest that fits: {best['strategy']}, {hours(best)}, ahead of every other's interval."
+    names = [best["strategy"], *tied["strategy"]]
+    return (f"Tied for fastest (the model cannot tell them apart: their intervals overlap {best['strategy']}'s): "
+            + "; ".join(f"{row['strategy']}, {hours(row)}" for _, row in fitting.loc[[best.name, *tied.index]].iterrows())
+            + f". Choose among {', '.join(names[:-1])} and {names[-1]} by what else matters (memory, tooling).")
