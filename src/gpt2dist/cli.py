@@ -375,14 +375,19 @@ def plan(
     mfu: AssumedMfu = None,
     memory_gb: Annotated[str, typer.Option(help="GPU memory sizes to check the fit against, in GB.")] = "80,40",
     out: Annotated[Optional[Path], typer.Option(help="Also write the plan as CSV here.")] = None,
+    output_format: Annotated[str, typer.Option("--format", help="table (for a terminal, 100 columns), or csv or "
+                                               "json: the whole table, every column, nothing else.")] = "table",
 ) -> None:
     """Before running: each configuration's predicted memory per rank and step time, the study's duration, and
     what will not fit a GPU's memory."""
-    from tabulate import tabulate
+    import textwrap
 
     from gpt2dist.io import atomic_open
-    from gpt2dist.results.plan import USABLE_SHARE, fit_lines, plan as plan_table
+    from gpt2dist.results.plan import USABLE_SHARE, fit_lines, plan_text
+    from gpt2dist.results.plan import plan as plan_table
 
+    if output_format not in ("table", "csv", "json"):
+        raise UsageError(f"--format {output_format!r}: choose table, csv or json")
     sizes = numbers(memory_gb, "--memory-gb", POSITIVE, "80,40")
     study = _study(params, preset, gpus, nodes)
     if study.device != "cuda" and (gpu, mfu) != (None, None):
@@ -390,31 +395,42 @@ def plan(
                          "CPUs; leave them out, or plan for GPUs with --gpus N")
     gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
     table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes)
-    on_gpus = study.device == "cuda"
-    typer.echo(f"Plan of preset {study.preset_name} ({len(study.runs)} runs, {len(table)} configurations) on "
-               + (f"{study.nodes} node(s) of {study.gpus} {gpu} GPUs: a prediction, not a measurement.\n" if on_gpus
-                  else "CPUs: a prediction, not a measurement.\n"))
-    gpu_only = [] if on_gpus else ["step_ms", "run_min", *(c for c in table if c.startswith("margin_"))]
-    shown = table.drop(columns=["strategy", "precision", *gpu_only])
-    typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
-    typer.echo("\nMemory per rank: the model state (parameters, gradients, AdamW's state) on rank 0, which holds the "
-               "largest share, as every collected run checks it; activations of one forward pass with the logits, "
-               "and communication buffers, estimated (not yet checked on a GPU)"
-               + (f". A margin is what is left of {USABLE_SHARE:.0%} of the GPU's memory (the CUDA context and the "
-                  "allocator take the rest)." if on_gpus else "."))
-    if on_gpus:
-        hours = (table["run_min"] * table["repeats"]).sum() / 60
-        typer.echo(f"Step time: single's FLOPs at an assumed MFU of {mfu:.0%} of the {gpu}'s peak, divided over the "
-                   "GPUs, a pipeline's bubble, and the traffic model's bytes over NVLink (450 GB/s) inside a node "
-                   "and InfiniBand (50 GB/s per GPU) across nodes, without overlap. Training steps alone, one run "
-                   f"at a time: {hours:,.1f} hours (start-up, evaluation and checkpoints come on top).")
-    else:
-        typer.echo("Step time on CPUs: `gpt2dist estimate` times this machine.")
-    for line in fit_lines(table, sizes) if on_gpus else []:
-        typer.echo(line)
     if out:
         with atomic_open(out, "w") as handle:
             table.to_csv(handle, index=False)
+    if output_format != "table":
+        typer.echo(table.to_csv(index=False) if output_format == "csv" else table.to_json(orient="records", indent=1))
+        return
+
+    def say(text: str) -> None:  # prose wrapped to the table's 100 columns
+        typer.echo("\n".join(textwrap.fill(line, 100) if line else "" for line in text.split("\n")))
+
+    on_gpus = study.device == "cuda"
+    t, m = study.preset.train, study.preset.model
+    each = f", {table['repeats'].iloc[0]} each" if table["repeats"].nunique() == 1 else ""
+    say(f"Plan of preset {study.preset_name} ({len(study.runs)} runs of {len(table)} configurations{each}) on "
+        + (f"{study.nodes} node(s) of {study.gpus} {gpu} GPUs" if on_gpus else "CPUs")
+        + ": a prediction, not a measurement.")
+    say(f"Assumed: micro-batches of {t.micro_batch_size} sequences of {m.n_positions} tokens per rank, a global "
+        f"batch of {t.global_batch_size} sequences (the rest by gradient accumulation), {t.max_steps} steps"
+        + (f", compute at {mfu:.0%} MFU of the {gpu}'s peak." if on_gpus else ".") + "\n")
+    typer.echo(plan_text(table, sizes if on_gpus else []))
+    say("\nMemory per rank: the model state (parameters, gradients, AdamW's state) on rank 0, which holds the "
+        "largest share, as every collected run checks it; activations of one forward pass with the logits, and "
+        "communication buffers, estimated (not yet checked on a GPU)"
+        + (f". Spare is what is left of {USABLE_SHARE:.0%} of the GPU's memory, in GiB (the CUDA context and the "
+           "allocator take the rest)." if on_gpus else "."))
+    if on_gpus:
+        hours = (table["run_min"] * table["repeats"]).sum() / 60
+        say(f"Step time: single's FLOPs at an assumed MFU of {mfu:.0%} of the {gpu}'s peak, divided over the GPUs, "
+            "a pipeline's bubble, and the traffic model's bytes over NVLink (450 GB/s) inside a node and InfiniBand "
+            "(50 GB/s per GPU) across nodes, without overlap. Training steps alone, one run at a time: "
+            f"{hours:,.1f} hours (start-up, evaluation and checkpoints come on top).")
+    else:
+        say("Step time on CPUs: `gpt2dist estimate` times this machine.")
+    for line in fit_lines(table, sizes) if on_gpus else []:
+        say(line)
+    if out:
         typer.echo(f"ok: {out}")
 
 

@@ -3,6 +3,9 @@ duration, and what a GPU's memory cannot hold; bad input is one error line and n
 
 from __future__ import annotations
 
+import io
+import json
+
 import pandas as pd
 import pytest
 
@@ -14,7 +17,7 @@ def paper_plan(tmp_path_factory) -> tuple[str, pd.DataFrame]:
     out = tmp_path_factory.mktemp("plan") / "plan.csv"
     result = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper", "--gpus", "8",
                       "--memory-gb", "80,16", "--out", out)
-    return result.stdout, pd.read_csv(out).set_index("config_id")
+    return " ".join(result.stdout.splitlines()), pd.read_csv(out).set_index("config_id")  # prose wraps at 100
 
 
 def test_the_paper_plan_says_what_fits_which_gpu(paper_plan):
@@ -43,11 +46,29 @@ def test_a_cpu_plan_leaves_gpu_step_times_to_the_estimate():
     assert "margin_" not in result.stdout and "will not fit" not in result.stdout
 
 
+def test_the_plan_fits_100_columns_and_states_what_it_assumes():
+    result = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper", "--gpus", "8", "--nodes", "2")
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    assert "apex-ddp-apex-O2-n8-2nodes" in result.stdout  # the longest configuration name, whole
+    text = " ".join(lines)
+    assert ("Assumed: micro-batches of 16 sequences of 1024 tokens per rank, a global batch of 128 sequences (the "
+            "rest by gradient accumulation), 500 steps, compute at 40% MFU of the H100's peak.") in text
+    assert "(177 runs of 59 configurations, 3 each)" in text and "   runs   " not in result.stdout  # said once
+    # the control: --format csv is the whole table, with the columns the terminal leaves out
+    table = pd.read_csv(io.StringIO(gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper",
+                                             "--gpus", "8", "--format", "csv").stdout))
+    assert {"repeats", "buffers_mib", "margin_80gb_gib", "step_ms"} <= set(table.columns) and len(table) == 54
+    assert json.loads(gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "cpu", "--gpus", "0",
+                               "--format", "json").stdout)[0]["config_id"] == "single-fp32-n1"
+
+
 @pytest.mark.parametrize("option, value, message", [
     ("--memory-gb", "80,forty", "error: --memory-gb '80,forty': 'forty' is not a number; give a comma-separated "
                                 "list, e.g. 80,40"),
     ("--mfu", "1.5", "error: Invalid value for '--mfu': 1.5 is above 1"),
     ("--gpu", "V100", "error: no peak FLOP/s known for GPU 'V100'"),
+    ("--format", "yaml", "error: --format 'yaml': choose table, csv or json"),
 ])
 def test_bad_plan_input_is_one_error_line_and_no_file(option, value, message, tmp_path):
     out = tmp_path / "plan.csv"

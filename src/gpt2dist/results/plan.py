@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+from tabulate import tabulate
 
 from gpt2dist.config.memory import predict
 from gpt2dist.config.schema import RunSpec
@@ -67,6 +68,26 @@ def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float]) -> pd.Da
         row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def plan_text(table: pd.DataFrame, memory_gb: list[float]) -> str:
+    """The plan for a terminal of 100 columns: memory in GiB (MiB for a model under one GiB) to one decimal, the
+    spare memory per GPU size given (none on CPUs), step and run times on GPUs. Columns that say nothing are left
+    out: the runs per configuration where every configuration has as many (the heading says it), buffers
+    where no configuration has a twentieth of the unit of them."""
+    unit, scale = ("GiB", 1024) if table["peak_mib"].max() >= 1024 else ("MiB", 1)
+    shown = pd.DataFrame({"config": table["config_id"]})
+    if table["repeats"].nunique() > 1:
+        shown["runs"] = table["repeats"]
+    shown[f"state\n{unit}"], shown[f"activ.\n{unit}"] = table["state_mib"] / scale, table["activations_mib"] / scale
+    if (table["buffers_mib"] / scale >= 0.05).any():
+        shown[f"buffers\n{unit}"] = table["buffers_mib"] / scale
+    shown[f"peak\n{unit}"] = table["peak_mib"] / scale
+    for size in memory_gb:
+        shown[f"spare\n{size:g}GB"] = table[f"margin_{size:g}gb_gib"]
+    if memory_gb:
+        shown["step\nms"], shown["run\nmin"] = table["step_ms"], table["run_min"]
+    return tabulate(shown, headers="keys", tablefmt="simple", showindex=False, floatfmt=",.1f")
 
 
 def fit_lines(table: pd.DataFrame, memory_gb: list[float]) -> list[str]:
