@@ -49,6 +49,7 @@ def study_bundle(finished_study, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # a whole pipeline study first (finished_study)
 def test_a_bundle_rebuilds_the_pipelines_tables_exactly(finished_study, study_bundle, tmp_path):
     rebuilt = tmp_path / "rebuilt"
     gpt2dist("figures", "--from", study_bundle, "--out", rebuilt)
@@ -61,6 +62,7 @@ def test_a_bundle_rebuilds_the_pipelines_tables_exactly(finished_study, study_bu
     assert description["preset"] == "cpu" and len(description["runs"]) == 4 and not description["missing_runs"]
 
 
+@pytest.mark.slow  # a whole pipeline study first (finished_study)
 def test_the_same_runs_bundle_to_the_same_bytes(finished_study, study_bundle, tmp_path):
     again = tmp_path / "again.tar.gz"
     gpt2dist("bundle", "--out", again, cwd=finished_study)
@@ -73,6 +75,7 @@ def test_the_same_runs_bundle_to_the_same_bytes(finished_study, study_bundle, tm
                                      for name in ("metrics.jsonl", "run.json"))]
 
 
+@pytest.mark.slow  # a whole pipeline study first (finished_study)
 def test_a_run_that_did_not_complete_is_listed_not_packed(study_bundle, tmp_path):
     unpacked = tmp_path / "study"
     for name, data in members(study_bundle).items():
@@ -161,6 +164,7 @@ def test_an_edited_member_is_named(edit, tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "outside.txt").exists()
 
 
+@pytest.mark.slow  # a whole pipeline study first (finished_study)
 def test_figures_replace_only_their_own_output(study_bundle, finished_study, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
