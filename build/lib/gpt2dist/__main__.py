@@ -1,5 +1,0 @@
-"""`python -m gpt2dist` is the `gpt2dist` command."""
-
-from gpt2dist.cli import run
-
-run()
