@@ -6,6 +6,8 @@ pipeline -> config -> io, errors, logs. Modules of one layer do not import each 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,30 @@ def test_the_check_catches_an_upward_import(tmp_path):
     module = tmp_path / "probe.py"
     module.write_text("from gpt2dist.launch.commands import DEFAULT_PORT\nfrom gpt2dist import training\n")
     assert {"gpt2dist.launch.commands", "gpt2dist.training"} <= imported_modules(module)
+
+
+HEAVY = ("torch", "scipy", "matplotlib")
+
+
+def heavy_after_each(*modules: str) -> list[set[str]]:
+    """Which heavy libraries are loaded after importing each module in turn, in one fresh interpreter."""
+    code = ("import importlib, sys\n"
+            f"for module in {list(modules)!r}:\n"
+            "    importlib.import_module(module)\n"
+            f"    print(' '.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return [set(line.split()) for line in out.splitlines()]
+
+
+
+
+@pytest.mark.timeout(60)
+def test_the_results_layer_and_refusals_do_not_import_torch():
+    """collect, plot, report and bundle never need torch (2-3 s of every such command's start before); a bundle is
+    verified before scipy and matplotlib load, so a refused one is told in about half a second. The control: a
+    module of the training layer does load torch, and the probe sees it."""
+    loaded = heavy_after_each("gpt2dist.results.bundle", "gpt2dist.results.collect", "gpt2dist.results.plots",
+                              "gpt2dist.results.report", "gpt2dist.results.recommend", "gpt2dist.training.loop")
+    assert loaded[0] == set(), f"importing the bundle module loads {loaded[0]}"
+    assert "torch" not in loaded[4], "the results layer imports torch"
+    assert "torch" in loaded[5], "the probe does not see torch where the training layer loads it"

@@ -43,6 +43,7 @@ def suite(env: dict[str, str]) -> subprocess.CompletedProcess:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow  # two pytest sessions of their own
 def test_a_missing_piece_skips_naming_it_unless_it_is_required(tmp_path):
     bare = suite(bare_machine(tmp_path / "bare"))
     assert bare.returncode == 0, bare.stdout[-3000:]

@@ -227,16 +227,29 @@ def train(
 
 @app.command()
 @one_line_errors
-def strategies() -> None:
+def strategies(
+    output_format: Annotated[str, typer.Option("--format", help="table (for a terminal) or markdown (the README's "
+                                               "table, which a test keeps equal to this)")] = "table",
+) -> None:
     """List the strategies: how each starts its processes, what it is, and what the papers call it."""
+    if output_format not in ("table", "markdown"):
+        raise UsageError(f"--format {output_format!r}: choose table or markdown")
+    columns = ("strategy", "launcher", "what it is", "in the papers")
+    rows = [(f"`{name}`" if output_format == "markdown" else name, d.launcher, d.summary,
+             "; ".join(f"{paper}: {theirs}" for paper, theirs in d.papers.items())) for name, d in STRATEGIES.items()]
+    if output_format == "markdown":
+        from tabulate import tabulate
+
+        typer.echo(tabulate(rows, headers=columns, tablefmt="github"))
+        return
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="gpt2dist strategies")
-    for column in ("strategy", "launcher", "what it is", "in the papers"):
+    for column in columns:
         table.add_column(column)
-    for name, d in STRATEGIES.items():
-        table.add_row(name, d.launcher, d.summary, "; ".join(f"{paper}: {theirs}" for paper, theirs in d.papers.items()))
+    for row in rows:
+        table.add_row(*row)
     Console().print(table)
 
 

@@ -92,6 +92,7 @@ def test_local_txt_jsonl_parquet_round_trip(tmp_path):
         assert decode_documents(tmp_path / "shards", split) == expected[split]
 
 
+@pytest.mark.slow  # parses the standard library twice, seconds each
 def test_embedded_corpus_is_reproducible_byte_for_byte(tmp_path):
     data = {"source": {"kind": "embedded", "min_chars": 2500}, "tokenizer": BPE, "val_fraction": 0.15}
     prepare(tmp_path, data, out="a")

@@ -15,7 +15,7 @@ from gpt2dist.results.plots import FIGURES, WIDTH, links, ranked, use_theme
 MIN_POINTS = 8  # 8 pt at 150 dpi is 11 px on a figure shown 800 px wide
 
 
-@pytest.fixture(scope="module", params=["cpu-study", "two-node-cpu"])
+@pytest.fixture(scope="module", params=["cpu-study", pytest.param("two-node-cpu", marks=pytest.mark.slow)])  # its rebuild
 def study(request, reference_study) -> tuple[list[pd.DataFrame], str]:
     out = reference_study(request.param)
     use_theme()  # as `gpt2dist plot` draws them

@@ -22,12 +22,14 @@ RENAMED = {"train": {"warmup_steps": "lr_warmup_steps"}, "study": {"warmup_steps
 EXTENDS = "extends"
 # The cpu study's variant that `preset: auto` picks on a CPU without bf16 instructions (fewer, shorter bf16 runs)
 EMULATED_BF16 = "cpu-emulated-bf16"
+# libyaml's loader where PyYAML was built with it: params.yaml is read several times per command, 0.1 s each in Python
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def read_params(path: Path) -> dict:
     """The raw params.yaml mapping, with one-line errors for a missing or malformed file."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = yaml.load(Path(path).read_text(), Loader=YAML_LOADER)
     except FileNotFoundError:
         raise UsageError(f"params file {path} not found (pass --params FILE)") from None
     except yaml.YAMLError as exc:

@@ -8,6 +8,7 @@ no pass over the whole corpus first.
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import glob
 import hashlib
@@ -53,11 +54,27 @@ def _iter_stdlib_docstrings(min_chars: int) -> Iterator[str]:
             tree = ast.parse(path.read_bytes())
         except (SyntaxError, ValueError, UnicodeDecodeError):
             continue  # a few stdlib files are deliberately broken (lib2to3 fixtures)
-        for node in ast.walk(tree):
+        for node in _statements_breadth_first(tree):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node)
                 if doc and len(doc) >= min_chars:
                     yield doc
+
+
+STATEMENT_HOLDERS = (ast.stmt, ast.excepthandler, ast.match_case)  # every node a def or class can sit in
+
+
+def _statements_breadth_first(tree: ast.Module) -> Iterator[ast.AST]:
+    """The nodes that can hold statements, in `ast.walk`'s breadth-first order (the corpus's order, so
+    its bytes stay those of every stored study), without visiting expressions: a fifth of the time."""
+    queue = collections.deque([tree])
+    while queue:
+        node = queue.popleft()
+        yield node
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, list):
+                queue.extend(child for child in value if isinstance(child, STATEMENT_HOLDERS))
 
 
 def _local_documents(source: FilesSource) -> Iterator[str]:

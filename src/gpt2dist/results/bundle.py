@@ -30,10 +30,6 @@ from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open
 from gpt2dist.pipeline.study import Study, plan_study
-from gpt2dist.results.collect import collect, read_run
-from gpt2dist.results.plots import plot
-from gpt2dist.results.report import report
-from gpt2dist.system.environment import capture
 
 FORMAT = 1
 MANIFEST = "MANIFEST.sha256"
@@ -49,6 +45,9 @@ def sha256(data: bytes) -> str:
 
 def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[dict[str, bytes], dict]:
     """The bundle's files by archive path, and its description (what is in it, what is not)."""
+    from gpt2dist.results.collect import read_run  # imported where used: refusing a bad bundle needs no scipy
+    from gpt2dist.system.environment import capture  # nor torch
+
     read_meta(data_dir)  # a missing or foreign shard description is refused here, not at rebuild
     files = {"params.yaml": params.read_bytes(), "data/meta.json": (data_dir / "meta.json").read_bytes()}
     included, missing, finished = [], {}, []
@@ -146,6 +145,10 @@ def rebuild(bundle: Path, out: Path) -> dict:
         params = yaml.safe_load(files["params.yaml"])
         (source / "params.yaml").write_text(yaml.safe_dump(upgraded(params), sort_keys=False))
         study = plan_study(source / "params.yaml", description["preset"], description["gpus"])
+        from gpt2dist.results.collect import collect  # imported once the bundle is verified: a refused one
+        from gpt2dist.results.plots import plot  # is told in a second, without scipy and matplotlib
+        from gpt2dist.results.report import report
+
         summary = collect(study, source / "runs", source / "data", built)
         plot(built)
         report(built)

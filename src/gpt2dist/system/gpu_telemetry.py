@@ -5,8 +5,10 @@ have nothing to do with the strategy; collect flags runs where that happened."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the results layer reads DISTURBING_REASONS without paying torch's import
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,7 @@ class GpuTelemetry:
             return
         try:
             import pynvml
+            import torch
 
             pynvml.nvmlInit()
             uuid = str(torch.cuda.get_device_properties(device).uuid)
