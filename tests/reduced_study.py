@@ -23,7 +23,8 @@ COPIED = ["Snakefile", "params.yaml", "workflow", ".dvcignore", ".gitignore"]
 # The corpus: the paragraphs of the repository's own documents. Not the embedded corpus, whose text
 # (the standard library's docstrings) depends on the Python version: a study in the image
 # (Python 3.13) must read the same text as the host's to give the same numbers.
-CORPUS = ["README.md", "containers/README.md", "docs/reference/cpu-study/summary.md"]
+CORPUS = ["README.md", "containers/README.md", "docs/reference/cpu-study/summary.md", "docs/pipeline.md", "docs/results.md",
+          "docs/runs.md"]
 
 
 def reduce_params(path: Path, **study) -> None:

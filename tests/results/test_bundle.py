@@ -176,3 +176,35 @@ def test_figures_replace_only_their_own_output(study_bundle, finished_study, tmp
     gpt2dist("figures", "--from", study_bundle, "--out", out)  # a rebuild replaces the previous one
     assert (out / "summary.csv").read_bytes() == (finished_study / "results" / "summary.csv").read_bytes()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no work directory left behind
+
+
+@pytest.mark.slow  # a rebuild of 60 runs
+@pytest.mark.timeout(300)
+def test_runs_from_uncommitted_changes_say_so_first_and_stay_out_of_docs_reference(tmp_path):
+    """The reference bundle's runs unpacked, one of them marked as made from a dirty tree: bundling them into a
+    repository's docs/reference is refused, and anywhere else the rebuilt summary's first line says it. The
+    control: the same runs as committed (the reference itself, rebuilt byte for byte above) have a plain title."""
+    files = members(REFERENCE_BUNDLE)
+    study = tmp_path / "study"
+    for name, data in files.items():
+        if name.startswith(("runs/", "data/")) or name == "params.yaml":
+            (study / name).parent.mkdir(parents=True, exist_ok=True)
+            (study / name).write_bytes(data)
+    first = sorted((study / "runs").glob("*/run.json"))[0]
+    record = json.loads(first.read_text())
+    first.write_text(json.dumps(record | {"git": record["git"] | {"dirty": True}}))
+    repository = tmp_path / "repository"
+    (repository / ".git").mkdir(parents=True)
+    (repository / "docs" / "reference").mkdir(parents=True)
+    bundle = ("bundle", "--runs", study / "runs", "--data", study / "data", "--params", study / "params.yaml",
+              "--preset", "cpu", "--gpus", "0")
+    refused(gpt2dist(*bundle, "--out", repository / "docs" / "reference" / "x.tar.gz", check=False),
+            "uncommitted changes", "docs/reference keeps only studies a commit regenerates")
+    assert not (repository / "docs" / "reference" / "x.tar.gz").exists()
+    gpt2dist(*bundle, "--out", tmp_path / "dirty.tar.gz")
+    gpt2dist("figures", "--from", tmp_path / "dirty.tar.gz", "--out", tmp_path / "dirty")
+    for name in ("summary.md", "findings.md"):
+        assert (tmp_path / "dirty" / name).read_text().splitlines()[0].endswith("(from uncommitted changes)"), name
+    assert not any(json.loads(data)["git"]["dirty"] for name, data in files.items() if name.endswith("run.json"))
+    reference = REPO / "docs" / "reference" / "cpu-study"
+    assert "uncommitted" not in (reference / "summary.md").read_text().splitlines()[0]

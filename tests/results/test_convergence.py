@@ -16,6 +16,7 @@ from gpt2dist.results.convergence import (
     target_loss,
     to_target,
 )
+from gpt2dist.results.report import convergence_markdown
 
 
 
@@ -66,4 +67,19 @@ def test_the_reference_study_times_every_run_to_its_target(reference_study):
     assert runs["steps_to_target"].notna().all()  # the default target: every run reaches it
     summary = (out / "summary.md").read_text()
     assert f"at or below a validation loss of {target:.4f}" in summary
-    assert "| not measured " in summary  # no GPU power on CPUs
+    # every run reached the default target at its first evaluation: one sentence says so instead of 20 equal rows
+    assert "Every configuration reached the target in each repeat counted, at step 10, its first evaluation" in summary
+
+
+def test_a_table_says_what_it_left_out_and_equal_rows_become_a_sentence():
+    configs = pd.DataFrame({"strategy": ["single", "ddp"], "precision": ["fp32"] * 2, "nproc": [1, 2],
+                            "reached_target": [3, 3], "repeats": [3, 3], "steps_to_target": [10.0, 20.0],
+                            "time_to_target_s": [1.0, 1.5], "time_to_target_s_ci_low": [0.9, 1.4],
+                            "time_to_target_s_ci_high": [1.1, 1.6], "energy_to_target_j": [math.nan] * 2,
+                            "numerics": ["", ""]})
+    text = convergence_markdown(configs, 5.0)
+    assert "Left out, as no row has a value: energy to the target (only GPUs report power)." in text
+    assert "J to target" not in text and "| ddp " in text
+    # the control: the same steps everywhere is one sentence, not a table
+    same = convergence_markdown(configs.assign(steps_to_target=10.0), 5.0)
+    assert "Every configuration reached the target in each repeat counted, at step 10" in same and "| ddp " not in same

@@ -5,12 +5,13 @@ has a figure beside it that breaks it."""
 
 from __future__ import annotations
 
+import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 from matplotlib.text import Text
 
-from gpt2dist.results.plots import FIGURES, WIDTH, links, ranked, use_theme
+from gpt2dist.results.plots import FIGURES, WIDTH, links, ranked, strategy_style, use_theme
 
 MIN_POINTS = 8  # 8 pt at 150 dpi is 11 px on a figure shown 800 px wide
 
@@ -115,3 +116,43 @@ def test_strategies_differ_in_colour_and_marker_on_the_line_figures(study):
         assert all(len(styles) == 1 for styles in looks.values()), looks  # one look per strategy ...
         assert len(set(pairs)) == len(pairs), (name, looks)  # ... and no two strategies alike
         plt.close(fig)
+
+
+def strategy_colours(fig: plt.Figure, strategies: set[str], axes: list | None = None) -> dict[str, set[tuple]]:
+    """Every colour each strategy is drawn in on `axes` (default: all): bars (per row, the rows labelled on the
+    first axes) and lines or error bars (per label)."""
+    seen: dict[str, set[tuple]] = {}
+    rows = [label.split(" ")[0] for label in _rows(fig)]
+    for ax in axes or fig.axes:
+        for container in ax.containers:
+            if hasattr(container, "patches") and len(container.patches) == len(rows) and ax.get_yticklabels():
+                for strategy, bar in zip(rows, container.patches):
+                    if strategy in strategies:
+                        seen.setdefault(strategy, set()).add(mcolors.to_rgb(bar.get_facecolor()))
+        drawn = [(c.get_label(), c.lines[0]) for c in ax.containers if hasattr(c, "has_yerr")]
+        drawn += [(line.get_label(), line) for line in ax.get_lines()]
+        for label, line in drawn:
+            if label.split(" ")[0] in strategies:
+                seen.setdefault(label.split(" ")[0], set()).add(mcolors.to_rgb(line.get_color()))
+    return seen
+
+
+def test_a_strategy_has_one_colour_in_every_figure(study):
+    """Colour means strategy in every figure that draws strategies (precision is a hatch or a line style); the
+    time ledger's colours are its parts and the memory figure's left panel its state's parts, both in a legend
+    of their own. The control: bars coloured by precision, as the figures once were, are caught."""
+    tables, _ = study
+    style, strategies = strategy_style(), set(tables[1]["strategy"])
+    everywhere: dict[str, set[tuple]] = {}
+    for name, fig in figures_of(study).items():
+        if name != "time_ledger":  # its colours are its parts; so are the memory figure's left panel's
+            for strategy, colours in strategy_colours(fig, strategies, fig.axes[1:] if name == "memory" else None).items():
+                everywhere.setdefault(strategy, set()).update(colours)
+        plt.close(fig)
+    assert everywhere.keys() == strategies
+    assert everywhere == {s: {style[s]["color"]} for s in strategies}, everywhere
+    fig, ax = plt.subplots()
+    ax.barh([0, 1], [1, 2], color=["#0173b2", "#de8f05"])  # ddp fp32 and ddp bf16 in precision colours
+    ax.set_yticks([0, 1], ["ddp fp32", "ddp bf16"])
+    assert len(strategy_colours(fig, {"ddp"})["ddp"]) == 2
+    plt.close(fig)

@@ -101,6 +101,23 @@ def test_too_few_or_only_disturbed_repeats_are_said_in_words_never_nan():
     assert fsdp["vs_fastest"] == pytest.approx(74 / 105) and fsdp["vs_fastest_ci_low"] is None
 
 
+def test_a_configuration_run_once_by_plan_is_not_told_to_run_more():
+    """cpu-emulated-bf16 plans one repeat of its bf16 rows (an emulated bf16 step costs ten fp32 ones): the answer
+    says the plan made them unplaceable and how to change it, not 'run more' as if the machine had failed it. The
+    control: one repeat left because the others were disturbed still asks for more."""
+    runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [70]})
+    summary["planned_repeats"] = summary["config_id"].map({"ddp-fp32-n2": 3, "fsdp-fp32-n2": 1})
+    (group,) = rank(runs, summary)
+    fsdp = group["ranked"][1]
+    assert fsdp["gap"] == "one repeat planned" and fsdp["tier"] is None, fsdp
+    text = answer_markdown([group])
+    assert "run once, as the study plans it, so it cannot be placed (give its run group `repeats: 2`" in text
+    assert "run more" not in text and "(one run each, no interval)" in text, text
+    summary["planned_repeats"] = 3
+    (lost,) = rank(runs, summary)
+    assert lost["ranked"][1]["gap"] == "too few repeats"
+
+
 def test_a_slower_configuration_says_which_parts_of_its_step_take_longer():
     runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [70, 77, 74]})
     ledgers = {"ddp-fp32-n2": (0.060, 0.010, 0.005, 0.001, 0.020), "fsdp-fp32-n2": (0.062, 0.004, 0.040, 0.001, 0.031)}
@@ -120,3 +137,14 @@ def test_a_slower_configuration_says_which_parts_of_its_step_take_longer():
     # the control: without a ledger (runs made before it existed) the answer claims no reason
     (bare,) = rank(*study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [70, 77, 74]}))
     assert "per step it spends" not in answer_markdown([bare])
+
+
+def test_two_pairs_give_no_interval_in_numbers_but_in_words():
+    """With two pairs the interval has one degree of freedom and, corrected for the placement's comparisons, spans
+    orders of magnitude ('0.00 to 271790.49' in a study here): the answer says why there is none. The control:
+    three pairs print their interval."""
+    runs, summary = study({"ddp-fp32-n2": [100, 110], "fsdp-fp32-n2": [98, 111], "tp-fp32-n2": [97, 108]})
+    text = answer_markdown(rank(runs, summary))
+    assert text.count("(2 pairs of runs: too few for a useful interval at this level)") == 2, text
+    runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [98, 111, 104]})
+    assert "too few for a useful interval" not in answer_markdown(rank(runs, summary))

@@ -45,12 +45,12 @@ def sha256(data: bytes) -> str:
 
 def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[dict[str, bytes], dict]:
     """The bundle's files by archive path, and its description (what is in it, what is not)."""
-    from gpt2dist.results.collect import read_run  # imported where used: refusing a bad bundle needs no scipy
+    from gpt2dist.results.collect import code_of, read_run  # imported where used: a refusal needs no scipy
     from gpt2dist.system.environment import capture  # nor torch
 
     read_meta(data_dir)  # a missing or foreign shard description is refused here, not at rebuild
     files = {"params.yaml": params.read_bytes(), "data/meta.json": (data_dir / "meta.json").read_bytes()}
-    included, missing, finished = [], {}, []
+    included, missing, finished, records = [], {}, [], []
     for run in study.runs:
         try:
             record, _ = read_run(runs_dir / run.run_id)  # the same test of "completed" that collect applies
@@ -58,6 +58,7 @@ def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[
             missing[run.run_id] = str(exc)
             continue
         included.append(run.run_id)
+        records.append(record)
         finished.append(record.get("finished_at") or "")
         for name in RUN_FILES:
             files[f"runs/{run.run_id}/{name}"] = (runs_dir / run.run_id / name).read_bytes()
@@ -72,6 +73,7 @@ def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[
         "last_run_finished_at": max(finished),  # not the time of bundling: same runs, same bytes
         "bundled_by": f"gpt2dist {version('gpt2dist')}",
         "environment": capture(),  # of the machine that bundled; each run.json has its own
+        "code": code_of(records),  # the runs' commits
     }
     files[DESCRIPTION] = (json.dumps(description, indent=2, sort_keys=True) + "\n").encode()
     return files, description
@@ -79,6 +81,10 @@ def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[
 
 def write_bundle(study: Study, runs_dir: Path, data_dir: Path, params: Path, out: Path) -> dict:
     files, description = gather(study, Path(runs_dir), Path(data_dir), Path(params))
+    uncommitted = description["code"]["dirty"] or (description["environment"].get("git") or {}).get("dirty")
+    if uncommitted and in_reference_studies(Path(out)):
+        raise UsageError(f"{out}: the runs or this tree hold uncommitted changes, and docs/reference keeps only "
+                         "studies a commit regenerates; commit, re-run the study from the commit, then bundle")
     manifest = "".join(f"{sha256(data)}  {name}\n" for name, data in sorted(files.items())).encode()
     with atomic_open(out, "wb") as handle:
         with gzip.GzipFile(filename="", mode="wb", fileobj=handle, mtime=0) as packed:
@@ -88,6 +94,12 @@ def write_bundle(study: Study, runs_dir: Path, data_dir: Path, params: Path, out
                     info.size, info.mode, info.mtime = len(data), 0o644, 0
                     archive.addfile(info, io.BytesIO(data))
     return description
+
+
+def in_reference_studies(path: Path) -> bool:
+    """Whether `path` lies in a repository's docs/reference, where the project's own reference studies live."""
+    return any(parent.name == "reference" and parent.parent.name == "docs" and (parent.parent.parent / ".git").exists()
+               for parent in path.resolve().parents)
 
 
 def read_bundle(path: Path) -> dict[str, bytes]:

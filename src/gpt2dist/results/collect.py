@@ -207,6 +207,14 @@ def baseline_of(row: dict, configs: set[str]) -> str | None:
     return next((candidate for candidate in candidates if candidate in configs), None)
 
 
+def code_of(records) -> dict:
+    """The commits the runs were made from, and whether any came from a tree with uncommitted changes: a study
+    is regenerable from a commit only when none did."""
+    states = [record.get("git") or {} for record in records]
+    return {"commits": sorted({state["commit"] for state in states if state.get("commit")}),
+            "dirty": any(state.get("dirty") for state in states)}
+
+
 def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.DataFrame:
     """One row per configuration from its undisturbed runs. A configuration whose every run was
     disturbed is summarised from them all and says so (`from_disturbed`), never silently."""
@@ -216,7 +224,8 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
         chosen = quiet if len(quiet) else group
         used[keys[0]] = chosen.set_index("repeat")
         row = dict(zip(CONFIG_KEYS, keys)) | {"repeats": len(chosen), "disturbed_runs": len(group) - len(quiet),
-                                              "from_disturbed": quiet.empty}
+                                              "from_disturbed": quiet.empty,
+                                              "planned_repeats": sum(r.config_id == keys[0] for r in study.runs)}
         for metric in SUMMARISED:
             centre, low, high = log_interval(chosen[metric])
             row |= {metric: centre, f"{metric}_ci_low": low, f"{metric}_ci_high": high}
@@ -355,6 +364,7 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
         "excluded_steps": study.preset.study.excluded_steps,
         "target_val_loss": target,
         "versions": first["versions"],
+        "code": code_of(records.values()),
         "dropped_configurations": study.dropped,
         "mixed_hardware": sorted(runs["hardware"].unique()) if mixed_hardware else None,
         "missing_runs": missing,

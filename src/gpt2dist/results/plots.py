@@ -18,6 +18,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.colors as mcolors  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -44,14 +45,36 @@ LINES = {"fp32": "-", "tf32": ":", "bf16": "--", "fp16": "-.", "apex-O1": (0, (3
          "apex-O2": (0, (6, 2))}
 
 
-def _colours() -> dict[str, tuple]:
-    return dict(zip(PRECISIONS, sns.color_palette("colorblind", len(PRECISIONS))))
+# Precision by hatch on bars (colour is the strategy's): plain fp32, denser for the 16-bit kinds
+HATCHES = {"fp32": "", "tf32": "..", "bf16": "///", "fp16": "\\\\\\", "apex-O1": "xx", "apex-O2": "++"}
+# The colourblind palette, its second pink (too near fsdp's) swapped for its sky blue, its pale yellow for olive
+STRATEGY_COLOURS = ("#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#56b4e9", "#949494",
+                    "#8c8c00")
 
 
 def strategy_style() -> dict[str, dict]:
     """Each strategy's colour and marker, the same in every figure."""
-    colours = sns.color_palette("colorblind", len(STRATEGY_NAMES))
-    return {s: {"color": c, "marker": m} for s, c, m in zip(STRATEGY_NAMES, colours, MARKERS)}
+    return {s: {"color": mcolors.to_rgb(c), "marker": m}
+            for s, c, m in zip(STRATEGY_NAMES, STRATEGY_COLOURS, MARKERS, strict=True)}
+
+
+def _strategy_bars(ax: plt.Axes, y: np.ndarray, data: pd.DataFrame, values, **kw):
+    """Horizontal bars in their strategy's colour, hatched by precision."""
+    style = strategy_style()
+    bars = ax.barh(y, values, color=[style[s]["color"] for s in data["strategy"]], edgecolor="white", height=0.7,
+                   **kw)
+    for bar, precision in zip(bars, data["precision"]):
+        bar.set_hatch(HATCHES[precision])
+    return bars
+
+
+def _bar_keys(data: pd.DataFrame) -> list:
+    """Legend entries for _strategy_bars: each strategy drawn (its colour), then each precision (its hatch)."""
+    style = strategy_style()
+    drawn = [s for s in STRATEGY_NAMES if s in set(data["strategy"])]
+    return ([Patch(color=style[s]["color"], label=s) for s in drawn]
+            + [Patch(facecolor="grey", edgecolor="white", hatch=HATCHES[p], label=p)
+               for p in PRECISIONS if p in set(data["precision"])])
 
 
 def _figure(height: float, **kw) -> tuple[plt.Figure, plt.Axes]:
@@ -114,26 +137,25 @@ def _error(frame: pd.DataFrame, column: str, scale: float) -> np.ndarray:
 def _config_bars(runs: pd.DataFrame, summary: pd.DataFrame, column: str, scale: float, xlabel: str, title: str,
                  best_is_high: bool) -> plt.Figure:
     data = ranked(summary, column, ascending=not best_is_high)
-    colours = _colours()
     fig, ax = _figure(0.32 * len(data) + 2.4)
     y = _rows(ax, data)
-    bars = ax.barh(y, data[column] / scale, color=[colours[p] for p in data["precision"]],
-                   xerr=_error(data, column, scale), capsize=3, ecolor="black", height=0.7)
+    bars = _strategy_bars(ax, y, data, data[column] / scale, xerr=_error(data, column, scale), capsize=3,
+                          ecolor="black")
     for bar, from_disturbed in zip(bars, data["from_disturbed"]):
         if from_disturbed:
-            bar.set_hatch("//")
+            bar.set(alpha=0.35, edgecolor="red")
     for i, config in enumerate(data["config_id"]):
         mine = runs[runs["config_id"] == config]
         quiet = mine["disturbed"].fillna("") == ""
         ax.scatter(mine.loc[quiet, column] / scale, np.full(quiet.sum(), i), color="black", s=10, zorder=3)
         ax.scatter(mine.loc[~quiet, column] / scale, np.full((~quiet).sum(), i), color="red", marker="x", s=30,
                    zorder=3)
-    handles = [Patch(color=colours[p], label=p) for p in data["precision"].unique()]
+    handles = _bar_keys(data)
     handles += [Line2D([], [], color="black", marker="o", linestyle="", markersize=4, label="one run"),
                 Line2D([], [], color="red", marker="x", linestyle="", label="disturbed run (left out)")]
     if data["from_disturbed"].any():
-        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="only disturbed runs"))
-    _legend_below(fig, handles, columns=len(handles))
+        handles.append(Patch(facecolor="grey", alpha=0.35, edgecolor="red", label="only disturbed runs"))
+    _legend_below(fig, handles, columns=min(len(handles), 6))
     ax.set(xlabel=xlabel, title=title)
     return fig
 
@@ -162,10 +184,9 @@ def memory(runs, summary, metrics, title):
         handles.append(Patch(color=colour, label=part.removesuffix("_bytes") + " (model state)"))
         left += values
     state.set(xlabel="MiB per rank", title="Model state held per rank")
-    colours = _colours()
-    peak.barh(y, data["peak_mem_bytes"] / 2**20, color=[colours[p] for p in data["precision"]],
-              xerr=_error(data, "peak_mem_bytes", 2**20), capsize=3, height=0.7)
-    handles += [Patch(color=colours[p], label=f"{p} (peak)") for p in data["precision"].unique()]
+    _strategy_bars(peak, y, data, data["peak_mem_bytes"] / 2**20, xerr=_error(data, "peak_mem_bytes", 2**20),
+                   capsize=3)
+    handles += _bar_keys(data)
     peak.set(xlabel="MiB per process", title="Peak memory\n(CUDA allocated; resident set on CPU)")
     _legend_below(fig, handles)
     fig.suptitle(f"Memory, lowest peak first\n{title}")

@@ -34,8 +34,8 @@ def _placement(row: dict) -> str:
 def rank(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
     """One entry per placement, fastest configuration first, each with its `tier` (None: too few undisturbed
     repeats to place it) and its ratio to the placement's top. `gap` says 'fastest', 'slower' (interval below
-    1), 'not distinguishable', 'too few repeats' or 'only disturbed runs'; intervals are at the placement's
-    Bonferroni-corrected `level`."""
+    1), 'not distinguishable', 'too few repeats', 'one repeat planned' or 'only disturbed runs'; intervals are at
+    the placement's Bonferroni-corrected `level`."""
     quiet = runs[runs["disturbed"].fillna("") == ""]
 
     def rounds(config: str) -> pd.Series:
@@ -44,7 +44,9 @@ def rank(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
     def against(row: dict, best: dict, level: float = LEVEL) -> dict:
         value, low, high, pairs = paired_ratio(rounds(row["config_id"]), rounds(best["config_id"]), level)
         gap = "only disturbed runs" if row["from_disturbed"] or best["from_disturbed"] else verdict(low, high, pairs)
-        return {"vs_fastest": value, "vs_fastest_ci_low": low, "vs_fastest_ci_high": high, "gap": gap}
+        if gap == "too few repeats" and min(row.get("planned_repeats") or 2, best.get("planned_repeats") or 2) == 1:
+            gap = "one repeat planned"  # not the machine's fault: the study asked for one
+        return {"vs_fastest": value, "vs_fastest_ci_low": low, "vs_fastest_ci_high": high, "gap": gap, "pairs": pairs}
 
     overall = summary.sort_values("tokens_per_s", ascending=False).iloc[0].to_dict()
     columns = [c for c in PLACEMENT if c in summary]
@@ -109,6 +111,8 @@ def _nan(value) -> float:
 
 
 def _ratio(row: dict) -> str:
+    if row.get("pairs") == 2 and row["gap"] == "not distinguishable":  # one degree of freedom: t is in the tens
+        return f"{row['vs_fastest']:.2f} (2 pairs of runs: too few for a useful interval at this level)"
     return ratio_text(*(_nan(row[key]) for key in ("vs_fastest", "vs_fastest_ci_low", "vs_fastest_ci_high")))
 
 
@@ -124,6 +128,8 @@ GAP_WORDS = {
     "fastest": "the same configuration",
     "not distinguishable": "not distinguishable from it (the interval includes 1)",
     "too few repeats": "too few undisturbed repeats to tell; run more",
+    "one repeat planned": "run once, as the study plans it, so it cannot be placed (give its run group `repeats: 2` "
+                          "or more to place it)",
     "only disturbed runs": "measured only on a disturbed machine; re-run it quietly",
     "faster": "faster round by round though slower on average: the order is noise",
 }
@@ -142,7 +148,8 @@ def _line(row: dict, best: dict) -> str:
               "in the noise)"
     elif why:
         why = f"; per step it spends {why} more than {_name(best)}"
-    return f"- {_name(row)}{twin}: {_ratio(row)} of {_name(best)}, {GAP_WORDS[row['gap']]}{why}"
+    ratio = f"{row['vs_fastest']:.2f} (one run each, no interval)" if row["gap"] == "one repeat planned" else _ratio(row)
+    return f"- {_name(row)}{twin}: {ratio} of {_name(best)}, {GAP_WORDS[row['gap']]}{why}"
 
 
 def answer_markdown(answer: list[dict]) -> str:

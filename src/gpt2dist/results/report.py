@@ -47,9 +47,34 @@ def _mark(row: dict) -> str:
     return f"{row['disturbed_runs']} left out" if row.get("disturbed_runs") else ""
 
 
+# Columns that may be empty on a whole study, and why (a table says so in one line instead of a column of "n/a")
+EMPTY_BECAUSE = {"MFU": "MFU (GPUs only: a CPU has no peak FLOP/s to measure it against)",
+                 "J to target (95% interval)": "energy to the target (only GPUs report power)"}
+EMPTY = ("n/a", "not measured")
+
+
+def without_empty_columns(rows: list[list], headers: list[str]) -> tuple[list[list], list[str], str]:
+    """The table without the columns of EMPTY_BECAUSE that hold no value on any row, and a line naming them."""
+    empty = [i for i, header in enumerate(headers)
+             if header in EMPTY_BECAUSE and rows and all(row[i] in EMPTY for row in rows)]
+    kept = [i for i in range(len(headers)) if i not in empty]
+    note = ("Left out, as no row has a value: " + "; ".join(EMPTY_BECAUSE[headers[i]] for i in empty) + ".") if empty \
+        else ""
+    return [[row[i] for i in kept] for row in rows], [headers[i] for i in kept], note
+
+
+def uncommitted(summary: dict) -> str:
+    """The title's mark on a study whose runs no commit regenerates (its first line says so, not a footnote)."""
+    return " (from uncommitted changes)" if (summary.get("code") or {}).get("dirty") else ""
+
+
 def warnings_markdown(summary: dict) -> str:
     """What is missing or was disturbed, first, so nobody reads the table without knowing."""
     lines = []
+    code = summary.get("code") or {}
+    if code.get("dirty"):
+        commits = ", ".join(commit[:10] for commit in code["commits"]) or "no commit"
+        lines.append(f"**Made from uncommitted changes (on {commits}): no commit regenerates these runs.**\n")
     if summary.get("mixed_hardware"):
         lines.append(f"**These runs were made on different hardware ({'; '.join(summary['mixed_hardware'])}), "
                      "compared at the user's request (collect --mixed-hardware): a gap between strategies may be "
@@ -123,9 +148,15 @@ def convergence_markdown(configs: pd.DataFrame, target: float | None) -> str:
              _with_ci(row, "energy_to_target_j", ",.0f") if not _missing(row.get("energy_to_target_j")) else "not measured",
              row.get("numerics") if isinstance(row.get("numerics"), str) and row.get("numerics") else "no"]
             for row in configs.to_dict("records")]
-    table = tabulate(rows, headers=["strategy", "precision", "processes", "reached", "steps (median)",
-                                    "training s to target (95% interval)", "J to target (95% interval)",
-                                    "needs more steps than single fp32?"], tablefmt="github")
+    rows, headers, left_out = without_empty_columns(rows, [
+        "strategy", "precision", "processes", "reached", "steps (median)", "training s to target (95% interval)",
+        "J to target (95% interval)", "needs more steps than single fp32?"])
+    table = f"{left_out}\n\n" * bool(left_out) + tabulate(rows, headers=headers, tablefmt="github")
+    steps, everyone = set(configs["steps_to_target"]), bool((configs["reached_target"] == configs["repeats"]).all())
+    if everyone and len(steps) == 1 and not configs.empty:
+        table = (f"Every configuration reached the target in each repeat counted, at step {steps.pop():.0f}, its "
+                 "first evaluation at or below it, so time to the target only restates throughput here: a lower "
+                 "target or more frequent evaluations (train.eval_interval) would let it tell configurations apart.")
     flagged = [f"{row['strategy']} {row['precision']} x{row['nproc']}" for row in configs.to_dict("records")
                if isinstance(row.get("numerics"), str) and row.get("numerics")]
     return f"""## Time to the target loss
@@ -195,7 +226,8 @@ The last steps of each run, traced with torch.profiler (median over the repeats;
 the throughput numbers above, since the profiler slows them). The parts add up to the traced step: compute;
 communication that ran while compute did (hidden) and while nothing else did (exposed); building batches; and
 idle time, when the rank neither computed nor communicated (Python and launch overhead, waiting for another
-rank, a pipeline's bubble). Horovod's collectives run on its own thread, which the profiler does not trace: its
+rank outside a collective). A pipeline's bubble is a stage waiting in its receive for its neighbour, so it counts
+as exposed communication. Horovod's collectives run on its own thread, which the profiler does not trace: its
 waits for them count as exposed communication, and its hidden part reads 0. The traced payload is what the
 torch.distributed collectives carried per step; the model column is what the busiest rank sends by the traffic
 model (for a ring all-reduce over n ranks, 2(n-1)/n of the payload).
@@ -220,18 +252,18 @@ def summary_markdown(summary: dict) -> str:
          _num(row.get("final_val_loss"), ".3f"), _num(row.get("mfu"), ".1%")]
         for row in configs
     ]
-    table = tabulate(rows, headers=[*(["paper's name"] if named else []), "strategy", "precision", "processes",
-                                    *(["where"] if spread else []), "repeats", "disturbed",
-                                    "tokens/s (95% interval)", "speedup (95% interval): vs baseline",
-                                    "efficiency", "step ms p50", "step ms p90", "overhead s",
-                                    "model state MiB/rank", "sent MiB/step", "peak MiB", "final val loss", "MFU"],
-                     tablefmt="github")
+    rows, headers, left_out = without_empty_columns(rows, [
+        *(["paper's name"] if named else []), "strategy", "precision", "processes", *(["where"] if spread else []),
+        "repeats", "disturbed", "tokens/s (95% interval)", "speedup (95% interval): vs baseline", "efficiency",
+        "step ms p50", "step ms p90", "overhead s", "model state MiB/rank", "sent MiB/step", "peak MiB",
+        "final val loss", "MFU"])
+    table = tabulate(rows, headers=headers, tablefmt="github")
     versions = ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v)
     dropped = ", ".join(f"{config} ({why})" for config, why in summary["dropped_configurations"].items()) or "none"
     ledger = ledger_markdown(in_study_order(pd.DataFrame(summary["configs"].values())))
     drawn = FIGURES + ((LINK_FIGURE,) if summary.get("link_model") else ())
     figures = "\n".join(f"![{name}](figures/{name}.png)" for name in drawn)
-    return f"""# gpt2dist results: preset `{summary['preset']}`
+    return f"""# gpt2dist results: preset `{summary['preset']}`{uncommitted(summary)}
 
 Hardware: {summary['hardware']}. Software: {versions}.
 
@@ -248,6 +280,7 @@ node with as many processes per node), paired by repeat round, and says whether 
 Overhead is wall time outside the training steps (start-up, evaluation, checkpoints). Model state is the
 parameters, gradients and optimizer state rank 0 holds. Sent is what the busiest rank sends per step by
 the strategy's traffic model (ring collectives, activations at pipeline boundaries), not a measurement. Configurations the planned cluster cannot hold: {dropped}.
+{left_out}
 
 {table}
 
@@ -268,7 +301,7 @@ def report(results: Path) -> Path:
     """summary.md, and findings.md: the claims alone, for readers who want only the verdicts."""
     results = Path(results)
     summary = read_summary(results)
-    atomic_write_text(results / "findings.md", f"""# The seed studies' claims, checked: preset `{summary['preset']}`
+    atomic_write_text(results / "findings.md", f"""# The seed studies' claims, checked: preset `{summary['preset']}`{uncommitted(summary)}
 
 Hardware: {summary['hardware']}. Verdicts use undisturbed runs only; see summary.md for the numbers.
 

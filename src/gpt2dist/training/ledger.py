@@ -1,7 +1,9 @@
 """Where a step's time goes, from torch.profiler traces of a run's last few steps: compute,
 communication hidden under compute, exposed communication, data loading, and idle time (host
-overhead, waiting, a pipeline's bubble). The five parts partition the step's wall time, so a
-strategy that is slower says why: more exposed communication, more idle, or more compute.
+overhead, waiting outside a collective). The five parts partition the step's wall time, so a
+strategy that is slower says why: more exposed communication, more idle, or more compute. A
+pipeline's bubble is a stage waiting in its receive for its neighbour, so it counts as exposed
+communication: the trace cannot tell waiting for bytes from moving them.
 
 Which trace events count as what:
 - compute: on CUDA, every kernel, copy and memset but NCCL's; on CPU, the operators the ranks'

@@ -1,0 +1,130 @@
+"""The front door and the manual: the README fits two screens and every link in it resolves, the numbers it
+quotes are the stored study's own lines, its strategy table is the registry's, and the manual builds with
+`mkdocs build --strict` (a broken link or a page missing from the site fails it)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, gpt2dist
+
+README = REPO / "README.md"
+MAX_README_LINES = 150
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def relative_links(text: str) -> list[str]:
+    return [target for target in LINK.findall(text) if "://" not in target]
+
+
+def unquoted_lines(readme: str, source: str) -> list[str]:
+    """The README's quoted lines (`> ...`) that are not a line of `source`."""
+    lines = set(source.splitlines())
+    quoted = [line[2:] for line in readme.splitlines() if line.startswith("> ")]
+    assert quoted, "the README quotes no line of the reference study"
+    return [line for line in quoted if line not in lines]
+
+
+def block_after(text: str, marker: str) -> str:
+    """The lines after the comment line that starts with `marker`, up to the next blank line."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"<!-- {marker}")) + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def test_the_readme_fits_two_screens_and_its_links_resolve():
+    text = README.read_text()
+    lines = len(text.splitlines())
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines; move some to docs/"
+    missing = [target for target in relative_links(text) if not (REPO / target).exists()]
+    assert not missing, f"README.md links to what does not exist: {missing}"
+    # the control: the parser sees a page, an image and leaves out a web address
+    assert relative_links("[a](docs/no.md) ![b](x/y.png) [c](https://example.org/z)") == ["docs/no.md", "x/y.png"]
+
+
+def test_the_quoted_answer_is_the_reference_studys_own():
+    """Each quoted line is a line of the stored summary, so a rebuilt reference cannot leave the README behind. The
+    control: one digit changed in a quoted line is caught."""
+    summary = (REPO / "docs" / "reference" / "cpu-study" / "summary.md").read_text()
+    readme = README.read_text()
+    assert unquoted_lines(readme, summary) == []
+    quoted = next(line for line in readme.splitlines() if line.startswith("> **"))
+    altered = re.sub(r"\d", lambda digit: str((int(digit.group()) + 1) % 10), quoted, count=1)
+    assert unquoted_lines(altered, summary) == [altered[2:]]
+
+
+def test_the_strategy_table_is_the_registrys():
+    generated = gpt2dist("strategies", "--format", "markdown").stdout.strip()
+    assert block_after(README.read_text(), "gpt2dist strategies --format markdown") == generated
+    assert generated.count("\n| `") == len(generated.splitlines()) - 2  # a row per strategy under the header
+
+
+def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", config,
+                           "--site-dir", site], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.timeout(600)
+def test_the_manual_builds_strictly_and_a_broken_link_fails_it(tmp_path):
+    built = mkdocs_build(REPO / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode == 0, built.stderr[-3000:]
+    for page in ("", "pipeline", "results", "strategies", "reference/cpu-study/summary",
+                 "reference/h200-first-gpu-runs"):
+        assert (tmp_path / "site" / page / "index.html").exists(), page
+    # the control: the same manual with one link to a page that does not exist
+    copy = tmp_path / "copy"
+    shutil.copytree(REPO / "docs", copy / "docs")
+    shutil.copy(REPO / "mkdocs.yml", copy / "mkdocs.yml")
+    with open(copy / "docs" / "index.md", "a") as page:
+        page.write("\nSee [the missing page](no-such-page.md).\n")
+    broken = mkdocs_build(copy / "mkdocs.yml", tmp_path / "broken-site")
+    assert broken.returncode != 0 and "no-such-page.md" in broken.stderr, broken.stderr[-3000:]
+
+
+TWO_NODE, CPU_STUDY = "docs/reference/two-node-cpu", "docs/reference/cpu-study"
+# (page, what it says, stored file, where that file says it): the named groups must agree
+QUOTED_NUMBERS = [
+    ("docs/reference/projection.md", r"step times within (?P<error>\d+)%", f"{TWO_NODE}/summary.md",
+     r"Worst error of the model on these links: (?P<error>\d+)%"),
+    ("docs/gpus-and-clusters.md", r"every step time on the links within (?P<error>\d+)%", f"{TWO_NODE}/summary.md",
+     r"Worst error of the model on these links: (?P<error>\d+)%"),
+    ("docs/gpus-and-clusters.md",
+     r"ddp keeps (?P<ddp>[\d.]+) of its one-machine throughput, horovod (?P<horovod>[\d.]+) "
+     r"and fsdp (?P<fsdp>[\d.]+) ",
+     f"{TWO_NODE}/findings.md",
+     r"horovod fp32 (?P<horovod>[\d.]+); ddp fp32 (?P<ddp>[\d.]+); fsdp fp32 (?P<fsdp>[\d.]+);"),
+    ("docs/gpus-and-clusters.md",
+     r"against ddp's is (?P<ddp>[^,]+\)), not distinguishable from noise, and against fsdp's (?P<fsdp>[^,]+\)),",
+     f"{TWO_NODE}/findings.md", r"horovod fp32/ddp fp32 = (?P<ddp>[^;]+); horovod fp32/fsdp fp32 = (?P<fsdp>[\d.]+ \([\d.]+ to [\d.]+\))"),
+    ("docs/planning.md", r"within 20% for every strategy but (?P<beyond>\w+)", f"{CPU_STUDY}/summary.md",
+     r"Beyond 20% here: (?P<beyond>\w+)\."),
+]
+
+
+def quoted_number_mismatches(page_text: str, said: str, source_text: str, source: str) -> dict | None:
+    """None when the page's numbers are the stored file's; else both sides. Text is compared with its line
+    breaks and repeated spaces folded, as prose wraps anywhere."""
+    fold = " ".join
+    on_page, in_source = re.search(said, fold(page_text.split())), re.search(source, fold(source_text.split()))
+    assert on_page and in_source, (said if not on_page else source)
+    return None if on_page.groupdict() == in_source.groupdict() else {"page": on_page.groupdict(),
+                                                                      "stored": in_source.groupdict()}
+
+
+@pytest.mark.parametrize("page, said, stored, source", QUOTED_NUMBERS, ids=lambda v: v if "/" in v else None)
+def test_numbers_the_docs_quote_are_the_stored_studys(page, said, stored, source):
+    page_text, stored_text = (REPO / page).read_text(), (REPO / stored).read_text()
+    assert quoted_number_mismatches(page_text, said, stored_text, source) is None
+    # the control: the page with the first character of its first quoted value changed no longer agrees
+    folded = " ".join(page_text.split())
+    start = re.search(said, folded).start(1)
+    first = folded[start]
+    other = str((int(first) + 1) % 10) if first.isdigit() else ("a" if first != "a" else "b")
+    assert quoted_number_mismatches(folded[:start] + other + folded[start + 1:], said, stored_text, source) is not None
