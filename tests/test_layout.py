@@ -75,6 +75,7 @@ def heavy_after_each(*modules: str) -> list[set[str]]:
 
 
 
+@pytest.mark.slow  # imports torch, scipy and matplotlib in a fresh interpreter
 @pytest.mark.timeout(60)
 def test_the_results_layer_and_refusals_do_not_import_torch():
     """collect, plot, report and bundle never need torch (2-3 s of every such command's start before); a bundle is

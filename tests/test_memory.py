@@ -54,8 +54,9 @@ def test_without_the_strategys_division_the_count_misses_every_divided_run():
         assert sum(math.prod(shape) for shape in whole) * 4 > measured(record)[0], record["run_id"]
 
 
-@pytest.mark.parametrize("strategy, nproc", [("ddp", 2), *(pytest.param(*case, marks=pytest.mark.slow) for case in [
-    ("dp", 1), ("horovod", 2), ("fsdp", 2), ("tp", 2), ("pp", 2), ("fsdp-tp", 4)])])  # fast tier: one of them
+@pytest.mark.slow  # a run per strategy
+@pytest.mark.parametrize("strategy, nproc", [("ddp", 2), ("dp", 1), ("horovod", 2), ("fsdp", 2), ("tp", 2), ("pp", 2),
+                                             ("fsdp-tp", 4)])
 def test_the_predicted_state_is_each_strategys_run_here(strategy, nproc, trained):
     record = run_record(trained(strategy, nproc=nproc))
     spec = RunSpec.model_validate(record["config"])

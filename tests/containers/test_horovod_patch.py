@@ -20,6 +20,9 @@ PATCHED_FILES = {"CMakeLists.txt", "horovod/torch/CMakeLists.txt", "horovod/comm
                  "horovod/common/group_table.h", SPAN}
 
 
+pytestmark = pytest.mark.slow  # Horovod's source, downloaded and unpacked
+
+
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("horovod-sdist")

@@ -117,6 +117,7 @@ def test_datasets_code_path_on_a_local_directory(tmp_path):
     assert decode_documents(tmp_path / "shards", "val") == DOCS[50:]
 
 
+@pytest.mark.slow  # encodes a corpus twice
 def test_gpt2_vocabulary_matches_tiktoken(gpt2_files):
     """The saved tokenizer (used to decode) and the tiktoken encoder (used to write) agree."""
     loaded = gpt2_from_files(GPT2_DIR)
@@ -156,6 +157,7 @@ def test_verify_reports_and_catches_a_flipped_byte(tmp_path):
         "re-run `gpt2dist prepare`"]
 
 
+@pytest.mark.slow  # a prepare killed part-way
 def test_interrupted_prepare_leaves_no_final_file(tmp_path):
     rng = np.random.default_rng(0)
     words = np.array(["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"])

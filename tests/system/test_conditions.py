@@ -40,6 +40,7 @@ def monitored(start_work, seconds: float = 3.0, spec: str | None = None) -> dict
     return monitor.summary()
 
 
+@pytest.mark.slow  # seconds of a real busy process
 @pytest.mark.timeout(60)
 def test_another_process_busy_on_our_cpus_is_foreign(tmp_path):
     # Started outside our process tree (setsid + a shell that exits at once), as an unrelated hog is.
@@ -52,6 +53,7 @@ def test_another_process_busy_on_our_cpus_is_foreign(tmp_path):
     assert len(summary["foreign_cpu_share"]) >= 4 and summary["load_avg_before"] is not None
 
 
+@pytest.mark.slow  # seconds of the run's own busy processes
 @pytest.mark.timeout(60)
 def test_the_runs_own_processes_are_not_foreign(tmp_path):
     spec = str(tmp_path / "spec.json")

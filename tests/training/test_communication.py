@@ -88,6 +88,7 @@ def _count_rank(rank: int, port: int, results) -> None:
             results.put((sum(sent), comm.get_total_counts()))
 
 
+@pytest.mark.slow  # traced ddp and tp runs
 @pytest.mark.timeout(120)
 def test_the_modelled_payloads_are_what_ddp_and_tp_send():
     results = mp.get_context("spawn").SimpleQueue()

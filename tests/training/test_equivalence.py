@@ -224,6 +224,7 @@ FAULTS = {
 }
 
 
+@pytest.mark.slow  # a control: fp32 runs set against bf16 ones
 def test_the_same_computation_bound_catches_what_a_precision_changes(reference, single_in, trained):
     """The control of the 1e-6 equalities (a run on emulated nodes against one machine's): it holds for the
     same fp32 computation in two processes, and fails on a change as small as bf16's rounding."""

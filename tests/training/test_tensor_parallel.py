@@ -28,6 +28,7 @@ def test_qkv_order_gives_each_rank_its_own_heads_of_q_k_and_v(tp):
         assert chunk.tolist() == torch.cat([mine, mine + width, mine + 2 * width]).tolist()
 
 
+@pytest.mark.slow  # four ranks on the machine's cores
 @pytest.mark.timeout(300)
 def test_fsdp_tp_on_four_ranks_follows_single_process(reference, trained):
     """2 FSDP replicas x 2 tensor-parallel ranks: each replica reads half the batch, each rank a quarter of
