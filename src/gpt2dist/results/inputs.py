@@ -27,7 +27,7 @@ def _read(path: Path, producer: str, parse: Callable[[Path], T]) -> T:
 
 # What `gpt2dist collect` writes to summary.json (results/collect.py, tested equal): a file without them is not
 # its output, and the commands that read it name that instead of failing on a missing key.
-SUMMARY_KEYS = ("preset", "hardware", "device", "excluded_steps", "target_val_loss", "versions",
+SUMMARY_KEYS = ("preset", "hardware", "device", "excluded_steps", "target_val_loss", "versions", "code",
                 "dropped_configurations", "mixed_hardware", "missing_runs", "disturbed_runs", "answer", "configs",
                 "findings", "link_model")
 
