@@ -329,6 +329,9 @@ def collect(
 @one_line_errors
 def plot(results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results")) -> None:
     """Draw the study's figures (PNG and SVG) from the collected tables."""
+    from gpt2dist.results.inputs import read_summary
+
+    read_summary(results)  # a missing or foreign summary is told before matplotlib loads
     from gpt2dist.results.plots import plot as run_plot
 
     typer.echo(f"ok: {len(run_plot(results))} figure files in {results / 'figures'}")
@@ -338,6 +341,9 @@ def plot(results: Annotated[Path, typer.Option(help="Directory written by `gpt2d
 @one_line_errors
 def report(results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results")) -> None:
     """Write results/summary.md: the comparison table and the environment."""
+    from gpt2dist.results.inputs import read_summary
+
+    read_summary(results)  # a missing or foreign summary is told before pandas and scipy load
     from gpt2dist.results.report import report as run_report
 
     typer.echo(f"ok: {run_report(results)}")
