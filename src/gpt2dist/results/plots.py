@@ -177,7 +177,7 @@ def memory(runs, summary, metrics, title):
     y = _rows(state, data)
     left = np.zeros(len(data))
     handles = []
-    greys = sns.color_palette("Greys", 4)[1:]  # shades, so the parts are not read as precisions
+    greys = sns.color_palette("Greys", 4)[1:]  # shades, so the parts are not read as strategies
     for part, colour in zip(("param_bytes", "grad_bytes", "optimizer_bytes"), greys):
         values = data[part].fillna(0).to_numpy() / 2**20
         state.barh(y, values, left=left, color=colour, height=0.7)

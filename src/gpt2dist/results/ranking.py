@@ -111,6 +111,8 @@ def _nan(value) -> float:
 
 
 def _ratio(row: dict) -> str:
+    if row["gap"] == "one repeat planned":
+        return f"{row['vs_fastest']:.2f} (one run each, no interval)"
     if row.get("pairs") == 2 and row["gap"] == "not distinguishable":  # one degree of freedom: t is in the tens
         return f"{row['vs_fastest']:.2f} (2 pairs of runs: too few for a useful interval at this level)"
     return ratio_text(*(_nan(row[key]) for key in ("vs_fastest", "vs_fastest_ci_low", "vs_fastest_ci_high")))
@@ -148,8 +150,7 @@ def _line(row: dict, best: dict) -> str:
               "in the noise)"
     elif why:
         why = f"; per step it spends {why} more than {_name(best)}"
-    ratio = f"{row['vs_fastest']:.2f} (one run each, no interval)" if row["gap"] == "one repeat planned" else _ratio(row)
-    return f"- {_name(row)}{twin}: {ratio} of {_name(best)}, {GAP_WORDS[row['gap']]}{why}"
+    return f"- {_name(row)}{twin}: {_ratio(row)} of {_name(best)}, {GAP_WORDS[row['gap']]}{why}"
 
 
 def answer_markdown(answer: list[dict]) -> str:

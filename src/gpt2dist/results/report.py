@@ -143,20 +143,23 @@ def convergence_markdown(configs: pd.DataFrame, target: float | None) -> str:
     """Time (and energy, where GPUs report power) to the target validation loss, and the numerics check."""
     if "time_to_target_s" not in configs or target is None or _missing(target):
         return ""  # collected before time to target existed, or no single fp32 run to set the target
-    rows = [[row["strategy"], row["precision"], row["nproc"], f"{row['reached_target']:.0f} of {row['repeats']:.0f}",
-             _num(row["steps_to_target"], ",.0f"), _with_ci(row, "time_to_target_s", ",.2f"),
-             _with_ci(row, "energy_to_target_j", ",.0f") if not _missing(row.get("energy_to_target_j")) else "not measured",
-             row.get("numerics") if isinstance(row.get("numerics"), str) and row.get("numerics") else "no"]
-            for row in configs.to_dict("records")]
-    rows, headers, left_out = without_empty_columns(rows, [
-        "strategy", "precision", "processes", "reached", "steps (median)", "training s to target (95% interval)",
-        "J to target (95% interval)", "needs more steps than single fp32?"])
-    table = f"{left_out}\n\n" * bool(left_out) + tabulate(rows, headers=headers, tablefmt="github")
     steps, everyone = set(configs["steps_to_target"]), bool((configs["reached_target"] == configs["repeats"]).all())
     if everyone and len(steps) == 1 and not configs.empty:
         table = (f"Every configuration reached the target in each repeat counted, at step {steps.pop():.0f}, its "
                  "first evaluation at or below it, so time to the target only restates throughput here: a lower "
                  "target or more frequent evaluations (train.eval_interval) would let it tell configurations apart.")
+    else:
+        rows = [[row["strategy"], row["precision"], row["nproc"],
+                 f"{row['reached_target']:.0f} of {row['repeats']:.0f}",
+                 _num(row["steps_to_target"], ",.0f"), _with_ci(row, "time_to_target_s", ",.2f"),
+                 _with_ci(row, "energy_to_target_j", ",.0f")
+                 if not _missing(row.get("energy_to_target_j")) else "not measured",
+                 row.get("numerics") if isinstance(row.get("numerics"), str) and row.get("numerics") else "no"]
+                for row in configs.to_dict("records")]
+        rows, headers, left_out = without_empty_columns(rows, [
+            "strategy", "precision", "processes", "reached", "steps (median)", "training s to target (95% interval)",
+            "J to target (95% interval)", "needs more steps than single fp32?"])
+        table = f"{left_out}\n\n" * bool(left_out) + tabulate(rows, headers=headers, tablefmt="github")
     flagged = [f"{row['strategy']} {row['precision']} x{row['nproc']}" for row in configs.to_dict("records")
                if isinstance(row.get("numerics"), str) and row.get("numerics")]
     return f"""## Time to the target loss
