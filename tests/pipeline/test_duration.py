@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 
+import yaml
+
 from conftest import REPO
 from gpt2dist.pipeline.duration import Calibration, estimate_line, progress_line, run_seconds, selftest_seconds
-from gpt2dist.pipeline.study import configurations, plan_study, resume_cases
+from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, plan_study, resume_cases, selftest_command
 
 STUDY = plan_study(REPO / "params.yaml", "cpu", 0)  # 60 runs: 20 configurations x 3 repeats
 CALIBRATION = Calibration({"fp32": 0.25, "bf16": 3.0}, launch_s=6.0)
@@ -40,9 +42,8 @@ def test_the_estimate_counts_steps_launches_and_what_is_left():
     # on CPUs each rank of a run starts on the shared cores
     assert run_seconds(STUDY, CALIBRATION, ddp_bf16) == 2 * 6.0 + STUDY.preset.train.max_steps * 3.0
     selftests = selftest_seconds(STUDY, CALIBRATION, cores=2)
-    resumed = {run.config_id for run in resume_cases(STUDY)}
-    # a resumed check launches three times; two one-process checks share the two cores, a two-process one has them
-    assert selftests["ddp-fp32-n2"] == (3 if "ddp-fp32-n2" in resumed else 1) * 2 * 6.0
+    # two one-process checks share the two cores, a two-process one has them
+    assert selftests["ddp-fp32-n2"] == 2 * 6.0
     assert selftests["ddp-bf16-n1"] == 1 * 6.0 / 2
     estimate = {"calibration": {"step_s": CALIBRATION.step_s, "launch_s": 6.0}, "selftests": selftests,
                 "runs": {run.run_id: run_seconds(STUDY, CALIBRATION, run) for run in STUDY.runs}}
@@ -53,3 +54,20 @@ def test_the_estimate_counts_steps_launches_and_what_is_left():
     rest = sum(seconds for run_id, seconds in estimate["runs"].items() if run_id not in done)
     assert estimate_line(estimate, done, set(selftests)).startswith(
         f"estimate: about {rest / 60:.0f} min for 30 runs and 0 selftests")
+
+
+def test_selftests_resume_only_where_a_run_can_stop_between_checkpoints(tmp_path):
+    """A checked resume launches twice more: the cpu presets' runs keep no checkpoint but the last, so an
+    interrupted one starts again, and their selftests check no resume."""
+    assert pipeline_resume_cases(STUDY) == [] and resume_cases(STUDY)
+    assert not any("--resume" in selftest_command(STUDY, run) for run in configurations(STUDY))
+    # control: checkpoints every 10 of 20 steps make resuming part of the study, and its selftests check it
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["presets"]["cpu"]["train"]["checkpoint_interval"] = 10
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    mid_run = plan_study(tmp_path / "params.yaml", "cpu", 0)
+    assert pipeline_resume_cases(mid_run) == resume_cases(mid_run)
+    ddp = next(run for run in resume_cases(mid_run) if run.strategy == "ddp")
+    assert "--resume" in selftest_command(mid_run, ddp)
+    resumed = selftest_seconds(mid_run, CALIBRATION, cores=2)[ddp.config_id]
+    assert resumed == 3 * 2 * 6.0 == 3 * selftest_seconds(STUDY, CALIBRATION, cores=2)[ddp.config_id]

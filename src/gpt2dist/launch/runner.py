@@ -8,8 +8,11 @@ import logging
 import shlex
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 from gpt2dist.config.presets import resolve_preset
 from gpt2dist.config.schema import PRECISIONS, RunSpec, write_spec
@@ -94,6 +97,8 @@ Launch = Callable[[RunSpec], Outcome]
 
 def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulation | None = None) -> str | None:
     """Verify the data, then run (a failure raises). Returns the launcher command line, if one is used."""
+    # the interpreter's start and the imports so far: part of what a run costs, which the study's estimate counts
+    startup_s = time.time() - psutil.Process().create_time()
     preflight.check_data(spec)
     out = Path(spec.out_dir)
     launch, shown = _launch_mode(spec, emulation)
@@ -122,7 +127,8 @@ def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulat
         finally:  # whatever the outcome, the record says how busy the machine was meanwhile
             record = finish_record(spec, outcome, launched_at=launched_at, command_line=shlex.join(sys.argv),
                                    launch_command=shown, conditions={**monitor.summary(),
-                                                                     "waited_for_quiet_s": round(quiet_after_s, 1)})
+                                                                     "waited_for_quiet_s": round(quiet_after_s, 1),
+                                                                     "startup_s": round(startup_s, 2)})
     if record["status"] == "interrupted":
         where = (f" at step {record['interrupted_at_step']}" if "interrupted_at_step" in record
                  else "" if "started_at" in record else " before training started")

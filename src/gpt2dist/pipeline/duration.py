@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpt2dist.io import atomic_write_json
-from gpt2dist.pipeline.study import ESTIMATE_FILE, RUNS_DIR, Run, Study, configurations, resume_cases
+from gpt2dist.pipeline.study import ESTIMATE_FILE, RUNS_DIR, Run, Study, configurations, pipeline_resume_cases
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,8 @@ class Calibration:
     """Measured on this machine with the preset's model in one process."""
 
     step_s: dict[str, float]  # precision -> seconds of one optimizer step
-    launch_s: float  # a run's cost besides its steps: starting the ranks, building the model, evaluating, writing
+    launch_s: float  # a run's cost besides its steps: the interpreter and imports, starting the ranks, building
+    # the model, evaluating, writing
 
 
 def launch_seconds(study: Study, calibration: Calibration, processes: int) -> float:
@@ -41,7 +42,7 @@ def selftest_seconds(study: Study, calibration: Calibration, cores: int) -> dict
     """Configuration -> its selftest's share of the study's time. A check trains a tiny model for a few steps,
     so it costs about a launch; a resumed one launches twice more. On CPUs, checks of fewer processes than
     cores run side by side (rules/selftest.smk); on GPUs they queue."""
-    resumed = {run.config_id for run in resume_cases(study)}
+    resumed = {run.config_id for run in pipeline_resume_cases(study)}
     return {run.config_id: (1 + 2 * (run.config_id in resumed)) * launch_seconds(study, calibration, run.processes)
             / (max(1, cores // run.processes) if study.device == "cpu" else 1)
             for run in configurations(study)}
@@ -85,13 +86,20 @@ def wall_seconds(record: dict) -> float:
         return math.nan
 
 
+def job_seconds(record: dict) -> float:
+    """What a run costs the study: its wall time, plus its interpreter's start-up and its wait for a quiet
+    machine, both before the launch that `wall_seconds` starts from."""
+    conditions = record.get("conditions") or {}
+    return wall_seconds(record) + conditions.get("startup_s", 0.0) + conditions.get("waited_for_quiet_s", 0.0)
+
+
 def finished_runs(study: Study, runs_dir: Path | str = RUNS_DIR) -> dict[str, float]:
-    """Run id -> wall seconds of every run of the study that has completed."""
+    """Run id -> seconds (job_seconds) of every run of the study that has completed."""
     done = {}
     for run in study.runs:
         path = Path(runs_dir) / run.run_id / "run.json"
         record = json.loads(path.read_text()) if path.exists() else {}
-        if record.get("status") == "completed" and math.isfinite(seconds := wall_seconds(record)):
+        if record.get("status") == "completed" and math.isfinite(seconds := job_seconds(record)):
             done[run.run_id] = seconds
     return done
 

@@ -246,6 +246,16 @@ def resume_cases(study: Study) -> list[Run]:
     return list(chosen.values())
 
 
+def pipeline_resume_cases(study: Study) -> list[Run]:
+    """The resume cases the pipeline's selftests check: none when the study's runs cannot stop between two
+    checkpoints (the only one at the last step, which the pipeline does not keep: `--no-keep-checkpoint`), as
+    an interrupted run then starts again and resuming is nothing the study does."""
+    train = study.preset.train
+    if train.checkpoint_interval >= train.max_steps and not train.checkpoint_minutes:
+        return []
+    return resume_cases(study)
+
+
 def retry_marker(run_id: str) -> str:
     """Made by the Snakefile for a run whose record says it did not complete: an input newer than the run's
     outputs, so Snakemake trains it again (resuming from its checkpoint where it has one)."""
@@ -272,7 +282,7 @@ def selftest_file(run: Run) -> str:
 
 def selftest_command(study: Study, run: Run, params: str = "params.yaml") -> str:
     """The pipeline's selftest of one configuration (a job of its own: see workflow/rules/selftest.smk)."""
-    resume = ["--resume"] if run.config_id in {case.config_id for case in resume_cases(study)} else []
+    resume = ["--resume"] if run.config_id in {case.config_id for case in pipeline_resume_cases(study)} else []
     return _cmd("gpt2dist", "selftest", "--params", params, "--preset", study.preset_name, *_cluster(study),
                 "--only", run.config_id, *resume, "--out", selftest_file(run))
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
-
-import pandas as pd
+from typing import TYPE_CHECKING, TypeVar
 
 from gpt2dist.errors import UsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 T = TypeVar("T")
 
@@ -51,4 +52,6 @@ def read_jsonl(path: Path, producer: str) -> list[dict]:
 
 
 def read_csv(path: Path, producer: str) -> pd.DataFrame:
+    import pandas as pd  # here: `gpt2dist progress`, after every run, reads only JSON
+
     return _read(path, producer, pd.read_csv)

@@ -1,17 +1,38 @@
-"""Strategy registry: name -> class. Importing a strategy never imports Horovod or Apex."""
+"""Strategy registry: name -> class. Importing a strategy never imports Horovod or Apex, and looking one
+up imports only its own module: torch's pipelining and tensor-parallel modules cost a second or two of
+start-up that every run of the other strategies would pay (a cpu study starts about a hundred processes)."""
 
-from gpt2dist.training.strategies.apex_ddp import ApexDDP
+from collections.abc import Iterator, Mapping
+from importlib import import_module
+
 from gpt2dist.training.strategies.base import Placement, Strategy
-from gpt2dist.training.strategies.ddp import DDP
-from gpt2dist.training.strategies.dp import DataParallel
-from gpt2dist.training.strategies.fsdp import FSDP
-from gpt2dist.training.strategies.horovod import Horovod
-from gpt2dist.training.strategies.pipeline_parallel import PipelineParallel
-from gpt2dist.training.strategies.single import Single
-from gpt2dist.training.strategies.tensor_parallel import FSDPTensorParallel, TensorParallel
 
-REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (
-    Single, DataParallel, DDP, FSDP, Horovod, ApexDDP, TensorParallel, PipelineParallel, FSDPTensorParallel,
-)}
+# name -> (module in this package, class)
+_WHERE = {
+    "single": ("single", "Single"),
+    "dp": ("dp", "DataParallel"),
+    "ddp": ("ddp", "DDP"),
+    "fsdp": ("fsdp", "FSDP"),
+    "horovod": ("horovod", "Horovod"),
+    "apex-ddp": ("apex_ddp", "ApexDDP"),
+    "tp": ("tensor_parallel", "TensorParallel"),
+    "pp": ("pipeline_parallel", "PipelineParallel"),
+    "fsdp-tp": ("tensor_parallel", "FSDPTensorParallel"),
+}
+
+
+class _Registry(Mapping[str, type[Strategy]]):
+    def __getitem__(self, name: str) -> type[Strategy]:
+        module, cls = _WHERE[name]
+        return getattr(import_module(f"{__name__}.{module}"), cls)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_WHERE)
+
+    def __len__(self) -> int:
+        return len(_WHERE)
+
+
+REGISTRY: Mapping[str, type[Strategy]] = _Registry()
 
 __all__ = ["REGISTRY", "Placement", "Strategy"]

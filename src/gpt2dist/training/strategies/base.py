@@ -11,13 +11,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.system.hardware import device_index
@@ -145,6 +138,13 @@ class Strategy:
     def full_state_dict(self, model: nn.Module, optimizer, precision: Precision) -> tuple[dict, dict]:
         """Unsharded model state keyed by parameter name; the optimizer's keyed by name too where the
         strategy and the precision allow it, else torch's positional form."""
+        # here, not at import: torch's checkpoint package costs every process about two seconds of start-up
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
         options = StateDictOptions(full_state_dict=True, cpu_offload=self.placement.world_size > 1)
         module = self.state_module(model)
         model_state = get_model_state_dict(module, options=options)
@@ -154,6 +154,12 @@ class Strategy:
 
     def load_full_state_dict(self, model: nn.Module, optimizer, precision: Precision, model_state: dict,
                              optim_state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
         options = StateDictOptions(full_state_dict=True)
         module = self.state_module(model)
         set_model_state_dict(module, model_state, options=options)
