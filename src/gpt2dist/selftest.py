@@ -29,7 +29,7 @@ from gpt2dist.data.shards import write_shards
 from gpt2dist.errors import UsageError, failure_line
 from gpt2dist.io import atomic_write_json
 from gpt2dist.launch.locks import hold_the_machine
-from gpt2dist.pipeline.duration import Calibration, job_seconds
+from gpt2dist.pipeline.duration import Calibration
 from gpt2dist.pipeline.study import Run, Study, configurations, resume_cases
 
 STEPS = 4
@@ -136,14 +136,15 @@ def calibrate(study: Study, params: Path, timeout_s: float = 600) -> Calibration
                                      CALIBRATION_STEPS)
         for precision in sorted({run.precision for run in study.runs}, key=PRECISIONS.index):
             out = Path(tmp) / precision
+            started = time.perf_counter()
             error = train(study, params, shards, Run(REFERENCE, precision, 1, 0), out, timeout_s, *sets)
+            process_s = time.perf_counter() - started  # the process from spawn to exit, as a study's job pays it
             if error:
                 raise UsageError(f"calibration in {precision} failed: {error}")
-            record = json.loads((out / "run.json").read_text())
             steps = [line["step_time_s"] for line in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
                      if line["kind"] == "train"]
             step_s[precision] = statistics.median(steps[1:])  # the first step carries the warm-up
-            launch_s.append(job_seconds(record) - CALIBRATION_STEPS * step_s[precision])
+            launch_s.append(process_s - CALIBRATION_STEPS * step_s[precision])
     return Calibration(step_s, statistics.median(launch_s))
 
 

@@ -299,16 +299,26 @@ def test_ratios_without_an_interval_are_said_in_words():
                                                         "disturbed ones)")
 
 
-def test_a_cpu_label_says_when_its_bf16_rows_ran_emulated():
+def test_a_cpu_label_without_the_cpu_identity_says_what_was_recorded():
+    """Runs from before gpt2dist recorded family, model and flags: whether bf16 ran in hardware still tells the
+    reference machine (AVX512-BF16) from an AVX2-only one, and the label says what is missing."""
     devices = {"cpu": "AMD EPYC 7B13", "cpu_cores": 2, "gpus": [], "cpu_bf16": "emulated"}
     bf16 = {"a": {"devices": devices, "precision": "fp32"}, "b": {"devices": devices, "precision": "bf16"}}
-    assert collect.hardware_label(bf16) == ("AMD EPYC 7B13 (2 cores, bf16 emulated)", None)
-    fp32_only = {"a": bf16["a"]}  # control: no bf16 row, nothing to warn about
-    assert collect.hardware_label(fp32_only) == ("AMD EPYC 7B13 (2 cores)", None)
-    native = {k: v | {"devices": devices | {"cpu_bf16": "native"}} for k, v in bf16.items()}  # control
-    assert collect.hardware_label(native) == ("AMD EPYC 7B13 (2 cores)", None)
+    missing = "family, model and flags not recorded"
+    assert collect.hardware_label(bf16) == (f"AMD EPYC 7B13 (bf16 emulated; 2 cores; {missing})", None)
+    native = {k: v | {"devices": devices | {"cpu_bf16": "native"}} for k, v in bf16.items()}
+    assert collect.hardware_label(native) == (f"AMD EPYC 7B13 (bf16 in hardware; 2 cores; {missing})", None)
     old = {k: v | {"devices": {k2: v2 for k2, v2 in devices.items() if k2 != "cpu_bf16"}} for k, v in bf16.items()}
-    assert collect.hardware_label(old) == ("AMD EPYC 7B13 (2 cores)", None)  # records made before the field
+    assert collect.hardware_label(old) == (f"AMD EPYC 7B13 (2 cores; {missing})", None)  # before that field too
+
+
+def test_a_cpu_label_says_when_its_bf16_rows_ran_emulated():
+    identity = {"family": "25", "model": "1", "stepping": "1", "mhz": 2445, "speed_flags": ["AVX2"]}
+    devices = {"cpu": "AMD EPYC", "cpu_cores": 2, "gpus": [], "cpu_bf16": "emulated", "cpu_identity": identity}
+    bf16 = {"a": {"devices": devices, "precision": "fp32"}, "b": {"devices": devices, "precision": "bf16"}}
+    assert collect.hardware_label(bf16)[0].endswith("; 2 cores at 2.4 GHz, bf16 emulated)")
+    fp32_only = {"a": bf16["a"]}  # control: no bf16 row, nothing to warn about
+    assert collect.hardware_label(fp32_only)[0].endswith("; 2 cores at 2.4 GHz)")
 
 
 def test_the_label_tells_two_machines_of_one_name_apart():

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.container import BarContainer
 from matplotlib.text import Text
 
-from gpt2dist.results.plots import FIGURES, WIDTH, links, ranked, strategy_style, use_theme
+from gpt2dist.results.findings import SAME_LOSS_TOLERANCE
+from gpt2dist.results.plots import EXACT_FLOOR, FIGURES, WIDTH, links, ranked, strategy_style, use_theme
 
 MIN_POINTS = 8  # 8 pt at 150 dpi is 11 px on a figure shown 800 px wide
 
@@ -74,12 +78,10 @@ def _rows(fig: plt.Figure) -> list[str]:
     return [label.get_text() for label in fig.axes[0].get_yticklabels()]
 
 
-@pytest.mark.parametrize("name, column, best_is_high", [("throughput", "tokens_per_s", True),
-                                                         ("epoch_time", "time_per_epoch_s", False)])
-def test_bar_figures_have_a_row_per_configuration_best_first(study, name, column, best_is_high):
+def test_the_throughput_bars_have_a_row_per_configuration_best_first(study):
     tables, title = study
-    summary = tables[1]
-    fig = FIGURES[name](*tables, title)
+    summary, column, best_is_high = tables[1], "tokens_per_s", True
+    fig = FIGURES["throughput"](*tables, title)
     assert sorted(_rows(fig)) == sorted(f"{s} {p}" for s, p in zip(summary["strategy"], summary["precision"]))
     order = ranked(summary, column, ascending=not best_is_high)
     for _, group in order.groupby("placement", sort=False):
@@ -87,7 +89,26 @@ def test_bar_figures_have_a_row_per_configuration_best_first(study, name, column
         assert values == sorted(values, reverse=best_is_high), group[["config_id", column]]
     assert _rows(fig) == [f"{s} {p}" for s, p in zip(order["strategy"], order["precision"])]  # drawn in that order
     assert [t.get_text() for t in fig.axes[0].texts] == list(dict.fromkeys(order["placement"]))  # each one headed
+    assert run_dots(fig) == run_dots_expected(tables[0], order, fig)  # each run on its own configuration's row
     plt.close(fig)
+    fig = FIGURES["throughput"](*tables, title)  # control: one dot moved to the next row is caught
+    dots = next(c for c in fig.axes[0].collections if isinstance(c, PathCollection) and len(c.get_offsets()))
+    dots.set_offsets(dots.get_offsets() + [0, 1])
+    assert run_dots(fig) != run_dots_expected(tables[0], order, fig)
+    plt.close(fig)
+
+
+def run_dots(fig: plt.Figure) -> set[tuple[float, float]]:
+    return {(round(float(x), 3), float(y)) for c in fig.axes[0].collections if isinstance(c, PathCollection)
+            for x, y in c.get_offsets()}
+
+
+def run_dots_expected(runs: pd.DataFrame, order: pd.DataFrame, fig: plt.Figure) -> set[tuple[float, float]]:
+    """(thousand tokens/s, the row's y) of every run, the row being its configuration's bar."""
+    bars = next(c for c in fig.axes[0].containers if isinstance(c, BarContainer)).patches
+    row_y = {config: bar.get_y() + bar.get_height() / 2 for config, bar in zip(order["config_id"], bars)}
+    return {(round(value / 1e3, 3), float(row_y[config])) for config, value in zip(runs["config_id"], runs["tokens_per_s"])
+            if config in row_y and pd.notna(value)}
 
 
 def test_ranking_is_by_the_value_within_a_placement_not_across():
@@ -103,7 +124,7 @@ def test_ranking_is_by_the_value_within_a_placement_not_across():
 
 def test_strategies_differ_in_colour_and_marker_on_the_line_figures(study):
     tables, title = study
-    for name in ("speedup", "efficiency", "loss_vs_time"):
+    for name in ("scaling", "loss_vs_time"):
         fig = FIGURES[name](*tables, title)
         ax, looks = fig.axes[0], {}
         drawn = [(c.get_label(), c.lines[0]) for c in ax.containers if hasattr(c, "has_yerr")]  # errorbars
@@ -139,13 +160,13 @@ def strategy_colours(fig: plt.Figure, strategies: set[str], axes: list | None = 
 
 def test_a_strategy_has_one_colour_in_every_figure(study):
     """Colour means strategy in every figure that draws strategies (precision is a hatch or a line style); the
-    time ledger's colours are its parts and the memory figure's left panel its state's parts, both in a legend
-    of their own. The control: bars coloured by precision, as the figures once were, are caught."""
+    time ledger's parts are shades of it (tested below) and the memory figure's left panel shows its state's
+    parts in greys. The control: bars coloured by precision, as the figures once were, are caught."""
     tables, _ = study
     style, strategies = strategy_style(), set(tables[1]["strategy"])
     everywhere: dict[str, set[tuple]] = {}
     for name, fig in figures_of(study).items():
-        if name != "time_ledger":  # its colours are its parts; so are the memory figure's left panel's
+        if name != "time_ledger":  # its parts are shades; the memory figure's left panel's are greys
             for strategy, colours in strategy_colours(fig, strategies, fig.axes[1:] if name == "memory" else None).items():
                 everywhere.setdefault(strategy, set()).update(colours)
         plt.close(fig)
@@ -155,4 +176,78 @@ def test_a_strategy_has_one_colour_in_every_figure(study):
     ax.barh([0, 1], [1, 2], color=["#0173b2", "#de8f05"])  # ddp fp32 and ddp bf16 in precision colours
     ax.set_yticks([0, 1], ["ddp fp32", "ddp bf16"])
     assert len(strategy_colours(fig, {"ddp"})["ddp"]) == 2
+    plt.close(fig)
+
+
+def shades_off(fig: plt.Figure, style: dict) -> list[str]:
+    """The stacked bars whose colour is not their row's strategy colour mixed with white (one fraction for all
+    three channels)."""
+    wrong = []
+    rows = [label.split(" ")[0] for label in _rows(fig)]
+    for container in fig.axes[0].containers:
+        for strategy, bar in zip(rows, container.patches):
+            base, colour = np.array(style[strategy]["color"]), np.array(mcolors.to_rgb(bar.get_facecolor()))
+            room = 1 - base
+            fractions = (colour - base)[room > 0.05] / room[room > 0.05]
+            if not (np.allclose(fractions, fractions[0], atol=0.02) and -0.01 <= fractions[0] <= 1.01):
+                wrong.append(f"{strategy}: {mcolors.to_hex(colour)}")
+    return wrong
+
+
+def test_the_time_ledger_draws_each_configuration_in_shades_of_its_strategy_colour(study):
+    """Its parts differ by shade and hatch; colour stays the strategy's. The control: the parts in a palette of
+    their own (as the ledger once was, with compute in single's blue) are caught."""
+    tables, title = study
+    style = strategy_style()
+    fig = FIGURES["time_ledger"](*tables, title)
+    assert len(fig.axes[0].containers) >= 3 and shades_off(fig, style) == []
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    ax.barh([0, 1], [1, 2], color=["#0173b2", "#0173b2"])  # compute in one colour whatever the strategy
+    ax.set_yticks([0, 1], ["single fp32", "ddp fp32"])
+    assert shades_off(fig, style) == ["ddp: #0173b2"]
+    plt.close(fig)
+
+
+def headings_crossed(fig: plt.Figure) -> list[str]:
+    """Placement headings that a separator line runs through."""
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    lines = [ax.transData.transform((0, line.get_ydata()[0]))[1] for line in ax.get_lines()
+             if len(set(line.get_ydata())) == 1]
+    crossed = []
+    for text in ax.texts:
+        box = text.get_window_extent(renderer)
+        crossed += [text.get_text() for y in lines if box.y0 - 1 <= y <= box.y1 + 1]
+    return crossed
+
+
+def test_placement_headings_stand_clear_of_the_separators(study):
+    tables, title = study
+    fig = FIGURES["throughput"](*tables, title)
+    assert len(fig.axes[0].texts) >= 2 and headings_crossed(fig) == []
+    plt.close(fig)
+    fig, ax = plt.subplots()  # control: a heading set just below its separator, as the figures once had it
+    ax.set_ylim(3.5, -1.0)
+    ax.axhline(1.5)
+    ax.text(0.995, 1.55, "2 processes", transform=ax.get_yaxis_transform(), ha="right", va="bottom")
+    assert headings_crossed(fig) == ["2 processes"]
+    plt.close(fig)
+
+
+def test_the_loss_deviation_shows_the_tolerance_and_names_what_equals_single(study):
+    """The findings' 'same loss' tolerance is a line; configurations equal to single at every step (their lines
+    lie on the floor, under each other) are named there."""
+    tables, title = study
+    fig = FIGURES["loss_deviation"](*tables, title)
+    for ax in (ax for ax in fig.axes if ax.get_visible() and ax.lines):
+        levels = [line.get_ydata()[0] for line in ax.get_lines() if len(set(line.get_ydata())) == 1]
+        assert SAME_LOSS_TOLERANCE in levels
+        floor = [t.get_text() for t in ax.texts if t.get_text().startswith("equal to single's")]
+        assert len(floor) == 1
+        at_floor = {line.get_label() for line in ax.get_lines() if line.get_label()[0] != "_"
+                    and (np.asarray(line.get_ydata()) <= EXACT_FLOOR).all()}
+        named = set(floor[0].removeprefix("equal to single's: ").split(", ")) - {"none at every step"}
+        assert named == at_floor, (named, at_floor)
     plt.close(fig)

@@ -118,6 +118,21 @@ def test_a_configuration_run_once_by_plan_is_not_told_to_run_more():
     assert lost["ranked"][1]["gap"] == "too few repeats"
 
 
+def test_a_configuration_run_once_without_a_partner_in_its_round_says_so():
+    """The top configuration's run of the same round left out (disturbed): no ratio to give, and the answer says
+    why instead of failing (a fresh AVX2 study's report once ended in a TypeError here)."""
+    runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [70]}, disturbed={"ddp-fp32-n2": {0}})
+    summary["planned_repeats"] = summary["config_id"].map({"ddp-fp32-n2": 3, "fsdp-fp32-n2": 1})
+    (group,) = rank(runs, summary)
+    fsdp = group["ranked"][1]
+    assert fsdp["gap"] == "one repeat planned" and fsdp["vs_fastest"] is None, fsdp
+    assert "- fsdp fp32: not measured (no undisturbed pair of runs" in answer_markdown([group])
+    # control: with its partner undisturbed, the one pair gives a ratio
+    runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [70]})
+    summary["planned_repeats"] = summary["config_id"].map({"ddp-fp32-n2": 3, "fsdp-fp32-n2": 1})
+    assert "- fsdp fp32: 0.70 (one run each, no interval)" in answer_markdown(rank(runs, summary))
+
+
 def test_a_slower_configuration_says_which_parts_of_its_step_take_longer():
     runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [70, 77, 74]})
     ledgers = {"ddp-fp32-n2": (0.060, 0.010, 0.005, 0.001, 0.020), "fsdp-fp32-n2": (0.062, 0.004, 0.040, 0.001, 0.031)}

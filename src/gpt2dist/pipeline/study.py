@@ -25,8 +25,7 @@ RUNS_DIR = "results/runs"
 RESULTS_DIR = "results"
 SELFTEST_DIR = f"{RESULTS_DIR}/selftest"
 ESTIMATE_FILE = f"{RESULTS_DIR}/estimate.json"  # the study's expected duration, run by run (pipeline/duration.py)
-FIGURES = ("throughput", "speedup", "efficiency", "loss_deviation", "loss_vs_time", "memory", "epoch_time",
-           "time_ledger")
+FIGURES = ("throughput", "scaling", "loss_deviation", "loss_vs_time", "memory", "time_ledger")
 LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links
 RUN_ID = re.compile(rf"^(?P<strategy>{'|'.join(map(re.escape, STRATEGY_NAMES))})-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
                     r"-n(?P<nproc>\d+)(?:-(?P<nodes>\d+)nodes(?:-(?P<link>\d+(?:\.\d+)?)mbit)?)?-r(?P<repeat>\d+)$")

@@ -311,12 +311,14 @@ def hardware_label(records: dict[str, dict]) -> tuple[str, str | None]:
                  hardware_of(record).removeprefix(name).strip(" ()")]
         return f"{len(gpus)}x {name} ({', '.join(fact for fact in facts if fact)})", name
     emulated = devices.get("cpu_bf16") == "emulated" and any(r.get("precision") == "bf16" for r in records.values())
-    mhz = (devices.get("cpu_identity") or {}).get("mhz")
-    cores = f"{devices['cpu_cores']} cores" + (f" at {mhz / 1000:.1f} GHz" if mhz else "")
+    identity = devices.get("cpu_identity") or {}
+    cores = f"{devices['cpu_cores']} cores" + (f" at {identity['mhz'] / 1000:.1f} GHz" if identity.get("mhz") else "")
     model = hardware_of(record)
     if model.endswith(")"):
         return f"{model[:-1]}; {cores}{', bf16 emulated' if emulated else ''})", None
-    return f"{model} ({cores}{', bf16 emulated' if emulated else ''})", None
+    # runs from before gpt2dist recorded the CPU's identity: what they did record still tells machines apart
+    bf16 = {"native": "bf16 in hardware", "emulated": "bf16 emulated"}.get(devices.get("cpu_bf16"))
+    return f"{model} ({'; '.join(filter(None, [bf16, cores, 'family, model and flags not recorded']))})", None
 
 
 def refuse_if_too_disturbed(disturbed: pd.DataFrame, limit: int | None, runs_dir: Path) -> None:

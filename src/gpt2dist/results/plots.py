@@ -32,6 +32,7 @@ from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
 from gpt2dist.pipeline.study import LINK_FIGURE  # noqa: E402
 from gpt2dist.results.collect import in_study_order  # noqa: E402
+from gpt2dist.results.findings import SAME_LOSS_TOLERANCE  # noqa: E402
 from gpt2dist.results.inputs import read_csv, read_summary  # noqa: E402
 from gpt2dist.results.link_model import predicted_vs_measured  # noqa: E402
 from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns  # noqa: E402
@@ -50,6 +51,16 @@ HATCHES = {"fp32": "", "tf32": "..", "bf16": "///", "fp16": "\\\\\\", "apex-O1":
 # The colourblind palette, its second pink (too near fsdp's) swapped for its sky blue, its pale yellow for olive
 STRATEGY_COLOURS = ("#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#56b4e9", "#949494",
                     "#8c8c00")
+
+
+# A ledger's parts as shades of the row's strategy colour (mixed with white by the fraction) and hatches, so that
+# colour keeps meaning the strategy: compute full, communication under it pale, exposed communication hatched
+LEDGER_LOOKS = {"compute_s": (0.0, None), "comm_hidden_s": (0.55, None), "comm_exposed_s": (0.0, "xxx"),
+                "data_s": (0.3, "..."), "idle_s": (0.8, None)}
+
+
+def _tint(colour: tuple, white: float) -> tuple:
+    return tuple(c + (1 - c) * white for c in colour)
 
 
 def strategy_style() -> dict[str, dict]:
@@ -114,16 +125,27 @@ def _row_label(row: dict) -> str:
 
 
 def _rows(ax: plt.Axes, data: pd.DataFrame) -> np.ndarray:
-    """One row per configuration, top to bottom, each placement headed by its name; returns the rows' y."""
-    y = np.arange(len(data))
+    """One row per configuration, top to bottom, each placement headed by its name in a row of its own (so no
+    label sits on the line between placements); returns the rows' y."""
+    placements = data["placement"].tolist()
+    starts = [i for i, p in enumerate(placements) if i == 0 or p != placements[i - 1]]
+    y = np.array([i + 1 + sum(start <= i for start in starts[1:]) for i in range(len(data))], dtype=float)
     ax.set_yticks(y, [_row_label(row) for row in data.to_dict("records")], fontsize="small")
-    ax.set_ylim(len(data) - 0.5, -1.0)  # top row first, room above it for the first heading
-    for start, placement in ((i, p) for i, p in enumerate(data["placement"]) if i == 0 or p != data["placement"][i - 1]):
+    if len(y):
+        ax.set_ylim(y[-1] + 0.6, -0.6)  # top row first
+    for start in starts:
+        heading = y[start] - 1
         if start:
-            ax.axhline(start - 0.5, color="grey", linewidth=0.8)
-        ax.text(0.995, start - 0.45, placement, transform=ax.get_yaxis_transform(), ha="right", va="bottom",
-                fontsize="small", style="italic")
+            ax.axhline(heading - 0.5, color="grey", linewidth=0.8)
+        ax.text(0.005, heading, placements[start], transform=ax.get_yaxis_transform(), ha="left", va="center",
+                fontsize="small", style="italic", weight="bold")
+    ax.tick_params(axis="y", length=0)
     return y
+
+
+def _rows_height(data: pd.DataFrame, extra: float) -> float:
+    """Inches for _rows' rows and headings, plus `extra` for titles, axis and legend."""
+    return 0.3 * (len(data) + data["placement"].nunique()) + extra
 
 
 def _error(frame: pd.DataFrame, column: str, scale: float) -> np.ndarray:
@@ -137,7 +159,7 @@ def _error(frame: pd.DataFrame, column: str, scale: float) -> np.ndarray:
 def _config_bars(runs: pd.DataFrame, summary: pd.DataFrame, column: str, scale: float, xlabel: str, title: str,
                  best_is_high: bool) -> plt.Figure:
     data = ranked(summary, column, ascending=not best_is_high)
-    fig, ax = _figure(0.32 * len(data) + 2.4)
+    fig, ax = _figure(_rows_height(data, 2.4))
     y = _rows(ax, data)
     bars = _strategy_bars(ax, y, data, data[column] / scale, xerr=_error(data, column, scale), capsize=3,
                           ecolor="black")
@@ -147,8 +169,8 @@ def _config_bars(runs: pd.DataFrame, summary: pd.DataFrame, column: str, scale: 
     for i, config in enumerate(data["config_id"]):
         mine = runs[runs["config_id"] == config]
         quiet = mine["disturbed"].fillna("") == ""
-        ax.scatter(mine.loc[quiet, column] / scale, np.full(quiet.sum(), i), color="black", s=10, zorder=3)
-        ax.scatter(mine.loc[~quiet, column] / scale, np.full((~quiet).sum(), i), color="red", marker="x", s=30,
+        ax.scatter(mine.loc[quiet, column] / scale, np.full(quiet.sum(), y[i]), color="black", s=10, zorder=3)
+        ax.scatter(mine.loc[~quiet, column] / scale, np.full((~quiet).sum(), y[i]), color="red", marker="x", s=30,
                    zorder=3)
     handles = _bar_keys(data)
     handles += [Line2D([], [], color="black", marker="o", linestyle="", markersize=4, label="one run"),
@@ -165,15 +187,10 @@ def throughput(runs: pd.DataFrame, summary: pd.DataFrame, metrics: pd.DataFrame,
                         f"Throughput, geometric mean and 95% interval, fastest first\n{title}", best_is_high=True)
 
 
-def epoch_time(runs, summary, metrics, title):
-    return _config_bars(runs, summary, "time_per_epoch_s", 60, "time per epoch (min)",
-                        f"Time per epoch, shortest first\n{title}", best_is_high=False)
-
-
 def memory(runs, summary, metrics, title):
     """Left: the model state each rank holds (what sharding divides); right: the process's peak."""
     data = ranked(summary, "peak_mem_bytes", ascending=True)
-    fig, (state, peak) = _figure(0.32 * len(data) + 2.6, ncols=2, sharey=True)
+    fig, (state, peak) = _figure(_rows_height(data, 2.6), ncols=2, sharey=True)
     y = _rows(state, data)
     left = np.zeros(len(data))
     handles = []
@@ -193,32 +210,40 @@ def memory(runs, summary, metrics, title):
     return fig
 
 
-def _scaling(summary: pd.DataFrame, column: str, ideal: Callable, ylabel: str, title: str) -> plt.Figure:
-    """Against processes on one machine; runs on emulated nodes are in the links figure, and those across a
-    cluster's nodes (whose speedup is over one node) in the throughput and ranking."""
-    data = summary.dropna(subset=[column])
+def scaling(runs, summary, metrics, title):
+    """Speedup over the baseline and scaling efficiency (speedup / processes) against processes on one machine,
+    side by side; runs on emulated nodes are in the links figure, and those across a cluster's nodes (whose
+    speedup is over one node) in the throughput figure and the ranking."""
+    data = summary.dropna(subset=["speedup"])
     if "nodes" in data:
         data = data[data["nodes"] == 1]
-    fig, ax = _figure(5.6)
+    fig, (fast, efficient) = _figure(4.8, ncols=2, sharex=True)
     style = strategy_style()
-    for (strategy, precision), group in data.groupby(["strategy", "precision"], sort=False):
-        group = group.sort_values("nproc")
-        ax.errorbar(group["nproc"], group[column], yerr=_error(group, column, 1.0), capsize=4,
-                    linestyle=LINES.get(precision, "-"), label=f"{strategy} {precision}", **style[strategy])
     counts = sorted(summary["nproc"].unique())
-    ax.plot(counts, [ideal(n) for n in counts], color="grey", linestyle=":", label="ideal")
-    ax.set(xlabel="processes (GPUs on CUDA machines)", ylabel=ylabel, title=title, xticks=counts)
-    _legend_below(fig, ax.get_legend_handles_labels()[0], columns=4)
+    panels = ((fast, "speedup", float, "speedup over the baseline (x), paired by repeat"),
+              (efficient, "scaling_efficiency", lambda n: 1.0, "efficiency (speedup / processes)"))
+    for ax, column, ideal, label in panels:
+        for (strategy, precision), group in data.groupby(["strategy", "precision"], sort=False):
+            group = group.sort_values("nproc")
+            ax.errorbar(group["nproc"], group[column], yerr=_error(group, column, 1.0), capsize=4,
+                        linestyle=LINES.get(precision, "-"), label=f"{strategy} {precision}", **style[strategy])
+        ax.plot(counts, [ideal(n) for n in counts], color="grey", linestyle=":")
+        ax.set(xlabel="processes (GPUs on CUDA machines)", ylabel=label, xticks=counts)
+    fast.set_title("Speedup")
+    efficient.set_title("Efficiency")
+    keys = _line_keys(data) + [Line2D([], [], color="grey", linestyle=":", label="ideal")]
+    _legend_below(fig, keys, columns=min(len(keys), 6))
+    fig.suptitle(f"Scaling on one machine, 95% intervals\n{title}")
     return fig
 
 
-def speedup(runs, summary, metrics, title):
-    return _scaling(summary, "speedup", float, "speedup over the baseline (x), paired by repeat",
-                    f"Speedup\n{title}")
-
-
-def efficiency(runs, summary, metrics, title):
-    return _scaling(summary, "scaling_efficiency", lambda n: 1.0, "scaling efficiency", f"Scaling efficiency\n{title}")
+def _line_keys(data: pd.DataFrame) -> list:
+    """Legend entries for lines: each strategy drawn (its colour and marker), then each precision (its style)."""
+    style = strategy_style()
+    drawn = [s for s in STRATEGY_NAMES if s in set(data["strategy"])]
+    return ([Line2D([], [], label=s, **style[s]) for s in drawn]
+            + [Line2D([], [], color="black", linestyle=LINES.get(p, "-"), label=p)
+               for p in PRECISIONS if p in set(data["precision"])])
 
 
 def deviation_from_single(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -238,6 +263,9 @@ def deviation_from_single(metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def loss_deviation(runs, summary, metrics, title):
+    """Per step, how far each strategy's training loss lies from single's, against the tolerance the findings
+    judge 'the same loss' by; a configuration equal to single at every step is named at the floor, where its
+    line would hide under the others'."""
     data = deviation_from_single(metrics)
     precisions = [p for p in PRECISIONS if p in set(data["precision"])] if len(data) else ["fp32"]
     columns = min(2, len(precisions))
@@ -246,18 +274,28 @@ def loss_deviation(runs, summary, metrics, title):
     style, handles = strategy_style(), {}
     for ax, precision in zip(axes.flat, precisions):
         panel = data[data["precision"] == precision] if len(data) else data
+        exact = []
         for (strategy, nproc), group in (panel.groupby(["strategy", "nproc"], sort=False) if len(panel) else []):
-            median = group.groupby("step")["deviation"].median().clip(lower=EXACT_FLOOR)
-            (line,) = ax.plot(median.index, median.to_numpy(), linestyle=NPROC_LINES.get(nproc, "-"), markersize=3,
-                              label=f"{strategy} n={nproc}", **style[strategy])
+            median = group.groupby("step")["deviation"].median()
+            (line,) = ax.plot(median.index, median.clip(lower=EXACT_FLOOR).to_numpy(),
+                              linestyle=NPROC_LINES.get(nproc, "-"), markersize=3, label=f"{strategy} n={nproc}",
+                              **style[strategy])
             handles.setdefault(line.get_label(), line)
+            if (median == 0).all():
+                exact.append(line.get_label())
+        ax.axhline(SAME_LOSS_TOLERANCE, color="grey", linestyle="-.", linewidth=1)
+        ax.text(0.01, SAME_LOSS_TOLERANCE, f"{SAME_LOSS_TOLERANCE:.0%}: 'same loss' in the findings",
+                transform=ax.get_yaxis_transform(), va="bottom", fontsize="x-small", color="dimgrey")
+        ax.text(0.01, EXACT_FLOOR / 1.6, "equal to single's: " + (", ".join(exact) if exact else "none at every step"),
+                transform=ax.get_yaxis_transform(), va="top", fontsize="x-small", color="dimgrey", wrap=True)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_yscale("log")
+        ax.set_ylim(EXACT_FLOOR / 30, max(SAME_LOSS_TOLERANCE * 10, ax.get_ylim()[1]))  # room under the floor
         reference = panel["reference"].iloc[0] if len(panel) else f"{REFERENCE} {precision}"
         ax.set(xlabel="optimizer step", title=f"{precision}, against {reference}")
     for ax in list(axes.flat)[len(precisions):]:
         ax.set_axis_off()
-    fig.supylabel(f"|loss - single's| / single's (exact matches at {EXACT_FLOOR:g})", fontsize="small")
+    fig.supylabel(f"|loss - single's| / single's (equal drawn at {EXACT_FLOOR:g})", fontsize="small")
     _legend_below(fig, list(handles.values()), columns=4)
     fig.suptitle(f"Deviation from the single-process loss, median over repeats\n{title}")
     return fig
@@ -327,26 +365,28 @@ def time_ledger(runs, summary, metrics, title):
         ax.set_title(f"Where a step's time goes\n{title}")
         return fig
     data = ranked(data.assign(_traced=data[columns].fillna(0).sum(axis=1)), "_traced", ascending=True)
-    fig, ax = _figure(0.32 * len(data) + 2.6)
+    fig, ax = _figure(_rows_height(data, 2.6))
     y = _rows(ax, data)
     left = np.zeros(len(data))
-    colours = sns.color_palette("colorblind", 10)  # compute blue, hidden under it light blue, exposed red, idle grey
-    palette = dict(zip(PART_WORDS, (colours[0], colours[9], colours[3], colours[8], colours[7])))
+    style, keys = strategy_style(), []
     for column in columns:
         part = column.removeprefix(LEDGER)
+        tint, hatch = LEDGER_LOOKS[part]
         values = data[column].fillna(0).to_numpy() * 1e3
-        ax.barh(y, values, left=left, color=palette[part], label=PART_WORDS[part], height=0.7,
-                hatch="//" if part == "comm_exposed_s" else None, edgecolor="white")
+        ax.barh(y, values, left=left, color=[_tint(style[s]["color"], tint) for s in data["strategy"]], height=0.7,
+                hatch=hatch, edgecolor="white")
+        keys.append(Patch(facecolor=_tint(mcolors.to_rgb("dimgrey"), tint), hatch=hatch, edgecolor="white",
+                          label=PART_WORDS[part]))
         left += values
     ax.set(xlabel="ms per traced step (median over repeats)",
            title=f"Where a step's time goes (torch.profiler), shortest step first\n{title}")
-    _legend_below(fig, ax.get_legend_handles_labels()[0], columns=2)  # three columns of these words pass 8 in
+    _legend_below(fig, keys, columns=2)  # three columns of these words pass 8 in
     return fig
 
 
 FIGURES: dict[str, Callable[..., plt.Figure]] = {
-    "throughput": throughput, "speedup": speedup, "efficiency": efficiency, "loss_deviation": loss_deviation,
-    "loss_vs_time": loss_vs_time, "memory": memory, "epoch_time": epoch_time, "time_ledger": time_ledger,
+    "throughput": throughput, "scaling": scaling, "loss_deviation": loss_deviation, "loss_vs_time": loss_vs_time,
+    "memory": memory, "time_ledger": time_ledger,
 }
 
 

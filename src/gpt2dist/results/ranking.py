@@ -111,7 +111,7 @@ def _nan(value) -> float:
 
 
 def _ratio(row: dict) -> str:
-    if row["gap"] == "one repeat planned":
+    if row["gap"] == "one repeat planned" and row["vs_fastest"] is not None:
         return f"{row['vs_fastest']:.2f} (one run each, no interval)"
     if row.get("pairs") == 2 and row["gap"] == "not distinguishable":  # one degree of freedom: t is in the tens
         return f"{row['vs_fastest']:.2f} (2 pairs of runs: too few for a useful interval at this level)"
