@@ -339,14 +339,19 @@ def plot(results: Annotated[Path, typer.Option(help="Directory written by `gpt2d
 
 @app.command()
 @one_line_errors
-def report(results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results")) -> None:
-    """Write results/summary.md: the comparison table and the environment."""
+def report(
+    results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results"),
+    against: Annotated[Optional[list[Path]], typer.Option(
+        help="Other stored studies to set each claim's verdict beside: a study's results directory, or a directory "
+             "of them (docs/reference); those of another preset are skipped. Repeatable.")] = None,
+) -> None:
+    """Write results/summary.md and findings.md: the answer, the comparison table, the claims and the environment."""
     from gpt2dist.results.inputs import read_summary
 
     read_summary(results)  # a missing or foreign summary is told before pandas and scipy load
     from gpt2dist.results.report import report as run_report
 
-    typer.echo(f"ok: {run_report(results)}")
+    typer.echo(f"ok: {run_report(results, against or [])}")
 
 
 @app.command()

@@ -140,9 +140,10 @@ def test_an_outlier_is_flagged_either_way_and_repeats_that_merely_disagree_are_n
              "fsdp-fp32-n2": [100.0, 125.0, 150.0], "tp-fp32-n2": [100.0, 300.0]}
     found = outliers(runs_table(rates), 0.3).set_axis(runs_table(rates)["run_id"])
     # a planted fast run: 57% above the median of the other two, which agree within 4%
-    assert found["single-fp32-n1-r2"] == ("an outlier: 57% faster than the median of its configuration's other "
-                                          "runs (102 tokens/s; limit 30%)")
-    assert found["ddp-fp32-n2-r1"].startswith("an outlier: 39% slower than the median")
+    assert found["single-fp32-n1-r2"] == ("an outlier: 1.57x faster than the median of its configuration's other "
+                                          "runs (102 tokens/s; limit 1.30x either way)")
+    # slower, as a ratio too: the median of the others (99) is 1.65 times it
+    assert found["ddp-fp32-n2-r1"].startswith("an outlier: 1.65x slower than the median")
     # the controls: three repeats spread evenly (no run twice as far out as the others' spread), two repeats
     # (no others to judge by), and the remaining runs of the flagged configurations
     flagged = {run for run, why in found.items() if why}

@@ -24,6 +24,7 @@ DATA_DIR = "data/tokens"
 RUNS_DIR = "results/runs"
 RESULTS_DIR = "results"
 SELFTEST_DIR = f"{RESULTS_DIR}/selftest"
+STORED_STUDIES = "docs/reference"  # the studies the repository keeps, each in a directory of its own
 ESTIMATE_FILE = f"{RESULTS_DIR}/estimate.json"  # the study's expected duration, run by run (pipeline/duration.py)
 FIGURES = ("throughput", "scaling", "loss_deviation", "loss_vs_time", "memory", "time_ledger")
 LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links
@@ -316,7 +317,8 @@ def plot_command() -> str:
 
 
 def report_command() -> str:
-    return _cmd("gpt2dist", "report", "--results", RESULTS_DIR)
+    """With the repository's stored studies, which set each claim's verdict beside those of the same preset."""
+    return _cmd("gpt2dist", "report", "--results", RESULTS_DIR, "--against", STORED_STUDIES)
 
 
 def caption_facts(study: Study) -> str:

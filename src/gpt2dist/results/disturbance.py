@@ -104,7 +104,8 @@ def outliers(runs: pd.DataFrame, limit: float) -> pd.Series:
             centre, spread = others.median(), others.max() / others.min() - 1
             deviation = max(value / centre, centre / value) - 1
             if deviation > limit and deviation > 2 * spread:
+                # a ratio either way: "26% slower" flagged past a "30%" limit (1.35x in ratio) read as a mistake
                 side = "faster" if value > centre else "slower"
-                reasons[index] = (f"an outlier: {abs(value / centre - 1):.0%} {side} than the median of its "
-                                  f"configuration's other runs ({centre:,.0f} tokens/s; limit {limit:.0%})")
+                reasons[index] = (f"an outlier: {deviation + 1:.2f}x {side} than the median of its configuration's "
+                                  f"other runs ({centre:,.0f} tokens/s; limit {limit + 1:.2f}x either way)")
     return reasons

@@ -3,6 +3,7 @@ summary.json, with the environment it was measured in."""
 
 from __future__ import annotations
 
+import collections
 import math
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from tabulate import tabulate
 from gpt2dist.io import atomic_write_text
 from gpt2dist.pipeline.study import FIGURES, LINK_FIGURE
 from gpt2dist.results.collect import in_study_order
+from gpt2dist.results.findings import UNTESTABLE
 from gpt2dist.results.inputs import read_summary
 from gpt2dist.results.link_model import worst_error
 from gpt2dist.results.prediction import STEP_TARGET, prediction_errors
@@ -93,10 +95,46 @@ def warnings_markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def findings_markdown(summary: dict) -> str:
-    rows = [[f"{f['text']} ({f['source']})", f["verdict"], f["statistic"]] for f in summary.get("findings", [])]
-    return tabulate(rows, headers=["claim", "verdict", "statistic (95% intervals, undisturbed runs only)"],
-                    tablefmt="github")
+def stored_studies(places: list[Path], summary: dict, own: Path) -> list[dict]:
+    """The summaries of the other studies of this study's preset in `places` (each a study's results directory or
+    a directory of them, as docs/reference is); a place that does not exist holds none."""
+    found = []
+    for place in places:
+        for path in sorted([Path(place) / "summary.json", *Path(place).glob("*/summary.json")]):
+            if path.is_file() and path.resolve() != (own / "summary.json").resolve():
+                other = read_summary(path.parent)
+                if other["preset"] == summary["preset"]:
+                    found.append(other)
+    return found
+
+
+def elsewhere(mine: str, theirs: list[str]) -> tuple[str, bool]:
+    """How a claim fared in the other studies ('supported in 2 of 2'), and whether it is unstable: judged here
+    and there, with a different verdict."""
+    if not theirs:
+        return "not judged in them", False
+    counts = collections.Counter(theirs)
+    text = ", ".join(f"{verdict} in {n}" for verdict, n in counts.most_common()) + f" of {len(theirs)}"
+    return text, mine != UNTESTABLE and any(verdict not in (mine, UNTESTABLE) for verdict in theirs)
+
+
+def findings_markdown(summary: dict, others: list[dict] = ()) -> str:
+    """The claims with their verdicts; with other stored studies of the preset, how each fared in them, and a
+    verdict they do not share marked unstable: a claim at the edge of the noise is no finding."""
+    headers = ["claim", "verdict", "statistic (95% intervals, undisturbed runs only)"]
+    rows = []
+    for finding in summary.get("findings", []):
+        verdict, row = finding["verdict"], [f"{finding['text']} ({finding['source']})"]
+        if others:
+            theirs = [g["verdict"] for other in others for g in other.get("findings", []) if g["claim"] == finding["claim"]]
+            text, unstable = elsewhere(verdict, theirs)
+            verdict = f"{verdict}, but unstable" if unstable else verdict
+            rows.append([*row, verdict, finding["statistic"], text])
+        else:
+            rows.append([*row, verdict, finding["statistic"]])
+    if others:
+        headers.append(f"in the {len(others)} other stored stud{'ies' if len(others) > 1 else 'y'} of this preset")
+    return tabulate(rows, headers=headers, tablefmt="github")
 
 
 def _where(row: dict) -> str:
@@ -239,7 +277,7 @@ model (for a ring all-reduce over n ranks, 2(n-1)/n of the payload).
 """
 
 
-def summary_markdown(summary: dict) -> str:
+def summary_markdown(summary: dict, others: list[dict] = ()) -> str:
     configs = in_study_order(pd.DataFrame(summary["configs"].values())).to_dict("records")
     named = any(row.get("label") for row in configs)  # a paper preset: its names for the rows come first
     spread = any((row.get("nodes") or 1) > 1 for row in configs)  # a study with runs on several nodes
@@ -292,7 +330,7 @@ the strategy's traffic model (ring collectives, activations at pipeline boundari
 {prediction_markdown(in_study_order(pd.DataFrame(summary["configs"].values())))}
 ## The papers' claims on this study's data
 
-{findings_markdown(summary)}
+{findings_markdown(summary, others)}
 
 {link_model_markdown(summary)}
 
@@ -300,16 +338,21 @@ the strategy's traffic model (ring collectives, activations at pipeline boundari
 """
 
 
-def report(results: Path) -> Path:
-    """summary.md, and findings.md: the claims alone, for readers who want only the verdicts."""
+def report(results: Path, against: list[Path] = ()) -> Path:
+    """summary.md, and findings.md: the claims alone, for readers who want only the verdicts; each claim beside
+    its verdicts in the other stored studies of the preset found in `against`."""
     results = Path(results)
     summary = read_summary(results)
+    others = stored_studies(against, summary, results)
+    compared = (f" Beside each verdict: the same claim in the {len(others)} other stored "
+                f"stud{'ies' if len(others) > 1 else 'y'} of preset `{summary['preset']}`; a verdict they do not "
+                "share is marked unstable." if others else "")
     atomic_write_text(results / "findings.md", f"""# The seed studies' claims, checked: preset `{summary['preset']}`{uncommitted(summary)}
 
-Hardware: {summary['hardware']}. Verdicts use undisturbed runs only; see summary.md for the numbers.
+Hardware: {summary['hardware']}. Verdicts use undisturbed runs only; see summary.md for the numbers.{compared}
 
-{findings_markdown(summary)}
+{findings_markdown(summary, others)}
 """)
     path = results / "summary.md"
-    atomic_write_text(path, summary_markdown(summary))
+    atomic_write_text(path, summary_markdown(summary, others))
     return path

@@ -1,0 +1,48 @@
+"""The same study twice on one machine gives the same answer: the same tiers in every placement, and every claim
+the same verdict, or the second study's findings mark the claim unstable beside the first's verdict. On the
+smallest study that still separates something: tp at 2 processes is well below ddp on a tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reduced_study import copy_workflow, run
+
+pytestmark = pytest.mark.slow
+
+RUNS = [{"strategies": ["single"], "precisions": ["fp32"], "nproc": [1]},
+        {"strategies": ["ddp", "tp"], "precisions": ["fp32"], "nproc": [2]}]
+
+
+def tiers(results: Path) -> dict[str, list[tuple[str, int | None]]]:
+    answer = json.loads((results / "summary.json").read_text())["answer"]
+    return {group["placement"]: [(row["config_id"], row["tier"]) for row in group["ranked"]] for group in answer}
+
+
+def verdicts(results: Path) -> dict[str, str]:
+    return {f["text"]: f["verdict"] for f in json.loads((results / "summary.json").read_text())["findings"]}
+
+
+@pytest.mark.timeout(1800)
+def test_a_study_run_twice_gives_the_same_tiers_and_verdicts_or_says_which_are_unstable(tmp_path):
+    studies = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        work = copy_workflow(tmp_path / name, repeats=3, runs=RUNS)
+        run(["snakemake", "--cores", "2"], work)
+        studies.append(work / "results")
+    first, second = studies
+    # something is separated, so agreement means something
+    assert ("tp-fp32-n2", 2) in tiers(first)["2 processes on one machine"], tiers(first)
+    assert tiers(first) == tiers(second)
+    run(["gpt2dist", "report", "--results", str(second), "--against", str(first)], second.parent)
+    findings = (second / "findings.md").read_text()
+    assert "in the 1 other stored study of this preset" in findings
+    for claim, verdict in verdicts(second).items():
+        row = next(line for line in findings.splitlines() if claim in line)
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        assert verdict == verdicts(first)[claim] or cells[1] == f"{verdict}, but unstable", row
+    assert verdicts(second)["Every strategy converges to the same loss."] == "supported"

@@ -1,0 +1,51 @@
+"""The report beside other stored studies of its preset: each claim's verdicts there, and a verdict they do not
+share marked unstable (a claim at the edge of the noise flips between runs of one study)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from conftest import REPO, gpt2dist
+
+REFERENCE = REPO / "docs" / "reference" / "cpu-study"
+CLAIM = "Without Apex, DDP is the fastest strategy on one node."
+
+
+def stored(where: Path, name: str, summary: dict) -> None:
+    (where / name).mkdir(parents=True)
+    (where / name / "summary.json").write_text(json.dumps(summary))
+
+
+def claim_row(results: Path) -> list[str]:
+    """The claim's cells in findings.md's table."""
+    row = next(line for line in (results / "findings.md").read_text().splitlines() if CLAIM in line)
+    return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
+def test_a_claim_judged_otherwise_in_another_stored_study_is_marked_unstable(tmp_path):
+    own = tmp_path / "results"
+    own.mkdir()
+    shutil.copy(REFERENCE / "summary.json", own / "summary.json")
+    summary = json.loads((own / "summary.json").read_text())
+    mine = next(f for f in summary["findings"] if f["text"] == CLAIM)
+    assert mine["verdict"] == "supported"
+    flipped = {**summary, "findings": [{**f, "verdict": "not distinguishable from noise"} if f["text"] == CLAIM else f
+                                       for f in summary["findings"]]}
+    stored(tmp_path / "stored", "again", flipped)
+    stored(tmp_path / "stored", "other-preset", {**flipped, "preset": "two-node-cpu"})  # not this preset: skipped
+    gpt2dist("report", "--results", own, "--against", tmp_path / "stored", "--against", tmp_path / "missing")
+    row = claim_row(own)
+    assert row[1:2] == ["supported, but unstable"] and row[-1] == "not distinguishable from noise in 1 of 1", row
+    assert "in the 1 other stored study of this preset" in (own / "findings.md").read_text()
+    assert "supported, but unstable" in (own / "summary.md").read_text()
+    # control: the same verdict there is no instability, and untestable claims stay as they were
+    shutil.rmtree(tmp_path / "stored" / "again")
+    stored(tmp_path / "stored", "again", summary)
+    gpt2dist("report", "--results", own, "--against", tmp_path / "stored")
+    assert ", but unstable" not in (own / "findings.md").read_text()
+    assert claim_row(own)[1:2] == ["supported"] and claim_row(own)[-1] == "supported in 1 of 1"
+    # and without other studies, no column at all (the reference's own findings.md, rebuilt from its bundle)
+    gpt2dist("report", "--results", own)
+    assert "other stored" not in (own / "findings.md").read_text() and len(claim_row(own)) == 3
