@@ -15,6 +15,7 @@ validate(config, "workflow/schemas/params.schema.json", set_default=False)
 include: "workflow/rules/common.smk"
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/selftest.smk"
+include: "workflow/rules/added.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/collect.smk"
 include: "workflow/rules/plot.smk"
@@ -24,6 +25,7 @@ include: "workflow/rules/report.smk"
 # Seconds of CPU each: on a cluster they run on the submit host, not as jobs.
 localrules:
     round_done,
+    added_round,
     collect,
     plot,
     report,

@@ -318,11 +318,47 @@ def collect(
     mixed_hardware: Annotated[bool, typer.Option(help="Compare runs made on different hardware (GPU or CPU model, "
                                                       "NVLink or PCIe) instead of refusing; the summary names them.")] = False,
 ) -> None:
-    """Gather every run of the study into one tidy table and a per-configuration summary."""
+    """Gather every run of the study (with the repeats its added rounds decided) into one tidy table and a
+    per-configuration summary."""
+    from gpt2dist.pipeline.study import with_added_runs
     from gpt2dist.results.collect import collect as run_collect
 
-    result = run_collect(_study(params, preset, gpus, nodes), runs, data, out, mixed_hardware=mixed_hardware)
+    study = with_added_runs(_study(params, preset, gpus, nodes), out)
+    result = run_collect(study, runs, data, out, mixed_hardware=mixed_hardware)
     typer.echo(f"ok: {len(result['configs'])} configurations of preset {result['preset']} summarised in {out}")
+
+
+@app.command("add-round")
+@one_line_errors
+def add_round(
+    round_: Annotated[int, typer.Option("--round", help="Which added round to decide (1 for the first).",
+                                        callback=COUNT.callback)],
+    runs: RunsDir = Path("results/runs"),
+    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
+    results: Annotated[Path, typer.Option(help="The study's results directory (rounds/ is written there).")] =
+    Path("results"),
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpus: Gpus = None,
+    nodes: Nodes = None,
+) -> None:
+    """Decide an added round: rank the runs so far and name the repeats that configurations still undecided (and
+    their placement's top) train next, within study.added_repeats' budget; the pipeline runs it after the
+    planned rounds."""
+    import tempfile
+
+    from gpt2dist.pipeline.study import with_added_runs
+    from gpt2dist.results.added_repeats import decide_round
+
+    study = _study(params, preset, gpus, nodes)
+    if round_ > study.preset.study.added_repeats.rounds:
+        raise UsageError(f"--round {round_}: preset '{study.preset_name}' adds at most "
+                         f"{study.preset.study.added_repeats.rounds} rounds (study.added_repeats.rounds)")
+    study = with_added_runs(study, results, upto=round_ - 1)
+    with tempfile.TemporaryDirectory(prefix="gpt2dist-round-") as scratch:
+        plan = decide_round(study, round_, runs, data, results, Path(scratch))
+    typer.echo(f"ok: added round {round_}: " + (f"{len(plan['runs'])} runs ({', '.join(plan['runs'])})"
+                                                if plan["runs"] else f"no runs: {plan['stopped']}"))
 
 
 @app.command()

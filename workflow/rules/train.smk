@@ -5,6 +5,14 @@ IN_IMAGE = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment
 ACROSS_NODES = [run_id for run_id, run in RUNS.items() if run.nodes > 1 and not run.emulated]
 
 
+def run_pattern(across_nodes):
+    """The run ids a train rule takes: its planned ones, and the added repeats of their configurations."""
+    planned = [re.escape(run_id) for run_id in RUNS if (run_id in ACROSS_NODES) == across_nodes]
+    added = [re.escape(config) + r"-r\d+" for config, run in CONFIGS.items()
+             if (run.nodes > 1 and not run.emulated) == across_nodes] if ADDED.rounds else []
+    return "|".join(planned + added) or "(?!)"  # (?!): matches nothing when there are none
+
+
 # One job per run id. checkpoint.pt is deliberately not an output: Snakemake deletes an
 # interrupted job's outputs (--rerun-incomplete, retries), and the re-run must find the
 # checkpoint to resume from; the metrics so far travel inside it. Each job takes every core of the machine so that no two runs share
@@ -14,11 +22,11 @@ rule train:
     input:
         rules.prepare.output,
         # its configuration's selftest must pass first
-        lambda wildcards: gs.selftest_file(RUNS[wildcards.run]),
+        lambda wildcards: gs.selftest_file(run_of(wildcards.run)),
         # Repeats interleave: repeat k waits for round k-1 (rule round_done below), so a slow spell
         # of the machine hits all configurations alike. Order only: ancient() keeps a re-trained
         # earlier repeat from making every later one out of date.
-        lambda wildcards: [ancient(gs.round_marker(r)) for r in gs.previous_rounds(RUNS[wildcards.run])],
+        lambda wildcards: [ancient(gs.round_marker(r)) for r in gs.previous_rounds(run_of(wildcards.run))],
         # made when the run's last attempt did not complete (common.smk): newer than its outputs, so re-run
         lambda wildcards: [marker] if Path(marker := gs.retry_marker(wildcards.run)).exists() else [],
     output:
@@ -26,9 +34,9 @@ rule train:
         metrics=f"{gs.RUNS_DIR}/{{run}}/metrics.jsonl",
         spec=f"{gs.RUNS_DIR}/{{run}}/spec.json",
     wildcard_constraints:
-        run="|".join(re.escape(run) for run in RUNS if run not in ACROSS_NODES) or "(?!)",
+        run=run_pattern(across_nodes=False),
     params:
-        command=lambda wildcards: gs.train_command(STUDY, RUNS[wildcards.run]),
+        command=lambda wildcards: gs.train_command(STUDY, run_of(wildcards.run)),
         image=lambda wildcards: f"GPT2DIST_IMAGE={shlex.quote(config['container'])} "
         if IN_IMAGE and wildcards.run in ACROSS_NODES
         else "",
@@ -38,10 +46,10 @@ rule train:
         "logs/train/{run}.log",
     threads: WHOLE_MACHINE
     resources:
-        gpus=lambda wildcards: RUNS[wildcards.run].nproc if STUDY.device == "cuda" else 0,  # --resources gpus=N
+        gpus=lambda wildcards: run_of(wildcards.run).nproc if STUDY.device == "cuda" else 0,  # --resources gpus=N
         # On a SLURM cluster (gs.slurm_request): nodes, one task per process and each node's GPUs;
         # tasks_per_gpu=0 keeps the plugin from adding --ntasks-per-gpu.
-        **slurm_resources(lambda wildcards: RUNS[wildcards.run]),
+        **slurm_resources(lambda wildcards: run_of(wildcards.run)),
         tasks_per_gpu=0,
         runtime=STUDY.preset.study.train_runtime_min,  # minutes
     container:
@@ -55,7 +63,7 @@ rule train:
 
 use rule train as train_across_nodes with:
     wildcard_constraints:
-        run="|".join(map(re.escape, ACROSS_NODES)) or "(?!)",  # (?!): matches nothing when there are none
+        run=run_pattern(across_nodes=True),
     container: None
 
 

@@ -178,6 +178,27 @@ class RunGroup(_Strict):
         return self
 
 
+class AddedRepeats(_Strict):
+    """Repeats the study adds after its planned ones, only to configurations whose place in the ranking is still
+    undecided, one round at a time, until they are placed or the budget is spent (Snakemake; DVC trains the
+    planned repeats only)."""
+
+    rounds: int = Field(0, ge=0, le=100, description="At most this many added rounds (0: none).")
+    max_runs: int = Field(0, ge=0, description="At most this many added runs in all, the top configuration's "
+                          "partner runs included (0: no limit by count).")
+    max_minutes: float = Field(0, ge=0, description="At most this much training time added in all, each run "
+                               "counted at its configuration's mean so far (0: no limit by time).")
+    resolve: float = Field(0.05, ge=0, lt=1, description="The smallest throughput gap worth runs to settle: a "
+                           "configuration whose ratio to its placement's top may lie below 1 - resolve and may be "
+                           "1 is undecided; one certainly within it counts as tied.")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> AddedRepeats:
+        if self.rounds and not (self.max_runs or self.max_minutes):
+            raise ValueError("added_repeats with rounds needs a budget: max_runs or max_minutes above 0")
+        return self
+
+
 class StudyConfig(_Strict):
     """Which runs the pipeline trains and how their numbers are summarised."""
 
@@ -209,6 +230,7 @@ class StudyConfig(_Strict):
     max_disturbed: int | None = Field(None, ge=0, description="collect refuses the study when more runs than this "
                                       "are disturbed, naming the command that re-runs them; null: mark them, leave "
                                       "them out of the statistics, and go on.")
+    added_repeats: AddedRepeats = Field(default_factory=AddedRepeats)
     runs: list[RunGroup] = Field(min_length=1)
 
 

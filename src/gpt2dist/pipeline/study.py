@@ -11,7 +11,7 @@ import itertools
 import json
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpt2dist.config.presets import resolve_preset, section_keys
@@ -256,6 +256,44 @@ def pipeline_resume_cases(study: Study) -> list[Run]:
     return resume_cases(study)
 
 
+def added_round_file(k: int | str, results: Path | str = RESULTS_DIR) -> str:
+    """What added round `k` decided (results/added_repeats.py writes it; the Snakefile reads it)."""
+    return f"{results}/rounds/added-{k}.json"
+
+
+def run_of(study: Study, run_id: str) -> Run:
+    """A run of the study by its id: a planned one, or an added repeat of one of its configurations."""
+    planned = next((run for run in study.runs if run.run_id == run_id), None)
+    if planned is not None:
+        return planned
+    config, _, repeat = run_id.rpartition("-r")
+    base = next((run for run in configurations(study) if run.config_id == config), None)
+    if base is None or not repeat.isdigit():
+        raise UsageError(f"'{run_id}' is no run of preset '{study.preset_name}' (nor an added repeat of one of its "
+                         "configurations)")
+    return replace(base, repeat=int(repeat))
+
+
+def with_added_runs(study: Study, results: Path | str = RESULTS_DIR, upto: int | None = None) -> Study:
+    """The study with the runs its added rounds decided so far (rounds 1 to `upto`, at most its own count),
+    read from results/rounds/; the study itself when it adds none."""
+    rounds = study.preset.study.added_repeats.rounds
+    added: list[Run] = []
+    for k in range(1, min(rounds, rounds if upto is None else upto) + 1):
+        path = Path(added_round_file(k, results))
+        if not path.exists():
+            break
+        try:
+            chosen = json.loads(path.read_text())["runs"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"{path} is damaged ({exc}); delete it and run the study again to decide that round "
+                             "anew") from exc
+        if not chosen:
+            break
+        added += [run_of(study, run_id) for run_id in chosen]
+    return replace(study, runs=[*study.runs, *added]) if added else study
+
+
 def retry_marker(run_id: str) -> str:
     """Made by the Snakefile for a run whose record says it did not complete: an input newer than the run's
     outputs, so Snakemake trains it again (resuming from its checkpoint where it has one)."""
@@ -305,6 +343,12 @@ def progress_command(study: Study, params: str = "params.yaml") -> str:
     """After each run: how many runs are done and about how long the rest takes."""
     return _cmd("gpt2dist", "progress", "--params", params, "--preset", study.preset_name, *_cluster(study),
                 "--runs", RUNS_DIR, "--estimate", ESTIMATE_FILE)
+
+
+def added_round_command(study: Study, k: int, params: str = "params.yaml") -> str:
+    """Decide added round `k` from the runs so far (rules/added.smk)."""
+    return _cmd("gpt2dist", "add-round", "--round", k, "--runs", RUNS_DIR, "--data", DATA_DIR, "--results",
+                RESULTS_DIR, "--params", params, "--preset", study.preset_name, *_cluster(study))
 
 
 def collect_command(study: Study, params: str = "params.yaml") -> str:

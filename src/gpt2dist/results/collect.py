@@ -32,7 +32,7 @@ from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
 from gpt2dist.pipeline.duration import wall_seconds
-from gpt2dist.pipeline.study import Study, configurations
+from gpt2dist.pipeline.study import Study, added_round_file, configurations
 from gpt2dist.results.compact import write_compact_views
 from gpt2dist.results.convergence import energy_per_token, needs_more_steps, reference_rows, target_loss, to_target
 from gpt2dist.results.disturbance import conditions_of, disturbance, outliers
@@ -335,6 +335,17 @@ def _json_rows(frame: pd.DataFrame, key: str) -> dict:
             for row in json.loads(frame.to_json(orient="records"))}
 
 
+def added_rounds(study: Study, out_dir: Path) -> list[dict]:
+    """What the study's added rounds decided (results/added_repeats.py writes each), in order."""
+    plans = []
+    for k in range(1, study.preset.study.added_repeats.rounds + 1):
+        path = Path(added_round_file(k, out_dir))
+        if not path.exists():
+            break
+        plans.append(read_json(path, "gpt2dist add-round", ("round", "runs", "stopped", "budget")))
+    return plans
+
+
 def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixed_hardware: bool = False) -> dict:
     table, records, missing = tidy_table(study, Path(runs_dir))
     train_tokens = read_meta(Path(data_dir))["splits"]["train"]["tokens"]
@@ -375,6 +386,7 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
         "configs": _json_rows(summary, "config_id"),
         "findings": check_claims(runs, summary, model),
         "link_model": json.loads(model.to_json(orient="records")),
+        "added_rounds": added_rounds(study, out_dir),
     }
     atomic_write_json(out_dir / "summary.json", result)
     return result

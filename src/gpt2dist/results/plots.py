@@ -227,7 +227,7 @@ def scaling(runs, summary, metrics, title):
             group = group.sort_values("nproc")
             ax.errorbar(group["nproc"], group[column], yerr=_error(group, column, 1.0), capsize=4,
                         linestyle=LINES.get(precision, "-"), label=f"{strategy} {precision}", **style[strategy])
-        ax.plot(counts, [ideal(n) for n in counts], color="grey", linestyle=":")
+        ax.plot(counts, [ideal(n) for n in counts], color="grey", linestyle=":", label="ideal")
         ax.set(xlabel="processes (GPUs on CUDA machines)", ylabel=label, xticks=counts)
     fast.set_title("Speedup")
     efficient.set_title("Efficiency")

@@ -12,6 +12,7 @@ from tabulate import tabulate
 
 from gpt2dist.io import atomic_write_text
 from gpt2dist.pipeline.study import FIGURES, LINK_FIGURE
+from gpt2dist.results.added_repeats import undecided
 from gpt2dist.results.collect import in_study_order
 from gpt2dist.results.findings import UNTESTABLE
 from gpt2dist.results.inputs import read_summary
@@ -93,6 +94,34 @@ def warnings_markdown(summary: dict) -> str:
         lines += [f"- `{run_id}`: {why}" for run_id, why in summary["disturbed_runs"].items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def added_markdown(summary: dict) -> str:
+    """What the added rounds trained, where they stopped, and what is still undecided: the answer's limits."""
+    plans = summary.get("added_rounds") or []
+    if not plans:
+        return ""
+    budget = plans[-1]["budget"]
+    limits = " and ".join(filter(None, [f"{budget['max_runs']} runs" if budget["max_runs"] else "",
+                                        f"{budget['max_minutes']:g} minutes" if budget["max_minutes"] else ""]))
+    lines = ["", "## Repeats added where the ranking was undecided", "",
+             f"After the planned repeats, up to {budget['rounds']} added round{'s' * (budget['rounds'] != 1)} "
+             f"(at most {limits} in all), each a repeat of the configurations whose ratio to their placement's top "
+             f"could still be 1 or more than {budget['resolve']:.0%} below it, beside that top:", ""]
+    for plan in plans:
+        if plan["runs"]:
+            left = "; ".join(f"{', '.join(configs)} ({placement})" for placement, configs in plan["left_out"].items())
+            lines.append(f"- round {plan['round']} (repeat {plan['repeat']}): {', '.join(plan['runs'])}"
+                         + (f"; left out, beyond the budget: {left}" if left else ""))
+        else:
+            lines.append(f"- round {plan['round']}: no runs, as {plan['stopped']}")
+    still = undecided(summary["answer"], budget["resolve"])
+    ran_out = "the budget is spent" if not plans[-1]["runs"] and still else \
+        f"the {budget['rounds']} added round{'s' * (budget['rounds'] != 1)} are used"
+    lines += ["", f"Still undecided, as {ran_out}: " + "; ".join(
+        f"{', '.join(configs[1:])} against {configs[0]} ({placement})" for placement, configs in still.items()) + "."
+        if still else "Every configuration is now placed against its placement's top, or tied with it."]
+    return "\n".join(lines) + "\n"
 
 
 def stored_studies(places: list[Path], summary: dict, own: Path) -> list[dict]:
@@ -309,7 +338,7 @@ def summary_markdown(summary: dict, others: list[dict] = ()) -> str:
 Hardware: {summary['hardware']}. Software: {versions}.
 
 {warnings_markdown(summary)}
-{answer_markdown(summary["answer"]) if summary.get("answer") else ""}
+{answer_markdown(summary["answer"]) if summary.get("answer") else ""}{added_markdown(summary)}
 ## Every configuration
 
 Each run's throughput is its median after its first {summary['excluded_steps']} steps. The table gives the geometric

@@ -1,0 +1,39 @@
+"""Snakemake adds repeat rounds after the planned ones, each decided by a checkpoint job from the runs so far,
+for the configurations still undecided and their placement's top, until the budget in params.yaml is spent; the
+added runs join the tables and the summary says what was added and why it stopped."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from reduced_study import copy_workflow, run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(1200)
+def test_snakemake_adds_rounds_for_the_undecided_until_the_budget_is_spent(tmp_path):
+    # single and ddp at one process: nearly the same computation, so two pairs of runs cannot place ddp, and with
+    # resolve 0 only a gap beyond the noise settles it
+    work = copy_workflow(tmp_path, runs=[{"strategies": ["single", "ddp"], "precisions": ["fp32"], "nproc": [1]}],
+                         added_repeats={"rounds": 3, "max_runs": 4, "resolve": 0.0})
+    run(["snakemake", "--cores", "2"], work)
+    plans = [json.loads((work / "results" / "rounds" / f"added-{k}.json").read_text()) for k in (1, 2, 3)
+             if (work / "results" / "rounds" / f"added-{k}.json").exists()]
+    first = plans[0]
+    assert sorted(first["runs"]) == ["ddp-fp32-n1-r2", "single-fp32-n1-r2"], first
+    added = [run_id for plan in plans for run_id in plan["runs"]]
+    assert len(added) <= 4 and plans[-1]["runs"] == [] and plans[-1]["stopped"], plans  # stopped, and says why
+    assert plans[-1]["stopped"].startswith("the budget is spent") == (len(added) == 4)
+    trained = set(pd.read_csv(work / "results" / "runs.csv")["run_id"])
+    assert set(added) <= trained and {"ddp-fp32-n1-r0", "ddp-fp32-n1-r1"} <= trained
+    summary = json.loads((work / "results" / "summary.json").read_text())
+    assert [plan["round"] for plan in summary["added_rounds"]] == [plan["round"] for plan in plans]
+    text = (work / "results" / "summary.md").read_text()
+    assert "## Repeats added where the ranking was undecided" in text
+    assert f"- round {plans[-1]['round']}: no runs, as {plans[-1]['stopped']}" in text
+    # and then nothing is left to do: the checkpoints' decisions stand
+    assert "Nothing to be done" in run(["snakemake", "-n"], work).stdout
