@@ -7,28 +7,26 @@ import json
 ADDED = STUDY.preset.study.added_repeats
 
 
-def added_run_ids(upto):
-    """The runs added rounds 1 to `upto` named, each round decided first (until one names none)."""
-    chosen = []
+def added_rounds_decided(upto):
+    """(plan file, the runs it names) of added rounds 1 to `upto`, each decided first, until one names none."""
+    decided = []
     for k in range(1, upto + 1):
-        plan = json.loads(Path(checkpoints.added_round.get(k=k).output[0]).read_text())
-        if not plan["runs"]:
-            break
-        chosen += plan["runs"]
-    return chosen
-
-
-def added_inputs(wildcards=None):
-    """Every added round's plan and run record, for collect: the rounds until one adds nothing."""
-    files = []
-    for k in range(1, ADDED.rounds + 1):
         plan_file = checkpoints.added_round.get(k=k).output[0]
-        files.append(plan_file)
-        plan = json.loads(Path(plan_file).read_text())
-        if not plan["runs"]:
+        runs = json.loads(Path(plan_file).read_text())["runs"]
+        decided.append((plan_file, runs))
+        if not runs:
             break
-        files += [f"{gs.RUNS_DIR}/{run}/run.json" for run in plan["runs"]]
-    return files
+    return decided
+
+
+def added_records(decided):
+    """The run records of the rounds `decided`."""
+    return [f"{gs.RUNS_DIR}/{run}/run.json" for _, runs in decided for run in runs]
+
+
+def added_files(decided):
+    """The plans and run records of the rounds `decided`: what collect reads of them."""
+    return [plan_file for plan_file, _ in decided] + added_records(decided)
 
 
 def run_of(run_id):
@@ -39,7 +37,7 @@ def run_of(run_id):
 checkpoint added_round:
     input:
         [OUTPUTS[f"train@{run}"][0] for run in RUNS],
-        lambda wildcards: [f"{gs.RUNS_DIR}/{run}/run.json" for run in added_run_ids(int(wildcards.k) - 1)],
+        lambda wildcards: added_records(added_rounds_decided(int(wildcards.k) - 1)),
         rules.prepare.output.meta,
     output:
         gs.added_round_file("{k}"),

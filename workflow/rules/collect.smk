@@ -3,7 +3,7 @@ rule collect:
         records=[OUTPUTS[f"train@{run}"][0] for run in RUNS],
         metrics=[OUTPUTS[f"train@{run}"][1] for run in RUNS],
         meta=rules.prepare.output.meta,
-        added=added_inputs,  # the added rounds' plans and runs (none unless study.added_repeats.rounds)
+        added=lambda wildcards: added_files(added_rounds_decided(ADDED.rounds)),  # none unless added_repeats.rounds
     output:
         metrics=f"{gs.RESULTS_DIR}/metrics.csv",
         runs=f"{gs.RESULTS_DIR}/runs.csv",

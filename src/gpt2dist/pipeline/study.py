@@ -278,8 +278,9 @@ def with_added_runs(study: Study, results: Path | str = RESULTS_DIR, upto: int |
     """The study with the runs its added rounds decided so far (rounds 1 to `upto`, at most its own count),
     read from results/rounds/; the study itself when it adds none."""
     rounds = study.preset.study.added_repeats.rounds
+    last = rounds if upto is None else min(rounds, upto)
     added: list[Run] = []
-    for k in range(1, min(rounds, rounds if upto is None else upto) + 1):
+    for k in range(1, last + 1):
         path = Path(added_round_file(k, results))
         if not path.exists():
             break
