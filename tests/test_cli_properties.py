@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 import sys
 
 import pytest
@@ -25,6 +26,8 @@ COMMANDS = {
     "doctor": (["--params", PARAMS, "--preset", "paper", "--no-gpu"], ["--gpus", "--nodes"]),
     "dvc-yaml": (["--params", PARAMS, "--preset", "paper", "--out", "{tmp}/dvc.yaml"], ["--gpus", "--nodes"]),
     "selftest": (["--params", PARAMS, "--preset", "cpu", "--only", "no-such-config"], ["--timeout"]),
+    "add-round": (["--params", PARAMS, "--preset", "cpu", "--round", "1", "--runs", "{tmp}/none", "--results",
+                   "{tmp}/none"], ["--round", "--gpus", "--nodes"]),
 }
 CASES = [(command, option) for command, (_, options) in COMMANDS.items() for option in options]
 NUMBERS = st.one_of(
@@ -124,18 +127,23 @@ CONTENTS = st.one_of(st.sampled_from([b"", b"\n", b"{}", b"[]", b"null", b'{"pre
 
 @seed(20261126)
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(content=CONTENTS, where=st.sampled_from(["resume-from", "summary", "bundle", "estimate"]))
+@given(content=CONTENTS, where=st.sampled_from(["resume-from", "summary", "stored", "bundle", "estimate"]))
 def test_a_file_of_any_content_where_another_kind_is_expected_is_one_error_line(content, where, shards,
                                                                               params_file, tmp_path_factory):
-    """A checkpoint, a study's summary.json, a bundle or an estimate given as any bytes: never a parser's traceback.
-    (A stdlib pickle of a dict, the last sample, is no checkpoint either: torch.save writes a zip archive.)"""
+    """A checkpoint, a study's summary.json (its own, or a stored study's to compare with), a bundle or an estimate
+    given as any bytes: never a parser's traceback. (A stdlib pickle of a dict, the last sample, is no checkpoint
+    either: torch.save writes a zip archive.)"""
     folder = tmp_path_factory.mktemp("file")
-    target = folder / {"resume-from": "checkpoint.pt", "summary": "summary.json", "bundle": "study.tar.gz",
-                       "estimate": "estimate.json"}[where]
+    target = folder / {"resume-from": "checkpoint.pt", "summary": "summary.json", "stored": "other/summary.json",
+                       "bundle": "study.tar.gz", "estimate": "estimate.json"}[where]
+    target.parent.mkdir(exist_ok=True)
     target.write_bytes(content)
+    (folder / "own").mkdir()
+    shutil.copy(REPO / "docs" / "reference" / "cpu-study" / "summary.json", folder / "own" / "summary.json")
     args = {"resume-from": ["train", "--data", str(shards), "--out", str(folder / "run"), "--params", str(params_file),
                             "--strategy", "single", "--print-command", "--resume-from", str(target)],
             "summary": ["report", "--results", str(folder)],
+            "stored": ["report", "--results", str(folder / "own"), "--against", str(folder)],
             "bundle": ["figures", "--from", str(target), "--out", str(folder / "rebuilt")],
             "estimate": ["progress", "--params", str(params_file), "--runs", str(folder), "--estimate", str(target)]}
     code, out, err = invoke(*args[where])
