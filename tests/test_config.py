@@ -141,7 +141,8 @@ def test_params_without_presets(tmp_path):
         (dict(strategy="dp", precision="apex-O2"), "'apex-O2' patches the model's forward, which DataParallel"),
         (dict(strategy="ddp", precision="apex-O2"), "'apex-O2' needs CUDA"),
         (dict(strategy="ddp", nproc=2, precision="bf16", fsdp_mixed_precision=True),
-         "train.fsdp_mixed_precision applies to --strategy fsdp with --precision bf16 or fp16, not ddp with bf16"),
+         "train.fsdp_mixed_precision applies to --strategy fsdp, zero2 or hsdp with --precision bf16 or fp16, not ddp "
+         "with bf16"),
         (dict(strategy="fsdp", nproc=2, precision="fp32", fsdp_mixed_precision=True), "not fsdp with fp32"),
         (dict(strategy="tp", nproc=2, precision="fp16", device="cuda"), "use tp with bf16"),
         (dict(strategy="pp", nproc=2, precision="fp16"), "use pp with bf16"),
@@ -167,7 +168,7 @@ def test_apex_combinations_that_can_run(params_file, shards, strategy, precision
 
 
 def test_unknown_strategy_and_precision(params_file, shards):
-    with pytest.raises(UsageError, match=r"unknown --strategy 'pipeline' \(allowed: single, dp, ddp, horovod, fsdp, tp, pp, fsdp-tp, apex-ddp\)"):
+    with pytest.raises(UsageError, match=r"unknown --strategy 'pipeline' \(allowed: single, dp, ddp, horovod, fsdp, tp, pp, fsdp-tp, apex-ddp, zero1, zero2, hsdp\)"):
         spec_for(params_file, shards, strategy="pipeline")
     with pytest.raises(UsageError, match="unknown --precision 'fp8'"):
         spec_for(params_file, shards, precision="fp8")

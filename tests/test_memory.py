@@ -56,7 +56,7 @@ def test_without_the_strategys_division_the_count_misses_every_divided_run():
 
 @pytest.mark.slow  # a run per strategy
 @pytest.mark.parametrize("strategy, nproc", [("ddp", 2), ("dp", 1), ("horovod", 2), ("fsdp", 2), ("tp", 2), ("pp", 2),
-                                             ("fsdp-tp", 4)])
+                                             ("fsdp-tp", 4), ("hsdp", 4), ("zero1", 2), ("zero2", 4)])
 def test_the_predicted_state_is_each_strategys_run_here(strategy, nproc, trained):
     record = run_record(trained(strategy, nproc=nproc))
     spec = RunSpec.model_validate(record["config"])

@@ -424,6 +424,20 @@ def figures(
     typer.echo(f"ok: {len(summary['configs'])} configurations of preset {summary['preset']} rebuilt in {out}")
 
 
+def _model_sizes(text: str | None) -> list[str]:
+    """--sizes' GPT-2 sizes, in the order given."""
+    from gpt2dist.config.sizes import GPT2_SIZES
+
+    if text is None:
+        return []
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [part for part in chosen if part not in GPT2_SIZES]
+    if not chosen or unknown:
+        raise UsageError(f"--sizes {text!r}: name GPT-2 sizes from {', '.join(GPT2_SIZES)}, e.g. --sizes "
+                         "small,medium,large,xl")
+    return list(dict.fromkeys(chosen))
+
+
 @app.command()
 @one_line_errors
 def plan(
@@ -437,9 +451,12 @@ def plan(
     out: Annotated[Optional[Path], typer.Option(help="Also write the plan as CSV here.")] = None,
     output_format: Annotated[str, typer.Option("--format", help="table (for a terminal, 100 columns), or csv or "
                                                "json: the whole table, every column, nothing else.")] = "table",
+    model_sizes: Annotated[Optional[str], typer.Option("--sizes", help="GPT-2 sizes to plan the study's "
+                                                       "configurations at instead of the preset's model, e.g. "
+                                                       "small,medium,large,xl.")] = None,
 ) -> None:
     """Before running: each configuration's predicted memory per rank and step time, the study's duration, and
-    what will not fit a GPU's memory."""
+    what will not fit a GPU's memory (at GPT-2's larger sizes too, with --sizes)."""
     import textwrap
 
     from gpt2dist.io import atomic_open
@@ -449,12 +466,13 @@ def plan(
     if output_format not in ("table", "csv", "json"):
         raise UsageError(f"--format {output_format!r}: choose table, csv or json")
     sizes = numbers(memory_gb, "--memory-gb", POSITIVE, "80,40")
+    models = _model_sizes(model_sizes)
     study = _study(params, preset, gpus, nodes)
     if study.device != "cuda" and (gpu, mfu) != (None, None):
         raise UsageError(f"--gpu and --mfu set a GPU's step time, and preset '{study.preset_name}' is planned here for "
                          "CPUs; leave them out, or plan for GPUs with --gpus N")
     gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
-    table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes)
+    table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes, sizes=models)
     if out:
         with atomic_open(out, "w") as handle:
             table.to_csv(handle, index=False)
@@ -468,13 +486,21 @@ def plan(
     on_gpus = study.device == "cuda"
     t, m = study.preset.train, study.preset.model
     each = f", {table['repeats'].iloc[0]} each" if table["repeats"].nunique() == 1 else ""
-    say(f"Plan of preset {study.preset_name} ({len(study.runs)} runs of {len(table)} configurations{each}) on "
+    say(f"Plan of preset {study.preset_name} ({len(study.runs)} runs of {table['config_id'].nunique()} configurations{each}) on "
         + (f"{study.nodes} node(s) of {study.gpus} {gpu} GPUs" if on_gpus else "CPUs")
         + ": a prediction, not a measurement.")
     say(f"Assumed: micro-batches of {t.micro_batch_size} sequences of {m.n_positions} tokens per rank, a global "
         f"batch of {t.global_batch_size} sequences (the rest by gradient accumulation), {t.max_steps} steps"
         + (f", compute at {mfu:.0%} MFU of the {gpu}'s peak." if on_gpus else ".") + "\n")
-    typer.echo(plan_text(table, sizes if on_gpus else []))
+    if not models:
+        typer.echo(plan_text(table, sizes if on_gpus else []))
+    for model_size, part in table.groupby("size", sort=False) if models else []:
+        typer.echo(f"\nGPT-2 {model_size}, {part['parameters'].iloc[0] / 1e6:,.0f}M parameters:")
+        ran = part[part["cannot_run"] == ""]
+        if len(ran):
+            typer.echo(plan_text(ran, sizes if on_gpus else []))
+        for line in fit_lines(part, sizes if on_gpus else []):
+            say(line)
     say("\nMemory per rank: the model state (parameters, gradients, AdamW's state) on rank 0, which holds the "
         "largest share, as every collected run checks it; activations of one forward pass with the logits, and "
         "communication buffers, estimated (not yet checked on a GPU)"
@@ -488,7 +514,7 @@ def plan(
             f"{hours:,.1f} hours (start-up, evaluation and checkpoints come on top).")
     else:
         say("Step time on CPUs: `gpt2dist estimate` times this machine.")
-    for line in fit_lines(table, sizes) if on_gpus else []:
+    for line in fit_lines(table, sizes) if on_gpus and not models else []:
         say(line)
     if out:
         typer.echo(f"ok: {out}")

@@ -87,7 +87,8 @@ def test_project_scaling_prints_a_labelled_projection():
 
     shown = gpt2dist("project-scaling", "--params", REPO / "params.yaml", "--preset", "patwardhan2024", "--nodes", "1,2")
     assert shown.stdout.startswith("Projection (not a measurement) of preset patwardhan2024: H100 bf16")
-    assert len(re.findall(r"\| projection +\|", shown.stdout)) == 6  # ddp, horovod, fsdp at 1 and 2 nodes
+    # ddp, horovod, fsdp, zero1, zero2 and hsdp at 1 and 2 nodes (apex-ddp takes no bf16)
+    assert len(re.findall(r"\| projection +\|", shown.stdout)) == 12
     wrong = gpt2dist("project-scaling", "--params", REPO / "params.yaml", "--nodes", "one,two", check=False)
     assert wrong.returncode == 2
     assert wrong.stderr.strip() == ("error: --nodes 'one,two': 'one' is not a whole number; give a comma-separated "

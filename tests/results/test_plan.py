@@ -69,6 +69,7 @@ def test_the_plan_fits_100_columns_and_states_what_it_assumes():
     ("--mfu", "1.5", "error: Invalid value for '--mfu': 1.5 is above 1"),
     ("--gpu", "V100", "error: no peak FLOP/s known for GPU 'V100'"),
     ("--format", "yaml", "error: --format 'yaml': choose table, csv or json"),
+    ("--sizes", "small,huge", "error: --sizes 'small,huge': name GPT-2 sizes from small, medium, large, xl"),
 ])
 def test_bad_plan_input_is_one_error_line_and_no_file(option, value, message, tmp_path):
     out = tmp_path / "plan.csv"
@@ -87,3 +88,48 @@ def test_a_plan_that_drops_configurations_says_how_many_and_why():
     planned = len(configurations(study)) + len(study.dropped)
     assert study.dropped and f"warning: {len(study.dropped)} of {planned} configurations dropped: " in result.stderr
     assert "(4 processes per node, a node has 2 GPUs)" in result.stderr
+
+
+# transformers' gpt2, gpt2-medium, gpt2-large and gpt2-xl: num_parameters() with the head tied to wte
+PUBLISHED_PARAMETERS = {"small": 124_439_808, "medium": 354_823_168, "large": 774_030_080, "xl": 1_557_611_200}
+
+
+def test_the_sizes_are_gpt2s_published_models():
+    from gpt2dist.config.schema import ModelConfig
+    from gpt2dist.config.sizes import GPT2_SIZES, parameter_count, sized
+
+    context_and_vocabulary = ModelConfig(n_layer=1, n_head=1, n_embd=8, n_positions=1024, vocab_size=50257)
+    assert list(GPT2_SIZES) == list(PUBLISHED_PARAMETERS)
+    for size, published in PUBLISHED_PARAMETERS.items():
+        assert parameter_count(sized(context_and_vocabulary, size)) == published, size
+
+
+@pytest.fixture(scope="module")
+def sizes_plan() -> tuple[str, pd.DataFrame]:
+    args = ("plan", "--params", REPO / "params.yaml", "--preset", "paper-sizes", "--gpus", "8", "--memory-gb", "40",
+            "--sizes", "small,medium,large,xl")
+    text = " ".join(gpt2dist(*args).stdout.splitlines())
+    table = pd.read_csv(io.StringIO(gpt2dist(*args, "--format", "csv").stdout))
+    return text, table.assign(cannot_run=table["cannot_run"].fillna(""))
+
+
+def test_the_sizes_plan_names_what_fits_at_each_size(sizes_plan):
+    """The 2026 question's plan on 8 GPUs of 40 GB: every strategy fits GPT-2 small; at XL, the replicated state
+    of DDP (23 GiB of AdamW in fp32) leaves no room even with activation checkpointing, while the sharded ones
+    fit once blocks are recomputed; tensor parallelism cannot split XL's 25 heads."""
+    text, table = sizes_plan
+    assert text.count("GPT-2 ") >= 4 and "GPT-2 xl, 1,558M parameters:" in text
+    assert "every configuration fits a 40 GB GPU" in text.split("GPT-2 medium")[0]
+    xl = table[table["size"] == "xl"].set_index("config_id")
+    assert set(xl.index[xl["cannot_run"] != ""]) == {"tp-bf16-n4", "fsdp-tp-bf16-n8"}
+    assert "cannot run tp-bf16-n4: tp splits attention heads over 4 ranks, but model.n_head (25)" in text
+    fits = xl[xl["cannot_run"] == ""]
+    assert (fits["margin_40gb_gib"] < 0).all()
+    assert fits.loc["ddp-bf16-n8", "margin_40gb_checkpointed_gib"] < 0
+    assert (fits.drop(index="ddp-bf16-n8")["margin_40gb_checkpointed_gib"] > 0).all()
+    assert "ddp-bf16-n8 (39.5 GiB over; 2.9 GiB over with activation checkpointing too)" in text
+    # the control: the state the planner divides is the size's, so sharding's saving grows with the model
+    state = table.set_index(["size", "config_id"])["state_mib"]
+    assert state["xl", "ddp-bf16-n8"] / state["small", "ddp-bf16-n8"] == pytest.approx(
+        PUBLISHED_PARAMETERS["xl"] / PUBLISHED_PARAMETERS["small"], rel=0.01)
+    assert state["xl", "fsdp-bf16-n8"] == pytest.approx(state["xl", "ddp-bf16-n8"] / 8, rel=0.01)

@@ -55,7 +55,8 @@ def refused_by_the_rules(strategy: str, precision: str, nproc: int) -> bool:
     return any([
         strategy == "single" and nproc > 1,  # one process
         strategy == "dp" and precision == "apex-O2",  # O2 patches a forward that DataParallel's replicas share
-        apex and strategy in ("fsdp", "tp", "pp", "fsdp-tp"),  # amp cannot wrap sharded or split parameters
+        apex and strategy in ("fsdp", "tp", "pp", "fsdp-tp", "zero1", "zero2", "hsdp"),  # sharded or split state
+        strategy == "hsdp" and nproc % 2,  # its shard groups are of 2 ranks
         precision == "fp16" and strategy in ("tp", "pp", "fsdp-tp"),  # the loss scaler cannot wrap them
         strategy == "apex-ddp" and precision in ("fp16", "bf16"),  # Apex's DDP pairs with Apex amp or fp32
         strategy == "fsdp-tp" and nproc % 2,  # its tensor-parallel size is 2
@@ -115,7 +116,7 @@ def gpu_reference(single_in):
 
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
-@pytest.mark.parametrize("strategy", ["dp", "ddp", "fsdp", "horovod", "tp", "pp", "apex-ddp"])
+@pytest.mark.parametrize("strategy", ["dp", "ddp", "fsdp", "horovod", "tp", "pp", "apex-ddp", "zero1", "zero2", "hsdp"])
 def test_two_gpus_follow_single_in_fp32(strategy, gpu_reference, shards, params_file, tmp_path):
     """fp32 means IEEE fp32 (TF32 off), so NCCL ranks (dp: one process's replicas) follow one GPU."""
     reason = refusal(strategy, "fp32", 2)

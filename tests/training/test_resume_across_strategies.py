@@ -16,8 +16,8 @@ from conftest import TINY_PRESET, final_params, gpt2dist, read_metrics, run_reco
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 # each strategy once as the one continued and once as the one continuing
-CHAIN = [("single", 1), ("ddp", 2), ("horovod", 2), ("fsdp", 2), ("tp", 2), ("fsdp-tp", 4), ("pp", 2), ("dp", 1),
-         ("single", 1)]
+CHAIN = [("single", 1), ("ddp", 2), ("horovod", 2), ("zero1", 2), ("fsdp", 2), ("hsdp", 4), ("tp", 2), ("fsdp-tp", 4),
+         ("zero2", 2), ("pp", 2), ("dp", 1), ("single", 1)]
 STEPS_EACH = 2
 # The cosine decay is laid out over max_steps: a flat tail (min_lr = lr) makes the learning rate a function of
 # the step alone, so links of 2, 4, 6, ... steps and the whole run of 18 apply the same one.
@@ -65,10 +65,23 @@ def test_a_run_passed_through_every_strategy_follows_singles(whole, chain):
                                                 "step": STEPS_EACH * link, "strategy": CHAIN[link - 1][0],
                                                 "nproc": CHAIN[link - 1][1]}
     assert off_curve(read_metrics(whole), read_metrics(chain[-1])) == []
-    got, expected = final_params(chain[-1]), final_params(whole)
+    got, expected = without_key_biases(final_params(chain[-1])), without_key_biases(final_params(whole))
     assert got.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(got[name], tensor, rtol=0, atol=ATOL_PARAMS, msg=name)
+
+
+def without_key_biases(params: dict) -> dict:
+    """The parameters with the key third of each c_attn bias left out: its gradient is zero but for rounding (a
+    shift that every key shares leaves the softmax unchanged), and AdamW's normalised step turns rounding noise
+    into steps of up to lr, so two summation orders make it drift apart by design (2e-5 after 22 steps here,
+    while every other parameter stays within 3e-7)."""
+    kept = dict(params)
+    for name, tensor in params.items():
+        if name.endswith("attn.c_attn.bias"):
+            width = tensor.numel() // 3
+            kept[name] = torch.cat([tensor[:width], tensor[2 * width:]])
+    return kept
 
 
 def test_a_checkpoint_that_lost_its_adam_moments_continues_off_the_curve(whole, chain, shards, params_file,

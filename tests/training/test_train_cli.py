@@ -117,7 +117,7 @@ def assert_resumed_exactly(resumed_dir, whole_dir) -> None:
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("strategy, nproc, precision", [
     ("single", 1, "fp32"), ("dp", 1, "fp32"), ("ddp", 2, "fp32"), ("fsdp", 2, "fp32"), ("horovod", 2, "bf16"),
-    ("tp", 2, "bf16"), ("pp", 2, "bf16"), ("fsdp-tp", 4, "fp32"),
+    ("tp", 2, "bf16"), ("pp", 2, "bf16"), ("fsdp-tp", 4, "fp32"), ("hsdp", 4, "fp32"), ("zero1", 2, "fp32"), ("zero2", 2, "fp32"),
 ])
 def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision, trained, shards, params_file,
                                                       tmp_path):

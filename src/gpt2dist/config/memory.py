@@ -49,13 +49,13 @@ class Memory:
 
 def model_state(spec: RunSpec) -> tuple[int, int, int]:
     """Parameter, gradient and optimizer bytes rank 0 holds, as training/metrics.model_state_bytes counts them."""
-    held = spec.description.held_shapes(spec)
-    elements = sum(math.prod(shape) for shape in held)
+    held, stepped = spec.description.held_shapes(spec), spec.description.optimizer_shapes(spec)
+    elements, stepped_elements = (sum(math.prod(shape) for shape in shapes) for shapes in (held, stepped))
     master = spec.precision == "apex-O2"  # the model in fp16, AdamW stepping fp32 copies with fp32 gradients
     weight = HALF if master else FP32
     params = elements * weight
     grads = elements * weight + (elements * FP32 if master else 0)
-    optimizer = elements * (2 + master) * FP32 + len(held) * STEP_BYTES
+    optimizer = stepped_elements * (2 + master) * FP32 + len(stepped) * STEP_BYTES
     return params, grads, optimizer
 
 
@@ -67,17 +67,21 @@ def activation_bytes_kept(spec: RunSpec) -> int:
     tp = spec.tensor_parallel_size
     per_layer = m.n_positions * m.n_embd * ((KEPT_WIDTHS - SPLIT_WIDTHS + SPLIT_WIDTHS / tp) * element
                                             + RESIDUAL_WIDTHS * FP32)
+    recomputed = 0
+    if spec.train.activation_checkpointing == "block":
+        # each block keeps its float32 input; backward computes one block's activations again at a time
+        per_layer, recomputed = m.n_positions * m.n_embd * FP32, per_layer
     # per row: the head's logits in the compute dtype, their float32 log-softmax kept for backward, and their gradient
     logits = m.n_positions * m.vocab_size * (element + 2 * FP32)
     stages = spec.description.pipeline_stages(spec.nproc)
     if stages == 1:
-        return round(rows * (m.n_layer * per_layer + logits))
+        return round(rows * (m.n_layer * per_layer + recomputed + logits))
     in_flight = spec.pipeline_micro_batches
     if spec.train.pipeline_schedule == "1f1b":
         in_flight = min(in_flight, stages)  # the first stage runs one forward per stage ahead of its first backward
     blocks = stage_blocks(m.n_layer, stages)
-    first = rows * in_flight * len(blocks[0]) * per_layer
-    last = rows * (len(blocks[-1]) * per_layer + logits)
+    first = rows * (in_flight * len(blocks[0]) * per_layer + recomputed)
+    last = rows * (len(blocks[-1]) * per_layer + recomputed + logits)
     return round(max(first, last))
 
 

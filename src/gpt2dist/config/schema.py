@@ -77,6 +77,11 @@ class TrainConfig(_Strict):
     )
     tensor_parallel_size: int = Field(2, gt=1, description="fsdp-tp only: processes that split each layer "
                                       "(tensor parallel); FSDP shards over nproc / tensor_parallel_size replicas.")
+    data_parallel_shard_size: int = Field(2, gt=0, description="hsdp only: ranks that shard one copy of the "
+                                          "model state; it is replicated over nproc / data_parallel_shard_size groups.")
+    activation_checkpointing: Literal["none", "block"] = Field(
+        "none", description="Every strategy: 'block' keeps only each transformer block's input for backward and "
+        "computes the rest again there (about a third more compute for a block's activations in memory).")
     pipeline_schedule: Literal["gpipe", "1f1b"] = Field(
         "1f1b", description="pp only: GPipe (all forwards, then all backwards) or 1F1B (interleaved, fewer "
         "activations held). The global batch is one pipeline step of global_batch_size / micro_batch_size micro-batches.")
@@ -268,7 +273,7 @@ class ParamsFile(_Strict):
 
 # How a computation is spread over processes, not what it computes (RunSpec.computation_fingerprint)
 PLACEMENT = ("strategy", "nproc")
-PLACEMENT_TRAIN = ("tensor_parallel_size", "pipeline_schedule")
+PLACEMENT_TRAIN = ("tensor_parallel_size", "pipeline_schedule", "data_parallel_shard_size", "activation_checkpointing")
 
 
 class RunSpec(_Strict):

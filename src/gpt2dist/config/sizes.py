@@ -6,8 +6,23 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from gpt2dist.errors import UsageError
+
 if TYPE_CHECKING:
     from gpt2dist.config.schema import ModelConfig
+
+# GPT-2's four published sizes (Radford et al. 2019; transformers' gpt2, gpt2-medium, gpt2-large, gpt2-xl) by
+# depth, heads and width; each read 1024 positions over a vocabulary of 50257 tokens
+GPT2_SIZES = {"small": (12, 12, 768), "medium": (24, 16, 1024), "large": (36, 20, 1280), "xl": (48, 25, 1600)}
+
+
+def sized(m: ModelConfig, size: str) -> ModelConfig:
+    """`m` at one of GPT2_SIZES' depth, heads and width; its context and vocabulary stay."""
+    if size not in GPT2_SIZES:
+        raise UsageError(f"unknown model size '{size}' (GPT-2's: {', '.join(GPT2_SIZES)})")
+    n_layer, n_head, n_embd = GPT2_SIZES[size]
+    return m.model_copy(update={"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd})
+
 
 # What tensor parallelism splits (training/strategies/tensor_parallel.py's plan): column-parallel layers (q/k/v,
 # the first MLP matrix) their output rows and biases, row-parallel ones (both projections) their matrices' input
@@ -40,6 +55,11 @@ def parameter_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
     for layer in range(m.n_layer):
         shapes |= {f"transformer.h.{layer}.{name}": shape for name, shape in block.items()}
     return shapes | {"transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}
+
+
+def weight_decayed(dims: int) -> bool:
+    """AdamW's first parameter group: matrices and embeddings decay, biases and LayerNorm gains do not."""
+    return dims >= 2
 
 
 def split_parameter_count(m: ModelConfig) -> int:

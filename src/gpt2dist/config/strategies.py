@@ -19,6 +19,7 @@ from gpt2dist.config.sizes import (
     parameter_count,
     parameter_shapes,
     split_parameter_count,
+    weight_decayed,
 )
 from gpt2dist.errors import UsageError
 
@@ -164,6 +165,10 @@ class Description:
         """The parameter tensors rank 0 holds, by local shape (rank 0 holds the largest share): every one, whole."""
         return list(parameter_shapes(spec.model).values())
 
+    def optimizer_shapes(self, spec: RunSpec) -> list[tuple[int, ...]]:
+        """The parameter tensors whose AdamW state rank 0 holds: those it holds."""
+        return self.held_shapes(spec)
+
     def buffer_bytes(self, spec: RunSpec) -> int:
         """Device memory its communication takes beyond the model state (an estimate): none, since DDP's buckets
         are the gradients themselves (gradient_as_bucket_view)."""
@@ -225,6 +230,31 @@ class DDP(Description):
     papers = {BAI: "Distributed Parameter Server", PATWARDHAN: "DDP"}
 
 
+class ZeRO1(DDP):
+    name = "zero1"
+    summary = "ZeRO-1: DDP's all-reduce, AdamW's state partitioned over ranks (ZeroRedundancyOptimizer)"
+    accepts_apex = False
+    papers = {}
+
+    def optimizer_shapes(self, spec):
+        """Rank 0's share of ZeroRedundancyOptimizer's partition: per parameter group, largest tensor first, each
+        tensor whole to the rank holding the fewest elements so far."""
+        shapes = list(parameter_shapes(spec.model).values())
+        sizes, mine = [0] * spec.nproc, []
+        for decayed in (True, False):  # the loop's two groups, in its order
+            for shape in sorted((s for s in shapes if weight_decayed(len(s)) == decayed), key=math.prod, reverse=True):
+                rank = sizes.index(min(sizes))
+                sizes[rank] += math.prod(shape)
+                if rank == 0:
+                    mine.append(shape)
+        return mine
+
+    def traffic(self, spec):
+        params, n = parameter_count(spec.model), spec.nproc
+        sent = ring_all_reduce(params * gradient_bytes(spec.precision), n) + ring_gather(params * FP32, n)
+        return Traffic(round(sent), "gradient all-reduce, then each rank's updated parameters broadcast, once per step")
+
+
 class Horovod(Description):
     name = "horovod"
     summary = "Horovod's DistributedOptimizer: ring all-reduce, launched by horovodrun"
@@ -262,8 +292,9 @@ class FSDP(Description):
 
     def check(self, spec, visible_gpus):
         if spec.train.fsdp_mixed_precision and spec.precision not in ("bf16", "fp16"):
-            raise UsageError(f"train.fsdp_mixed_precision applies to --strategy fsdp {self.options['fsdp_mixed_precision']}, "
-                             f"not fsdp with {spec.precision}; set train.fsdp_mixed_precision=false")
+            raise UsageError(f"train.fsdp_mixed_precision applies to --strategy {spec.strategy} "
+                             f"{self.options['fsdp_mixed_precision']}, not {spec.strategy} with {spec.precision}; set "
+                             "train.fsdp_mixed_precision=false")
 
     def held_shapes(self, spec):
         return [first_chunk(shape, spec.nproc) for shape in super().held_shapes(spec)]
@@ -279,6 +310,50 @@ class FSDP(Description):
                                     "reduce-scatter once per step")
 
 
+class HSDP(FSDP):
+    name = "hsdp"
+    summary = "HSDP: FSDP2 sharding in groups of train.data_parallel_shard_size ranks, replicated across them"
+    papers = {}
+
+    def check(self, spec, visible_gpus):
+        shard = spec.train.data_parallel_shard_size
+        if spec.nproc % shard:
+            raise UsageError(f"strategy 'hsdp' shards over groups of train.data_parallel_shard_size ({shard}) ranks, "
+                             f"which does not divide --nproc {spec.nproc}; use --nproc {2 * shard} or a shard size "
+                             f"that divides {spec.nproc}")
+        super().check(spec, visible_gpus)
+
+    def held_shapes(self, spec):
+        return [first_chunk(shape, spec.train.data_parallel_shard_size)
+                for shape in Description.held_shapes(self, spec)]
+
+    def traffic(self, spec):
+        params, accum = parameter_count(spec.model), spec.grad_accum_steps
+        shard = spec.train.data_parallel_shard_size
+        gathered = HALF if spec.train.fsdp_mixed_precision else FP32
+        sent = 2 * accum * ring_gather(params * gathered, shard) + ring_gather(params * FP32, shard) + \
+            ring_all_reduce(params * FP32 / shard, spec.nproc // shard)
+        return Traffic(round(sent), "parameter all-gather within the shard group in forward and backward per "
+                                    "micro-step; gradient reduce-scatter within it and all-reduce of each shard "
+                                    "across the groups once per step")
+
+
+class ZeRO2(FSDP):
+    name = "zero2"
+    summary = "ZeRO-2 on FSDP2: parameters gathered once per forward, gradients and optimizer state sharded"
+    papers = {}
+
+    def buffer_bytes(self, spec):
+        """Every block's gathered parameters, held from its forward to its backward."""
+        return parameter_count(spec.model) * (HALF if spec.train.fsdp_mixed_precision else FP32)
+
+    def traffic(self, spec):
+        params, n, accum = parameter_count(spec.model), spec.nproc, spec.grad_accum_steps
+        gathered = HALF if spec.train.fsdp_mixed_precision else FP32
+        sent = accum * (ring_gather(params * gathered, n) + ring_gather(params * FP32, n))
+        return Traffic(round(sent), "parameter all-gather in forward and gradient reduce-scatter, per micro-step")
+
+
 class _SplitsLayers(Description):
     """Tensor parallelism's shared rules: attention heads and MLP columns divide over the layer's ranks."""
 
@@ -289,8 +364,9 @@ class _SplitsLayers(Description):
     def check(self, spec, visible_gpus):
         tp, heads = spec.tensor_parallel_size, spec.model.n_head
         if heads % tp:
+            fix = "a process count" if spec.strategy == "tp" else "a train.tensor_parallel_size"
             raise UsageError(f"{spec.strategy} splits attention heads over {tp} ranks, but model.n_head ({heads}) is "
-                             f"not divisible by {tp}; use a process count that divides {heads}")
+                             f"not divisible by {tp}; use {fix} that divides {heads}")
         if spec.precision == "fp16" and spec.device == "cuda":
             # seen on an H100 (torch 2.11): aten._amp_foreach_non_finite_check_and_unscale_ got mixed Tensor and DTensor
             raise UsageError(f"strategy '{spec.strategy}' with fp16 on CUDA: the loss scaler checks all gradients in "
@@ -416,7 +492,7 @@ class PipelineParallel(Description):
 
 STRATEGIES: dict[str, Description] = {d.name: d for d in (
     Single(), DataParallel(), DDP(), Horovod(), FSDP(), TensorParallel(), PipelineParallel(), FSDPTensorParallel(),
-    ApexDDP(),
+    ApexDDP(), ZeRO1(), ZeRO2(), HSDP(),
 )}
 STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 REFERENCE = "single"  # the strategy every other one must follow
@@ -448,15 +524,16 @@ def check_run(spec: RunSpec, visible_gpus: int) -> None:
     """Refuse a combination that cannot run, naming the key and what is allowed."""
     description = describe(spec.strategy)
     description.check(spec, visible_gpus)
-    for owner in STRATEGIES.values():
-        for option, when in owner.options.items():
-            if owner is not description and getattr(spec.train, option):
-                raise UsageError(f"train.{option} applies to --strategy {owner.name} {when}, not {spec.strategy} "
-                                 f"with {spec.precision}; set train.{option}=false")
+    for option, when in {option: when for d in STRATEGIES.values() for option, when in d.options.items()}.items():
+        if option not in description.options and getattr(spec.train, option):
+            owners = [name for name, d in STRATEGIES.items() if option in d.options]
+            said = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} or {owners[-1]}"
+            raise UsageError(f"train.{option} applies to --strategy {said} {when}, not {spec.strategy} with "
+                             f"{spec.precision}; set train.{option}=false")
     if spec.precision in APEX_PRECISIONS:
         if not description.accepts_apex:
-            raise UsageError(f"precision 'apex-*' cannot wrap {spec.strategy}'s sharded or split parameters; use "
-                             f"{spec.strategy} with bf16 or fp16")
+            raise UsageError(f"precision 'apex-*' cannot wrap {spec.strategy}'s sharded or split parameters or "
+                             f"optimizer state; use {spec.strategy} with bf16 or fp16")
         if spec.device != "cuda":
             raise UsageError(f"precision '{spec.precision}' needs CUDA; on CPU use bf16 or fp16 (torch.amp)")
     train = spec.train

@@ -36,16 +36,28 @@ def module_file(module: str) -> Path | None:
     return None
 
 
+def imports_by_name(path: Path) -> bool:
+    """Whether a file calls importlib's import_module: a package that loads its own modules by name at run time
+    (the strategy registry) can run any of them."""
+    return any(isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) ==
+               "import_module" for node in ast.walk(ast.parse(path.read_text())))
+
+
 def code_closure(entries: list[str]) -> list[Path]:
-    """Every module file the entry modules can reach, with the __init__ files of the packages on the way."""
+    """Every module file the entry modules can reach, with the __init__ files of the packages on the way, and
+    every module of a package whose __init__ imports its modules by name."""
     seen: set[Path] = set()
     todo = list(entries)
     while todo:
         module = todo.pop()
         parts = module.split(".")
         for depth in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ first
-            path = module_file(".".join(parts[:depth]))
+            name = ".".join(parts[:depth])
+            path = module_file(name)
             if path is not None and path not in seen:
                 seen.add(path)
                 todo.extend(imported_modules(path))
+                if path.name == "__init__.py" and imports_by_name(path):
+                    todo.extend(f"{name}.{sibling.stem}" for sibling in path.parent.glob("*.py")
+                                if sibling.name != "__init__.py")
     return sorted(seen)

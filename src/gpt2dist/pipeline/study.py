@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpt2dist.config.presets import resolve_preset, section_keys
-from gpt2dist.config.schema import PRECISIONS, Preset, RunSpec
+from gpt2dist.config.schema import PRECISIONS, ModelConfig, Preset, RunSpec
 from gpt2dist.config.strategies import STRATEGY_NAMES, check_run, describe
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.imports import PACKAGE, code_closure
@@ -114,10 +114,11 @@ class Study:
         return self.preset.train.seed + run.repeat
 
 
-def planned_spec(preset_name: str, preset: Preset, run: Run, device: str) -> RunSpec:
-    """The run's spec as its training would read it, for checks and predictions made before it exists."""
+def planned_spec(preset_name: str, preset: Preset, run: Run, device: str, model: ModelConfig | None = None) -> RunSpec:
+    """The run's spec as its training would read it, for checks and predictions made before it exists; `model`:
+    another size of the preset's (the planner's)."""
     return RunSpec(data_dir="", out_dir="", preset=preset_name, strategy=run.strategy, precision=run.precision,
-                   nproc=run.nproc, nodes=run.nodes, device=device, model=preset.model, train=preset.train)
+                   nproc=run.nproc, nodes=run.nodes, device=device, model=model or preset.model, train=preset.train)
 
 
 def plan_study(params: Path, preset: str | None, gpus: int, nodes: int = 1, *, gpus_given: bool = True) -> Study:

@@ -16,8 +16,8 @@ from tabulate import tabulate
 
 from gpt2dist.config.memory import predict
 from gpt2dist.config.schema import RunSpec
-from gpt2dist.config.sizes import flops_per_token
-from gpt2dist.config.strategies import traffic
+from gpt2dist.config.sizes import flops_per_token, parameter_count, sized
+from gpt2dist.config.strategies import check_run, traffic
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import Study, configurations, planned_spec
 from gpt2dist.results.link_model import INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
@@ -47,27 +47,47 @@ def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float) -> float:
     return predicted_step_time(facts, single, "cuda", t.global_batch_size // t.micro_batch_size)
 
 
-def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float]) -> pd.DataFrame:
+def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float], sizes: list[str] | None = None) -> pd.DataFrame:
     """One row per configuration: predicted bytes per rank by part, whether it fits each GPU memory size (with
-    the margin), and on GPUs the step time and the run's training time."""
+    the margin) as it is and with activation checkpointing, and on GPUs the step time and the run's training time.
+    `sizes` (GPT-2's, config.sizes): a row per configuration and size, the preset's context and vocabulary kept; a
+    configuration that cannot run at a size (heads that do not divide over tensor-parallel ranks) says why in
+    `cannot_run` instead."""
     if not memory_gb or min(memory_gb) <= 0:
         raise UsageError("--memory-gb lists GPU memory sizes in GB, e.g. 80,40")
     t = study.preset.train
     repeats = pd.Series([run.config_id for run in study.runs]).value_counts()
     rows = []
-    for run in configurations(study):
-        spec = planned_spec(study.preset_name, study.preset, run, study.device)
-        memory = predict(spec)
-        row = {"config_id": run.config_id, "strategy": run.strategy, "precision": run.precision, "nproc": run.nproc,
-               "nodes": run.nodes, "repeats": int(repeats[run.config_id]), "state_mib": memory.state / MIB,
-               "activations_mib": memory.activations / MIB, "buffers_mib": memory.buffers / MIB,
-               "peak_mib": memory.peak / MIB}
-        for size in memory_gb:
-            row[f"margin_{size:g}gb_gib"] = (size * 1e9 * USABLE_SHARE - memory.peak) / GIB
-        step = gpu_step_seconds(spec, gpu, mfu) if study.device == "cuda" else math.nan
-        row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}
-        rows.append(row)
+    for size in sizes or [None]:
+        model = sized(study.preset.model, size) if size else study.preset.model
+        for run in configurations(study):
+            spec = planned_spec(study.preset_name, study.preset, run, study.device, model)
+            row = {"size": size, "parameters": parameter_count(model)} if size else {}
+            row |= {"config_id": run.config_id, "strategy": run.strategy, "precision": run.precision,
+                    "nproc": run.nproc, "nodes": run.nodes, "repeats": int(repeats[run.config_id])}
+            if size:
+                try:
+                    check_run(spec, study.gpus)
+                except UsageError as refusal:
+                    rows.append(row | {"cannot_run": str(refusal)})
+                    continue
+                row["cannot_run"] = ""
+            memory = predict(spec)
+            row |= {"state_mib": memory.state / MIB, "activations_mib": memory.activations / MIB,
+                    "buffers_mib": memory.buffers / MIB, "peak_mib": memory.peak / MIB}
+            checkpointed = predict(with_checkpointed_blocks(spec)).peak
+            for gb in memory_gb:
+                row[f"margin_{gb:g}gb_gib"] = (gb * 1e9 * USABLE_SHARE - memory.peak) / GIB
+                row[f"margin_{gb:g}gb_checkpointed_gib"] = (gb * 1e9 * USABLE_SHARE - checkpointed) / GIB
+            step = gpu_step_seconds(spec, gpu, mfu) if study.device == "cuda" else math.nan
+            row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}
+            rows.append(row)
     return pd.DataFrame(rows)
+
+
+def with_checkpointed_blocks(spec: RunSpec) -> RunSpec:
+    """The same run with train.activation_checkpointing=block."""
+    return spec.model_copy(update={"train": spec.train.model_copy(update={"activation_checkpointing": "block"})})
 
 
 def plan_text(table: pd.DataFrame, memory_gb: list[float]) -> str:
@@ -91,16 +111,27 @@ def plan_text(table: pd.DataFrame, memory_gb: list[float]) -> str:
 
 
 def fit_lines(table: pd.DataFrame, memory_gb: list[float]) -> list[str]:
-    """Per GPU memory size: the configurations that overflow it with their shortfall, else the tightest fit."""
+    """Per GPU memory size: the configurations that overflow it with their shortfall, and whether activation
+    checkpointing would make them fit; else the tightest fit. Then those that cannot run, and why."""
     lines = []
-    for size in memory_gb:
-        margin = table[f"margin_{size:g}gb_gib"]
-        over = table.assign(margin=margin)[margin < 0]
+    ran = table[table["cannot_run"] == ""] if "cannot_run" in table else table
+    for gb in memory_gb:
+        margin = ran[f"margin_{gb:g}gb_gib"]
+        over = ran.assign(margin=margin, checkpointed=ran[f"margin_{gb:g}gb_checkpointed_gib"])[margin < 0]
         if len(over):
-            named = ", ".join(f"{row.config_id} ({-row.margin:.1f} GiB over)" for row in over.itertuples())
-            lines.append(f"will not fit a {size:g} GB GPU: {named}")
-        else:
+            named = ", ".join(f"{row.config_id} ({-row.margin:.1f} GiB over{_checkpointed_words(row.checkpointed)})"
+                              for row in over.itertuples())
+            lines.append(f"will not fit a {gb:g} GB GPU: {named}")
+        elif len(ran):
             tightest = margin.idxmin()
-            lines.append(f"every configuration fits a {size:g} GB GPU; the tightest, {table.loc[tightest, 'config_id']}, "
+            lines.append(f"every configuration fits a {gb:g} GB GPU; the tightest, {ran.loc[tightest, 'config_id']}, "
                          f"with {margin[tightest]:.1f} GiB to spare")
+    if "cannot_run" in table:
+        lines += [f"cannot run {row.config_id}: {row.cannot_run}" for row in table.itertuples() if row.cannot_run]
     return lines
+
+
+def _checkpointed_words(margin: float) -> str:
+    if margin >= 0:
+        return f"; with train.activation_checkpointing=block it fits, {margin:.1f} GiB to spare"
+    return f"; {-margin:.1f} GiB over with activation checkpointing too"

@@ -40,7 +40,7 @@ from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns  # n
 EXACT_FLOOR = 1e-9  # where the deviation figure draws an exact match (a log axis has no zero)
 WIDTH = 8.0  # inches: 1200 pixels at the DPI written, so a figure shown 800 pixels wide keeps 2/3 of its type
 DPI = 150
-MARKERS = "osD^vPX*h"  # one per strategy, in the registry's order
+MARKERS = "osD^vPX*hpd<>"  # in the registry's order; one more than the colours, so (colour, marker) pairs differ
 NPROC_LINES = {1: "-", 2: "--", 4: ":", 8: "-."}  # processes, where the precision is the panel
 LINES = {"fp32": "-", "tf32": ":", "bf16": "--", "fp16": "-.", "apex-O1": (0, (3, 1, 1, 1, 1, 1)),
          "apex-O2": (0, (6, 2))}
@@ -49,8 +49,9 @@ LINES = {"fp32": "-", "tf32": ":", "bf16": "--", "fp16": "-.", "apex-O1": (0, (3
 # Precision by hatch on bars (colour is the strategy's): plain fp32, denser for the 16-bit kinds
 HATCHES = {"fp32": "", "tf32": "..", "bf16": "///", "fp16": "\\\\\\", "apex-O1": "xx", "apex-O2": "++"}
 # The colourblind palette, its second pink (too near fsdp's) swapped for its sky blue, its pale yellow for olive
+# for three more strategies than the papers' nine: indigo, near-black and teal
 STRATEGY_COLOURS = ("#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#56b4e9", "#949494",
-                    "#8c8c00")
+                    "#8c8c00", "#5d3a9b", "#1a1a1a", "#006d6f")
 
 
 # A ledger's parts as shades of the row's strategy colour (mixed with white by the fraction) and hatches, so that
@@ -64,9 +65,10 @@ def _tint(colour: tuple, white: float) -> tuple:
 
 
 def strategy_style() -> dict[str, dict]:
-    """Each strategy's colour and marker, the same in every figure."""
-    return {s: {"color": mcolors.to_rgb(c), "marker": m}
-            for s, c, m in zip(STRATEGY_NAMES, STRATEGY_COLOURS, MARKERS, strict=True)}
+    """Each strategy's colour and marker, the same in every figure; past the palette, colours repeat with
+    another marker, so any number of strategies is drawn."""
+    return {s: {"color": mcolors.to_rgb(STRATEGY_COLOURS[i % len(STRATEGY_COLOURS)]), "marker": MARKERS[i % len(MARKERS)]}
+            for i, s in enumerate(STRATEGY_NAMES)}
 
 
 def _strategy_bars(ax: plt.Axes, y: np.ndarray, data: pd.DataFrame, values, **kw):

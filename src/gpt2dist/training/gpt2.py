@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from gpt2dist.config.schema import ModelConfig
 
@@ -55,6 +56,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """Pre-LayerNorm attention and MLP. `checkpointed` (train.activation_checkpointing: block) keeps only the
+    block's input for backward, which computes the block again from it."""
+
+    checkpointed = False
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=LAYER_NORM_EPS)
@@ -63,6 +69,12 @@ class Block(nn.Module):
         self.mlp = MLP(cfg.n_embd, cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpointed and torch.is_grad_enabled():
+            # non-reentrant: it composes with FSDP2's and DTensor's hooks, and restores the RNG state for dropout
+            return checkpoint(self._residuals, x, use_reentrant=False)
+        return self._residuals(x)
+
+    def _residuals(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 

@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from gpt2dist.config.schema import RunSpec, TrainConfig
+from gpt2dist.config.sizes import weight_decayed
 from gpt2dist.config.strategies import gradient_bytes, traffic
 from gpt2dist.data.shards import open_shards
 from gpt2dist.errors import Interrupted, UsageError
@@ -33,7 +34,7 @@ from gpt2dist.training.metrics import (
     peak_memory_bytes,
     peak_reserved,
 )
-from gpt2dist.training.model import build_model, compile_blocks, compiled_head_loss, head_loss
+from gpt2dist.training.model import build_model, checkpoint_blocks, compile_blocks, compiled_head_loss, head_loss
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
 from gpt2dist.training.run_record import METRICS, RankReport, now_iso
@@ -58,8 +59,8 @@ def optimizer_factory(cfg: TrainConfig, fused: bool, foreach: bool | None = None
     def make(model: torch.nn.Module) -> torch.optim.Optimizer:
         params = [p for p in model.parameters() if p.requires_grad]
         groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+            {"params": [p for p in params if weight_decayed(p.dim())], "weight_decay": cfg.weight_decay},
+            {"params": [p for p in params if not weight_decayed(p.dim())], "weight_decay": 0.0},
         ]
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused, foreach=foreach)
 
@@ -92,6 +93,8 @@ class Trainer:
                                         pin_memory=pin)
         self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=strategy.sharded_grads)
         model = build_model(spec.model, seed=t.seed)
+        if t.activation_checkpointing == "block":
+            checkpoint_blocks(model)
         conflict = strategy.compile_conflict or self.precision.compile_conflict
         self.compiled = t.compile and conflict is None
         self.continued: dict | None = None  # set by resume() from another run's checkpoint
@@ -150,7 +153,7 @@ class Trainer:
             with strategy.step_context(self.optimizer):
                 precision.step(self.optimizer)
             if self.state_bytes is None and self.rank0:  # gradients and optimizer state both exist only here
-                self.state_bytes = model_state_bytes(self.model, self.optimizer)
+                self.state_bytes = model_state_bytes(self.model, self.strategy.local_optimizer(self.optimizer))
             self.optimizer.zero_grad()  # set_to_none is the default; Horovod rejects the kwarg
             # The step's one wait for the device: loss and gradient norm come back to the host together; the
             # micro-steps above queue work without reading anything back (tests/training/test_engine_structure.py).

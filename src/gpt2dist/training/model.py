@@ -64,6 +64,12 @@ def transformer_blocks(model: GPT2) -> list[nn.Module]:
     return list(model.transformer.h)
 
 
+def checkpoint_blocks(model: GPT2) -> None:
+    """Activation checkpointing per block: the block's input kept, its insides recomputed in backward."""
+    for block in transformer_blocks(model):
+        block.checkpointed = True
+
+
 def compile_blocks(model: GPT2) -> None:
     """Compile each block in place, whole (fullgraph: a graph break is an error, not a silent return to
     eager code); works the same before DDP, Horovod or FSDP2 wrapping."""

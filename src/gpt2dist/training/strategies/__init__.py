@@ -18,6 +18,9 @@ _WHERE = {
     "tp": ("tensor_parallel", "TensorParallel"),
     "pp": ("pipeline_parallel", "PipelineParallel"),
     "fsdp-tp": ("tensor_parallel", "FSDPTensorParallel"),
+    "zero1": ("zero", "ZeRO1"),
+    "hsdp": ("fsdp", "HSDP"),
+    "zero2": ("fsdp", "ZeRO2"),
 }
 
 

@@ -126,6 +126,10 @@ class Strategy:
         """A small picklable value from every rank, in rank order, on every rank."""
         return [value]
 
+    def local_optimizer(self, optimizer) -> torch.optim.Optimizer:
+        """The optimizer whose state this rank holds (ZeRO-1's steps this rank's partition)."""
+        return optimizer
+
     def state_module(self, model: nn.Module) -> nn.Module:
         """The module whose state dict is checkpointed (DCP understands DDP and FSDP wrappers)."""
         return model
@@ -184,6 +188,19 @@ def claim_gpu(local_rank: int) -> torch.device:
     index = device_index(local_rank, torch.cuda.device_count())
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def optimizer_order(model, optimizer) -> list[str]:
+    """The model's parameter names in the order torch's positional optimizer state numbers them."""
+    name_of = {id(parameter): name for name, parameter in model.named_parameters()}
+    return [name_of[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
+
+
+def rekeyed(optim_state: dict, key: dict) -> dict:
+    """An optimizer state dict with each parameter's key (a position, or a name) replaced by key[old one]."""
+    return {"state": {key[old]: state for old, state in optim_state["state"].items()},
+            "param_groups": [{**group, "params": [key[old] for old in group["params"]]}
+                             for group in optim_state["param_groups"]]}
 
 
 def describe(strategy: Strategy, detail: str) -> None:

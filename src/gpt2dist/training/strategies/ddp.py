@@ -29,3 +29,4 @@ class DDP(TorchDistributed):
 
     def accumulate(self, model, last):
         return super().accumulate(model, last) if last else model.no_sync()
+

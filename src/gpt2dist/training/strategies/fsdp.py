@@ -1,15 +1,18 @@
 """Fully Sharded Data Parallel (FSDP2, `fully_shard`): parameters, gradients and optimizer
 state sharded over ranks; each transformer block and then the root are sharded, so a
-block's parameters are gathered only while it runs.
+block's parameters are gathered only while it runs. Its two variants: HSDP (a 2-D mesh) and
+ZeRO-2 (gathered parameters kept from forward to backward).
 
 Communication stays fp32 by default, as under DDP, so the two differ only in sharding;
 train.fsdp_mixed_precision opts into FSDP2's MixedPrecisionPolicy (parameters gathered and
 computed in the autocast dtype, gradients reduced in fp32)."""
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from gpt2dist.training.model import transformer_blocks
@@ -17,14 +20,17 @@ from gpt2dist.training.strategies.base import describe
 from gpt2dist.training.strategies.torch_distributed import TorchDistributed, sharded_grad_norm
 
 
-def shard_fully(model: nn.Module, mesh: DeviceMesh | None, policy: MixedPrecisionPolicy = MixedPrecisionPolicy()) -> int:
-    """fully_shard each transformer block, then the root, over `mesh` (None: all ranks); returns the
-    number of sharded modules. The last block keeps its gathered parameters after forward: backward
-    needs them at once, so resharding would only gather them again (the root keeps its own by default)."""
+def shard_fully(model: nn.Module, mesh: DeviceMesh | None, policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
+                reshard_after_forward: bool = True) -> int:
+    """fully_shard each transformer block, then the root, over `mesh` (None: all ranks; 2-D: replicate x shard,
+    HSDP); returns the number of sharded modules. The last block keeps its gathered parameters after forward:
+    backward needs them at once, so resharding would only gather them again (the root keeps its own by default).
+    reshard_after_forward=False keeps every block's (ZeRO-2: one all-gather per forward, none in backward)."""
     blocks = transformer_blocks(model)
     modules = (*blocks, model)
     for module in modules:
-        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=False if module is blocks[-1] else None)
+        keep = not reshard_after_forward or module is blocks[-1]
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=False if keep else None)
         if dist.get_backend() == "gloo":
             # torch 2.8's gloo reduce_scatter takes ReduceOp.AVG but sums, doubling FSDP's gradients
             # with 2 ranks; SUM plus FSDP's own division is right on every torch.
@@ -34,18 +40,29 @@ def shard_fully(model: nn.Module, mesh: DeviceMesh | None, policy: MixedPrecisio
 
 class FSDP(TorchDistributed):
     name = "fsdp"
+    reshard_after_forward = True
+
+    def mesh(self) -> DeviceMesh | None:
+        """The ranks the state is sharded over (None: all of them)."""
+        return None
 
     def prepare(self, model, make_optimizer, precision):
         # Shard first: the optimizer must be built over the sharded (DTensor) parameters.
         model.to(self.placement.device)
         policy = self._mixed_precision_policy(precision)
+        mesh = self.mesh()
         self.wrapping = {
-            "fully_shard_modules": shard_fully(model, mesh=None, policy=policy),
+            "fully_shard_modules": shard_fully(model, mesh=mesh, policy=policy,
+                                               reshard_after_forward=self.reshard_after_forward),
             "param_dtype": str(policy.param_dtype or torch.float32).removeprefix("torch."),
             "reduce_dtype": str(policy.reduce_dtype or policy.param_dtype or torch.float32).removeprefix("torch."),
         }
-        describe(self, f"fully_shard on {self.wrapping['fully_shard_modules'] - 1} blocks + root, world {self.placement.world_size}, "
-                       f"params {self.wrapping['param_dtype']}, reduce {self.wrapping['reduce_dtype']}")
+        if mesh is not None:
+            self.wrapping["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))
+        describe(self, f"fully_shard on {self.wrapping['fully_shard_modules'] - 1} blocks + root, world "
+                       f"{self.placement.world_size}, mesh {self.wrapping.get('mesh', 'flat')}, reshard after forward "
+                       f"{self.reshard_after_forward}, params {self.wrapping['param_dtype']}, "
+                       f"reduce {self.wrapping['reduce_dtype']}")
         return model, make_optimizer(model)
 
     def _mixed_precision_policy(self, precision) -> MixedPrecisionPolicy:
@@ -59,3 +76,29 @@ class FSDP(TorchDistributed):
 
     def global_grad_norm(self, grads):
         return sharded_grad_norm(grads, self.placement.device)
+
+
+class HSDP(FSDP):
+    """Hybrid sharding: the state sharded within groups of train.data_parallel_shard_size consecutive ranks (one
+    node's, on a cluster) and replicated across the groups; gradients are reduce-scattered within a group, then
+    all-reduced across groups."""
+
+    name = "hsdp"
+
+    def mesh(self):
+        shard = self.spec.train.data_parallel_shard_size
+        return init_device_mesh(self.placement.device.type, (self.placement.world_size // shard, shard),
+                                mesh_dim_names=("replicate", "shard"))
+
+
+class ZeRO2(FSDP):
+    """DeepSpeed's stage 2 on FSDP2: each block's parameters are gathered once per forward and kept until its
+    backward, gradients are reduce-scattered after every micro-step (so no rank holds whole gradients) and
+    the optimizer steps its shard. Stage 2 also keeps the whole parameters between steps; FSDP2 frees them
+    after backward, which changes neither the traffic nor the peak."""
+
+    name = "zero2"
+    reshard_after_forward = False
+
+    def accumulate(self, model, last):
+        return contextlib.nullcontext()  # every micro-step reduces: no rank ever holds whole gradients

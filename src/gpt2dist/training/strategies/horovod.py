@@ -18,7 +18,7 @@ import torch
 
 from gpt2dist.training.ledger import comm_wait
 from gpt2dist.training.optional import import_horovod
-from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu, describe
+from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu, describe, optimizer_order, rekeyed
 
 
 class Horovod(Strategy):
@@ -35,12 +35,12 @@ class Horovod(Strategy):
         model_state, positional = super().full_state_dict(model, optimizer, precision)
         if not self.optimizer_keyed_by_name(precision):
             return model_state, positional
-        return model_state, _rekeyed(positional, dict(enumerate(_optimizer_order(model, optimizer))))
+        return model_state, rekeyed(positional, dict(enumerate(optimizer_order(model, optimizer))))
 
     def load_full_state_dict(self, model, optimizer, precision, model_state, optim_state):
         if self.optimizer_keyed_by_name(precision):
-            positions = {name: position for position, name in enumerate(_optimizer_order(model, optimizer))}
-            optim_state = _rekeyed(optim_state, positions)
+            positions = {name: position for position, name in enumerate(optimizer_order(model, optimizer))}
+            optim_state = rekeyed(optim_state, positions)
         super().load_full_state_dict(model, optimizer, precision, model_state, optim_state)
 
     def setup(self) -> Placement:
@@ -93,15 +93,3 @@ class Horovod(Strategy):
     def teardown(self):
         self.hvd.shutdown()
 
-
-def _optimizer_order(model, optimizer) -> list[str]:
-    """The model's parameter names in the order torch's positional optimizer state numbers them."""
-    name_of = {id(parameter): name for name, parameter in model.named_parameters()}
-    return [name_of[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
-
-
-def _rekeyed(optim_state: dict, key: dict) -> dict:
-    """An optimizer state dict with each parameter's key (a position, or a name) replaced by key[old one]."""
-    return {"state": {key[old]: state for old, state in optim_state["state"].items()},
-            "param_groups": [{**group, "params": [key[old] for old in group["params"]]}
-                             for group in optim_state["param_groups"]]}
