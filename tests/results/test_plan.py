@@ -133,3 +133,29 @@ def test_the_sizes_plan_names_what_fits_at_each_size(sizes_plan):
     assert state["xl", "ddp-bf16-n8"] / state["small", "ddp-bf16-n8"] == pytest.approx(
         PUBLISHED_PARAMETERS["xl"] / PUBLISHED_PARAMETERS["small"], rel=0.01)
     assert state["xl", "fsdp-bf16-n8"] == pytest.approx(state["xl", "ddp-bf16-n8"] / 8, rel=0.01)
+
+
+def test_an_interleaved_pipeline_waits_a_smaller_bubble_and_holds_more_activations():
+    """Two stages per rank: the bubble of 4 stages over 8 micro-batches halves (Narayanan et al. 2021), the first
+    rank keeps 3/8 more activations (1 + (4 - 1) / (4 x 2)), and traffic grows with the boundaries each rank sends
+    across. The control: the 1F1B plan of the same run."""
+    from gpt2dist.config.memory import predict
+    from gpt2dist.config.strategies import check_run, rank_blocks, traffic
+    from gpt2dist.pipeline.study import Run, plan_study, planned_spec
+    from gpt2dist.results.plan import gpu_step_seconds
+
+    study = plan_study(REPO / "params.yaml", "paper", 8)
+    plain = planned_spec("paper", study.preset, Run("pp", "bf16", 4, 0), "cuda")
+    interleaved = plain.model_copy(update={"train": plain.train.model_copy(
+        update={"pipeline_schedule": "interleaved-1f1b"})})
+    check_run(interleaved, 8)
+    assert gpu_step_seconds(interleaved, "H100", 0.4) < gpu_step_seconds(plain, "H100", 0.4)
+    # the first rank's activations, where the last rank's logits do not dwarf them (a vocabulary of 512)
+    small_vocabulary = {"model": plain.model.model_copy(update={"vocab_size": 512})}
+    first_plain, first_interleaved = (predict(spec.model_copy(update=small_vocabulary)).activations
+                                      for spec in (plain, interleaved))
+    assert first_interleaved == pytest.approx(first_plain * (1 + 3 / 8), rel=1e-6)
+    assert traffic(interleaved).bytes_per_step > traffic(plain).bytes_per_step
+    # 12 blocks over 8 stages of 2, 2, 2, 2, 1, 1, 1, 1: rank 0 holds stages 0 and 4, as many blocks as before
+    assert rank_blocks(interleaved, 0) == [0, 1, 8] and rank_blocks(plain, 0) == [0, 1, 2]
+    assert predict(interleaved).state == predict(plain).state

@@ -1,15 +1,19 @@
-"""Pipeline parallelism (pp): how blocks are split into stages, GPipe and a three-stage pipeline
-against the single-process curve (two-stage 1F1B is in test_equivalence.py with the other
-strategies), checkpoints in single's portable form, bf16, a negative control for the tied
-embedding, and the pipelines it refuses."""
+"""Pipeline parallelism (pp): how blocks are split into stages, GPipe, a three-stage pipeline and the
+interleaved schedules (interleaved 1F1B, zero-bubble) against the single-process curve (two-stage 1F1B
+is in test_equivalence.py with the other strategies), checkpoints in single's portable form, bf16,
+negative controls for the tied embedding, a kill-and-resume with two stages per rank, and the pipelines
+it refuses."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from test_equivalence import assert_follows_in_precision, assert_follows_reference, train_with_fault
+from test_train_cli import RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, kill_after_checkpoint, kill_point
 
-from gpt2dist.config.strategies import stage_blocks
+from gpt2dist.config.memory import predict
+from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.strategies import rank_blocks, stage_blocks
 from gpt2dist.training.strategies.pipeline_parallel import PipelineParallel
 
 from conftest import gpt2dist, read_metrics, run_record, train_args
@@ -102,9 +106,72 @@ def test_comparison_catches_an_untied_embedding(reference, shards, params_file, 
     ((), "fp16", 2, "use pp with bf16"),
     ((), "fp32", 3, "use --nproc 2 or fewer"),
     (("--set", "train.micro_batch_size=8"), "fp32", 2, "or train.pipeline_schedule=gpipe"),
+    (("--set", "train.pipeline_schedule=interleaved-1f1b"), "fp32", 2, "use --nproc 1 or fewer, or fewer virtual stages"),
+    (("--set", "train.pipeline_schedule=zero-bubble", "--set", "model.n_layer=6", "--set", "train.micro_batch_size=1",
+      "--set", "train.global_batch_size=10"), "fp32", 3, "use a global batch of 9 or 12 micro-batches"),
 ])
 def test_refused_pipelines_name_the_fix(extra, precision, nproc, expected, shards, params_file, tmp_path):
     result = gpt2dist(*train_args(shards, params_file, tmp_path, "pp", *extra, nproc=nproc, precision=precision),
                       check=False)
     assert result.returncode == 2 and expected in result.stderr, result.stderr
     assert not (tmp_path / "run.json").exists()
+
+
+INTERLEAVED = [("interleaved-1f1b", 2), ("zero-bubble", 2), ("interleaved-1f1b", 4), ("zero-bubble", 4)]
+
+
+@pytest.fixture(scope="module")
+def deeper_single(shards, params_file, tmp_path_factory):
+    """single's run of a model with a block for each of 2 virtual stages on up to 4 ranks, per depth."""
+    runs = {}
+
+    def run(n_layer: int):
+        if n_layer not in runs:
+            runs[n_layer] = tmp_path_factory.mktemp(f"single-{n_layer}-blocks")
+            gpt2dist(*train_args(shards, params_file, runs[n_layer], "single", "--set", f"model.n_layer={n_layer}"))
+        return runs[n_layer]
+
+    return run
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("schedule, nproc", INTERLEAVED, ids=[f"{s}-n{n}" for s, n in INTERLEAVED])
+def test_interleaved_schedules_follow_single_process(schedule, nproc, deeper_single, shards, params_file, tmp_path):
+    """Two stages per rank (rank r: stages r and r + nproc), interleaved 1F1B and the zero-bubble schedule
+    (backward split into input and weight gradients), against single's run of the same depth."""
+    n_layer = 2 * nproc
+    gpt2dist(*train_args(shards, params_file, tmp_path, "pp", "--set", f"model.n_layer={n_layer}", "--set",
+                         f"train.pipeline_schedule={schedule}", nproc=nproc))
+    assert_follows_reference(deeper_single(n_layer), tmp_path)
+    record = run_record(tmp_path)
+    assert record["wrapping"] == {"stages": 2 * nproc, "blocks_per_stage": [1] * 2 * nproc, "schedule": schedule,
+                                  "micro_batches": 4}
+    # rank 0 holds the embeddings and blocks 0 and nproc, predicted to the byte
+    spec = RunSpec.model_validate(record["config"])
+    assert predict(spec).state == record["model_state_bytes"]["total"]
+    assert rank_blocks(spec, 0) == [0, nproc]
+
+
+@pytest.mark.timeout(400)
+def test_comparison_catches_an_untied_embedding_under_zero_bubble(deeper_single, shards, params_file, tmp_path):
+    """The control for the interleaved schedules: the same untied-embedding fault, under zero-bubble's split
+    backward, leaves the curve from the second step."""
+    train_with_fault(UntiedPipeline, shards, params_file, tmp_path,
+                     overrides=["model.n_layer=4", "train.pipeline_schedule=zero-bubble"])
+    ours, theirs = read_metrics(tmp_path), read_metrics(deeper_single(4))
+    assert ours[0]["loss"] == pytest.approx(theirs[0]["loss"], rel=1e-6)
+    assert ours[1]["loss"] != pytest.approx(theirs[1]["loss"], rel=1e-6)
+
+
+@pytest.mark.timeout(420)
+def test_a_zero_bubble_pipeline_resumes_to_the_same_state(trained, shards, params_file, tmp_path):
+    """Bitwise after SIGKILL, as every strategy (test_train_cli): two stages per rank restore from single's
+    portable checkpoint into the right stages."""
+    extra = ("--set", "model.n_layer=4", "--set", "train.pipeline_schedule=zero-bubble")
+    whole, killed = trained("pp", *extra, nproc=2), tmp_path / "killed"
+    args = train_args(shards, params_file, killed, "pp", *extra, *RESUME_EXTRA, nproc=2)
+    kill_after_checkpoint(args, killed, kill_point("pp-zero-bubble-2"))
+    gpt2dist(*args)
+    record = run_record(killed)
+    assert record["status"] == "completed" and 0 < record["resumed_from_step"] < RESUME_STEPS
+    assert_resumed_exactly(killed, whole)

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpt2dist.config.strategies import FP32, HALF, compute_bytes, stage_blocks
+from gpt2dist.config.strategies import FP32, HALF, compute_bytes, rank_blocks
 
 if TYPE_CHECKING:
     from gpt2dist.config.schema import RunSpec
@@ -76,12 +76,13 @@ def activation_bytes_kept(spec: RunSpec) -> int:
     stages = spec.description.pipeline_stages(spec.nproc)
     if stages == 1:
         return round(rows * (m.n_layer * per_layer + recomputed + logits))
-    in_flight = spec.pipeline_micro_batches
-    if spec.train.pipeline_schedule == "1f1b":
-        in_flight = min(in_flight, stages)  # the first stage runs one forward per stage ahead of its first backward
-    blocks = stage_blocks(m.n_layer, stages)
-    first = rows * (in_flight * len(blocks[0]) * per_layer + recomputed)
-    last = rows * (len(blocks[-1]) * per_layer + recomputed + logits)
+    in_flight, virtual = spec.pipeline_micro_batches, spec.description.virtual_stages(spec.train)
+    if spec.train.pipeline_schedule != "gpipe":
+        in_flight = min(in_flight, stages)  # the first rank runs one forward per rank ahead of its first backward
+    # interleaving holds (stages - 1) / (stages x virtual) more (Narayanan et al. 2021, section 2.2)
+    interleaving = 1 + (stages - 1) / (stages * virtual) if virtual > 1 else 1
+    first = rows * (in_flight * len(rank_blocks(spec, 0)) * per_layer * interleaving + recomputed)
+    last = rows * (len(rank_blocks(spec, stages - 1)) * per_layer + recomputed + logits)
     return round(max(first, last))
 
 

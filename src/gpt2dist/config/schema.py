@@ -82,9 +82,14 @@ class TrainConfig(_Strict):
     activation_checkpointing: Literal["none", "block"] = Field(
         "none", description="Every strategy: 'block' keeps only each transformer block's input for backward and "
         "computes the rest again there (about a third more compute for a block's activations in memory).")
-    pipeline_schedule: Literal["gpipe", "1f1b"] = Field(
-        "1f1b", description="pp only: GPipe (all forwards, then all backwards) or 1F1B (interleaved, fewer "
-        "activations held). The global batch is one pipeline step of global_batch_size / micro_batch_size micro-batches.")
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"] = Field(
+        "1f1b", description="pp only: GPipe (all forwards, then all backwards), 1F1B (one forward, one backward, "
+        "fewer activations held), interleaved 1F1B (pipeline_virtual_stages stages per rank: a bubble that many times "
+        "smaller) or interleaved zero-bubble (ZB1P: each backward split into its input and weight gradients, the "
+        "weight ones filling the bubble). The global batch is one pipeline step of global_batch_size / "
+        "micro_batch_size micro-batches.")
+    pipeline_virtual_stages: int = Field(2, ge=2, description="pp with interleaved-1f1b or zero-bubble: stages per "
+                                         "rank; rank r holds stages r, r + nproc, r + 2 nproc, ...")
     seed: int = Field(1337, ge=0, description="Seeds init, data order and dropout.")
 
     @model_validator(mode="after")
@@ -273,7 +278,8 @@ class ParamsFile(_Strict):
 
 # How a computation is spread over processes, not what it computes (RunSpec.computation_fingerprint)
 PLACEMENT = ("strategy", "nproc")
-PLACEMENT_TRAIN = ("tensor_parallel_size", "pipeline_schedule", "data_parallel_shard_size", "activation_checkpointing")
+PLACEMENT_TRAIN = ("tensor_parallel_size", "pipeline_schedule", "pipeline_virtual_stages", "data_parallel_shard_size",
+                   "activation_checkpointing")
 
 
 class RunSpec(_Strict):

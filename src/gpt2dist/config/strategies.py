@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 BAI, PATWARDHAN = "Bai 2022", "Patwardhan et al. 2024"
 FP32, HALF = 4, 2  # bytes per element
 APEX_PRECISIONS = ("apex-O1", "apex-O2")
+INTERLEAVED_SCHEDULES = ("interleaved-1f1b", "zero-bubble")  # pipeline schedules with several stages per rank
 # Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD): 0.28's horovod/common/operations.cc sets 128 MiB by default,
 # though its tensor-fusion docs still say 64 MB
 HOROVOD_FUSION_BYTES = 128 * 2**20
@@ -94,6 +95,11 @@ def stage_blocks(n_layer: int, stages: int) -> list[range]:
     return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
 
 
+def pipeline_stage_blocks(n_layer: int, ranks: int, virtual: int) -> list[range]:
+    """Every stage's blocks in the pipeline's order, `ranks` x `virtual` stages; stage s runs on rank s % ranks."""
+    return stage_blocks(n_layer, ranks * virtual)
+
+
 def gathered_bytes(spec: RunSpec) -> int:
     """FSDP's gathered parameters at the peak: the root's (embeddings and ln_f, kept after forward) and two blocks'
     (the one computing and the one prefetched), each rank's tensor-parallel slice of them."""
@@ -144,6 +150,10 @@ class Description:
 
     def pipeline_stages(self, nproc: int) -> int:
         """Processes that each hold a consecutive slice of the blocks."""
+        return 1
+
+    def virtual_stages(self, train: TrainConfig) -> int:
+        """Pipeline stages per process (interleaved schedules hold several)."""
         return 1
 
     def replicas(self, nproc: int, train: TrainConfig) -> int:
@@ -450,6 +460,9 @@ class PipelineParallel(Description):
     def pipeline_stages(self, nproc):
         return nproc
 
+    def virtual_stages(self, train):
+        return train.pipeline_virtual_stages if train.pipeline_schedule in INTERLEAVED_SCHEDULES else 1
+
     def rows_per_pass(self, nproc, train):
         return train.global_batch_size  # one pipeline step takes the global batch as its micro-batches
 
@@ -461,33 +474,55 @@ class PipelineParallel(Description):
         if spec.precision == "fp16":
             raise UsageError("strategy 'pp' runs backward inside the pipeline schedule, where fp16's loss scaler "
                              "cannot wrap it; use pp with bf16")
-        if spec.nproc > m.n_layer:
-            raise UsageError(f"strategy 'pp' puts at least one block on each of its {spec.nproc} stages, but the "
-                             f"model has {m.n_layer} (model.n_layer); use --nproc {m.n_layer} or fewer")
+        schedule, virtual = spec.train.pipeline_schedule, self.virtual_stages(spec.train)
+        if spec.nproc * virtual > m.n_layer:
+            if virtual == 1:
+                raise UsageError(f"strategy 'pp' puts at least one block on each of its {spec.nproc} stages, but the "
+                                 f"model has {m.n_layer} (model.n_layer); use --nproc {m.n_layer} or fewer")
+            raise UsageError(f"strategy 'pp' with '{schedule}' puts at least one block on each of its "
+                             f"{spec.nproc} x {virtual} stages (train.pipeline_virtual_stages), but the model has "
+                             f"{m.n_layer} (model.n_layer); use --nproc {max(1, m.n_layer // virtual)} or fewer, or "
+                             "fewer virtual stages")
         micro_batches = spec.pipeline_micro_batches
-        if spec.train.pipeline_schedule == "1f1b" and micro_batches < spec.nproc:
-            # torch's Schedule1F1B fills the pipeline with one micro-batch per stage before its first backward
-            raise UsageError(f"train.pipeline_schedule '1f1b' needs at least one micro-batch per stage, but "
+        if schedule != "gpipe" and micro_batches < spec.nproc:
+            # torch's 1F1B schedules fill the pipeline with one micro-batch per rank before their first backward
+            raise UsageError(f"train.pipeline_schedule '{schedule}' needs at least one micro-batch per stage, but "
                              f"global_batch_size / micro_batch_size is {micro_batches} for {spec.nproc} stages; use a "
                              f"smaller train.micro_batch_size, or train.pipeline_schedule=gpipe")
+        rounds = max(1, micro_batches // spec.nproc)
+        if virtual > 1 and micro_batches % rounds:
+            # torch's interleaved schedules run the micro-batches in rounds of about one per rank
+            raise UsageError(f"train.pipeline_schedule '{schedule}' runs the {micro_batches} micro-batches in "
+                             f"{rounds} equal rounds, which they do not divide into; use a global batch of "
+                             f"{rounds * (micro_batches // rounds)} or {rounds * (micro_batches // rounds + 1)} "
+                             "micro-batches")
 
     def held_shapes(self, spec):
-        """The first stage's: the embeddings and its blocks (the last stage's ln_f and head copy are smaller than
-        wpe and the first stage's extra block)."""
-        first = stage_blocks(spec.model.n_layer, spec.nproc)[0]
+        """The first rank's: the embeddings and the blocks of its stages (the last rank's ln_f and head copy are
+        smaller than wpe and the first stages' extra blocks)."""
+        first = rank_blocks(spec, 0)
         return [shape for name, shape in parameter_shapes(spec.model).items()
                 if name.startswith(("transformer.wte.", "transformer.wpe."))
                 or any(name.startswith(f"transformer.h.{block}.") for block in first)]
 
     def traffic(self, spec):
         m, n, micro_batches = spec.model, spec.nproc, spec.pipeline_micro_batches
+        virtual = self.virtual_stages(spec.train)
         per_micro = activation_bytes(spec) // micro_batches  # one micro-batch's activations at a stage boundary
         tied = ring_all_reduce(m.vocab_size * m.n_embd * FP32, 2)  # embedding and head copies' gradients
-        ends = micro_batches * per_micro + tied
-        middle = 2 * micro_batches * per_micro if n > 2 else 0
+        # each rank sends at each of its stages' boundaries: forward out of all but the last stage, backward out
+        # of all but the first
+        ends = (2 * virtual - 1) * micro_batches * per_micro + tied
+        middle = 2 * virtual * micro_batches * per_micro if n > 2 else 0
         return Traffic(round(max(ends, middle)), "activations forward and their gradients backward at each stage "
                                                  "boundary per micro-batch, tied embedding gradients summed "
                                                  "between the first and last stage")
+
+
+def rank_blocks(spec: RunSpec, rank: int) -> list[int]:
+    """The blocks a pipeline's rank holds: those of stages rank, rank + nproc, ..."""
+    stages = pipeline_stage_blocks(spec.model.n_layer, spec.nproc, spec.description.virtual_stages(spec.train))
+    return [block for blocks in stages[rank::spec.nproc] for block in blocks]
 
 
 STRATEGIES: dict[str, Description] = {d.name: d for d in (

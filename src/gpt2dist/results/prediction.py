@@ -3,10 +3,10 @@ step time, with their errors, so a planner's numbers are trusted only as far as 
 
 The step-time model: a rank computes its share of single's step (the same precision, measured in this study),
 as fast as its device lets it (on CPUs, the processes sharing a machine share its cores; a GPU each); a
-pipeline waits its bubble, (micro-batches + stages - 1) / micro-batches; and the traffic model's bytes cross
-at the bus bandwidth the run measured before training, with no overlap. Tensor parallelism's smaller matrices
-and Python's per-rank overhead are not modelled: the errors say what that leaves out.
-"""
+pipeline waits its bubble, (micro-batches + (stages - 1) / virtual stages per rank) / micro-batches; and the
+traffic model's bytes cross at the bus bandwidth the run measured before training, with no overlap. Tensor
+parallelism's smaller matrices and Python's per-rank overhead are not modelled: the errors say what that leaves
+out."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def predicted_step_time(row: dict, single_step_s: float, device: str, micro_batc
         sharing = processes if row.get("emulated") or nodes == 1 else processes / nodes
         compute = single_step_s / nproc * sharing
     stages = description.pipeline_stages(nproc)
-    if stages > 1:
-        compute *= (micro_batches + stages - 1) / micro_batches
+    if stages > 1:  # an interleaved schedule's bubble is its virtual stages' times smaller
+        compute *= (micro_batches + (stages - 1) / (row.get("virtual_stages") or 1)) / micro_batches
     busbw = row.get("busbw_gb_s")
     comm = row["comm_bytes_per_step"] / (busbw * 1e9) if nproc > 1 and busbw and busbw > 0 else 0.0
     return compute + comm
