@@ -50,6 +50,14 @@ def stage_code(stage: str) -> list[str]:
             for path in code_closure(STAGE_ENTRIES[stage])]
 
 
+def config_id(strategy: str, precision: str, nproc: int, nodes: int = 1, link_mbit: float | None = None) -> str:
+    """A configuration's name in run ids, tables and figures: ddp-bf16-n8, ddp-bf16-n8-2nodes-100mbit."""
+    base = f"{strategy}-{precision}-n{nproc}"
+    if nodes == 1:
+        return base
+    return f"{base}-{nodes}nodes" + (f"-{link_mbit:g}mbit" if link_mbit else "")
+
+
 @dataclass(frozen=True)
 class Run:
     strategy: str
@@ -62,10 +70,7 @@ class Run:
 
     @property
     def config_id(self) -> str:
-        base = f"{self.strategy}-{self.precision}-n{self.nproc}"
-        if self.nodes == 1:
-            return base
-        return f"{base}-{self.nodes}nodes" + (f"-{self.link_mbit:g}mbit" if self.link_mbit else "")
+        return config_id(self.strategy, self.precision, self.nproc, self.nodes, self.link_mbit)
 
     @property
     def run_id(self) -> str:

@@ -27,12 +27,12 @@ from gpt2dist.config.machine import describe_cpu
 from gpt2dist.config.memory import predict as predict_memory
 from gpt2dist.config.schema import PRECISIONS, RunSpec
 from gpt2dist.config.sizes import flops_per_token
-from gpt2dist.config.strategies import STRATEGY_NAMES
+from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES
 from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
 from gpt2dist.pipeline.duration import wall_seconds
-from gpt2dist.pipeline.study import Study, added_round_file, configurations
+from gpt2dist.pipeline.study import Study, added_round_file, config_id, configurations
 from gpt2dist.results.compact import write_compact_views
 from gpt2dist.results.convergence import energy_per_token, needs_more_steps, reference_rows, target_loss, to_target
 from gpt2dist.results.disturbance import conditions_of, disturbance, outliers
@@ -201,9 +201,9 @@ def baseline_of(row: dict, configs: set[str]) -> str | None:
     dividing an fp16 run by an fp32 one would count the mixed-precision gain as scaling."""
     strategy, precision = row["strategy"], row["precision"]
     if row["nodes"] > 1 and not row["emulated"]:
-        candidates = [f"{strategy}-{precision}-n{row['nproc'] // row['nodes']}"]
+        candidates = [config_id(strategy, precision, row["nproc"] // row["nodes"])]
     else:
-        candidates = [f"single-{precision}-n1", f"{strategy}-{precision}-n1"]
+        candidates = [config_id(REFERENCE, precision, 1), config_id(strategy, precision, 1)]
     return next((candidate for candidate in candidates if candidate in configs), None)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from gpt2dist.config.strategies import BAI, PATWARDHAN, REFERENCE, STRATEGIES, called
+from gpt2dist.pipeline.study import config_id
 from gpt2dist.results.link_model import worst_error
 from gpt2dist.results.statistics import log_interval, paired_ratio, ratio_text, verdict
 
@@ -172,7 +173,7 @@ def _kept_on_slowest_link(t: Tables) -> tuple[float, dict[str, pd.Series]]:
     slowest = links["link_mbit"].min()
     kept = {}
     for config, row in links[links["link_mbit"] == slowest].iterrows():
-        one_machine = f"{row['strategy']}-{row['precision']}-n{row['nproc']}"
+        one_machine = config_id(row["strategy"], row["precision"], row["nproc"])
         if t.usable(config) and t.usable(one_machine):
             kept[config] = t.per_round(config) / t.per_round(one_machine)
     return slowest, kept
