@@ -306,14 +306,18 @@ class FSDP(Description):
                              f"{self.options['fsdp_mixed_precision']}, not {spec.strategy} with {spec.precision}; set "
                              "train.fsdp_mixed_precision=false")
 
+    def shard_size(self, spec: RunSpec) -> int:
+        """Ranks that shard one copy of the state: all of them."""
+        return spec.nproc
+
     def held_shapes(self, spec):
-        return [first_chunk(shape, spec.nproc) for shape in super().held_shapes(spec)]
+        return [first_chunk(shape, self.shard_size(spec)) for shape in super().held_shapes(spec)]
 
     def buffer_bytes(self, spec):
         return gathered_bytes(spec)
 
     def traffic(self, spec):
-        params, n, accum = parameter_count(spec.model), spec.nproc, spec.grad_accum_steps
+        params, n, accum = parameter_count(spec.model), self.shard_size(spec), spec.grad_accum_steps
         gathered = HALF if spec.train.fsdp_mixed_precision else FP32
         sent = 2 * accum * ring_gather(params * gathered, n) + ring_gather(params * FP32, n)
         return Traffic(round(sent), "parameter all-gather in forward and backward per micro-step, gradient "
@@ -333,19 +337,16 @@ class HSDP(FSDP):
                              f"that divides {spec.nproc}")
         super().check(spec, visible_gpus)
 
-    def held_shapes(self, spec):
-        return [first_chunk(shape, spec.train.data_parallel_shard_size)
-                for shape in Description.held_shapes(self, spec)]
+    def shard_size(self, spec):
+        return spec.train.data_parallel_shard_size
 
     def traffic(self, spec):
-        params, accum = parameter_count(spec.model), spec.grad_accum_steps
-        shard = spec.train.data_parallel_shard_size
-        gathered = HALF if spec.train.fsdp_mixed_precision else FP32
-        sent = 2 * accum * ring_gather(params * gathered, shard) + ring_gather(params * FP32, shard) + \
-            ring_all_reduce(params * FP32 / shard, spec.nproc // shard)
-        return Traffic(round(sent), "parameter all-gather within the shard group in forward and backward per "
-                                    "micro-step; gradient reduce-scatter within it and all-reduce of each shard "
-                                    "across the groups once per step")
+        shard = self.shard_size(spec)
+        across = ring_all_reduce(parameter_count(spec.model) * FP32 / shard, spec.nproc // shard)
+        return Traffic(round(super().traffic(spec).bytes_per_step + across),
+                       "parameter all-gather within the shard group in forward and backward per micro-step; "
+                       "gradient reduce-scatter within it and all-reduce of each shard across the groups once per "
+                       "step")
 
 
 class ZeRO2(FSDP):
