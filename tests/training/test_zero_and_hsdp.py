@@ -32,9 +32,13 @@ VARIANTS = {
 }
 
 
+# The fast tier (`pytest -m "not slow"`) trains the 2-process runs; those of 4 processes, 2 cores each, are slow
+CASES = [pytest.param(s, e, n, id=f"{s}-n{n}{'-shard1' if e else ''}", marks=[pytest.mark.slow] if n > 2 else [])
+         for s, e, n in VARIANTS]
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("strategy, extra, nproc", list(VARIANTS), ids=[f"{s}-n{n}{'-shard1' if e else ''}"
-                                                                          for s, e, n in VARIANTS])
+@pytest.mark.parametrize("strategy, extra, nproc", CASES)
 def test_each_follows_single_process(strategy, extra, nproc, reference, trained):
     run = trained(strategy, *extra, nproc=nproc)
     assert_follows_reference(reference, run)
@@ -107,7 +111,8 @@ def test_zero1_without_its_broadcast_leaves_the_curve(reference, shards, params_
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("strategy, nproc", [("single", 1), ("fsdp", 2), ("tp", 2)])
+@pytest.mark.parametrize("strategy, nproc", [("single", 1), pytest.param("fsdp", 2, marks=pytest.mark.slow),
+                                             pytest.param("tp", 2, marks=pytest.mark.slow)])
 def test_activation_checkpointing_computes_the_same_curve(strategy, nproc, reference, trained):
     """Recomputing a block in backward repeats its forward's arithmetic: single's curve to the fp32 bound,
     under FSDP2's hooks and DTensor's too."""
