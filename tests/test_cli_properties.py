@@ -97,8 +97,20 @@ def test_the_error_names_the_option_and_the_problem(args, message):
 HOSTS = st.lists(st.tuples(st.sampled_from(["a", "b", "node-1", "", "a:b"]), st.integers(-2, 40)), min_size=1,
                  max_size=3).map(lambda hosts: ",".join(f"{name}:{slots}" for name, slots in hosts))
 SETS = st.one_of(st.text(max_size=12), st.builds(lambda key, value: f"{key}={value}",
-                                                  st.sampled_from(["model.n_layer", "train.lr", "study", "x.y.z", ""]),
+                                                  st.sampled_from(["model.n_layer", "train.lr", "study", "x.y.z", "",
+                                                                   "train.data_parallel_shard_size",
+                                                                   "train.pipeline_virtual_stages",
+                                                                   "train.pipeline_schedule",
+                                                                   "train.activation_checkpointing"]),
                                                   st.one_of(st.text(max_size=8), NUMBERS)))
+
+
+@seed(20261126)
+@settings(max_examples=10, deadline=None)
+@given(sizes=st.one_of(NUMBERS, st.sampled_from(["small", "xl,small", "small,,xl", "XL", "small,huge", ",", "medium "])))
+def test_any_sizes_are_a_plan_or_one_error_line(sizes):
+    assert_answer_or_one_error(*invoke("plan", "--params", PARAMS, "--preset", "paper-sizes", "--gpus", "8",
+                                       "--sizes", sizes))
 
 
 @seed(20261126)
