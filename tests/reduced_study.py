@@ -56,6 +56,12 @@ def copy_workflow(dest: Path, **study) -> Path:
     return dest
 
 
+def hog(seconds: float) -> subprocess.Popen:
+    """A bounded busy loop (it ends by itself if the test dies first)."""
+    code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
 def run(cmd: list[str], cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**(env or os.environ), "CUDA_VISIBLE_DEVICES": "", "DVC_NO_ANALYTICS": "1"}
     env.pop(QUIET_WAIT_ENV, None)  # a study's runs wait for a quiet machine, as a user's do

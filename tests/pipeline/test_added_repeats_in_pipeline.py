@@ -5,21 +5,38 @@ added runs join the tables and the summary says what was added and why it stoppe
 from __future__ import annotations
 
 import json
+import os
+import shlex
 
 import pandas as pd
 import pytest
 
-from reduced_study import copy_workflow, run
+from gpt2dist.pipeline.study import plan_study, train_command
+
+from reduced_study import copy_workflow, hog, run
 
 pytestmark = pytest.mark.slow
+
+HOGGED = "ddp-fp32-n1-r1"
 
 
 @pytest.mark.timeout(1200)
 def test_snakemake_adds_rounds_for_the_undecided_until_the_budget_is_spent(tmp_path):
-    # single and ddp at one process: nearly the same computation, so two pairs of runs cannot place ddp, and with
-    # resolve 0 only a gap beyond the noise settles it
+    # single and ddp at one process, with ddp's second planned run trained beside a hog on every CPU: that run is
+    # flagged and left out, so at most one undisturbed pair is left and ddp cannot be placed, whatever the two
+    # configurations' speeds (two quiet pairs of nearly the same computation could place it by chance)
     work = copy_workflow(tmp_path, runs=[{"strategies": ["single", "ddp"], "precisions": ["fp32"], "nproc": [1]}],
                          added_repeats={"rounds": 3, "max_runs": 4, "resolve": 0.0})
+    others = ["single-fp32-n1-r0", "ddp-fp32-n1-r0", "single-fp32-n1-r1"]
+    run(["snakemake", "--cores", "2", *(f"results/runs/{run_id}/run.json" for run_id in others)], work)
+    study = plan_study(work / "params.yaml", "cpu", 0)
+    hogs = [hog(240) for _ in range(len(os.sched_getaffinity(0)))]
+    try:
+        run(shlex.split(train_command(study, next(r for r in study.runs if r.run_id == HOGGED))), work)
+    finally:
+        for process in hogs:
+            process.kill()
+            process.wait()
     run(["snakemake", "--cores", "2"], work)
     plans = [json.loads((work / "results" / "rounds" / f"added-{k}.json").read_text()) for k in (1, 2, 3)
              if (work / "results" / "rounds" / f"added-{k}.json").exists()]
@@ -28,8 +45,11 @@ def test_snakemake_adds_rounds_for_the_undecided_until_the_budget_is_spent(tmp_p
     added = [run_id for plan in plans for run_id in plan["runs"]]
     assert len(added) <= 4 and plans[-1]["runs"] == [] and plans[-1]["stopped"], plans  # stopped, and says why
     assert plans[-1]["stopped"].startswith("the budget is spent") == (len(added) == 4)
-    trained = set(pd.read_csv(work / "results" / "runs.csv")["run_id"])
-    assert set(added) <= trained and {"ddp-fp32-n1-r0", "ddp-fp32-n1-r1"} <= trained
+    table = pd.read_csv(work / "results" / "runs.csv").set_index("run_id")
+    assert set(added) <= set(table.index) and {"ddp-fp32-n1-r0", HOGGED} <= set(table.index)
+    assert "other processes used" in table.loc[HOGGED, "disturbed"]  # the premise: the hogged run was left out
+    # the hand-trained run stands: Snakemake trained only what was missing
+    assert not (work / "logs" / "train" / f"{HOGGED}.log").exists()
     summary = json.loads((work / "results" / "summary.json").read_text())
     assert [plan["round"] for plan in summary["added_rounds"]] == [plan["round"] for plan in plans]
     text = (work / "results" / "summary.md").read_text()

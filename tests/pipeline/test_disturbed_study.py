@@ -8,8 +8,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -17,17 +15,11 @@ import yaml
 
 from gpt2dist.pipeline.study import collect_command, plan_study, report_command, train_command
 
-from reduced_study import run as run_in
+from reduced_study import hog, run as run_in
 
 pytestmark = pytest.mark.slow
 
 HOGGED = "single-fp32-n1-r1"
-
-
-def hog(seconds: float) -> subprocess.Popen:
-    """A bounded busy loop (it ends by itself if the test dies first)."""
-    code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
-    return subprocess.Popen([sys.executable, "-c", code])
 
 
 def intervals(markdown: str) -> list[tuple[float, float, float]]:
