@@ -48,7 +48,7 @@ def bare_loop(trainer, steps: int) -> float:
     backward, clip, step, zero_grad, read the loss; tokens/s."""
     model, optimizer, precision = trainer.model, trainer.optimizer, trainer.precision
     spec, device = trainer.spec, trainer.place.device
-    accum = spec.grad_accum_steps
+    accum = trainer.strategy.degrees.grad_accum_steps
     batches = [tuple(t.to(device) for t in b)
                for b in trainer.train_batches.micro_batches(0, 0, 1, spec.train.micro_batch_size)]
     scaler = precision.scaler

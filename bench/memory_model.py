@@ -22,8 +22,8 @@ from common import REPO, random_shards
 
 from gpt2dist.config.memory import predict
 from gpt2dist.config.presets import resolve_preset
-from gpt2dist.config.schema import RunSpec
-from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES, check_run
+from gpt2dist.config.schema import STRATEGY_NAMES, RunSpec
+from gpt2dist.config.strategies import REFERENCE, check_run
 from gpt2dist.errors import UsageError
 
 TARGET = 0.10

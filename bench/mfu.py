@@ -72,7 +72,7 @@ def main() -> None:
         theirs.append(bare_loop(trainer, args.steps))
     per_token = flops_per_token(trainer.spec.model)
     print(f"{name}: GPT-2 small, context {trainer.spec.model.n_positions}, {args.precision}, compile on, "
-          f"micro-batch {trainer.spec.train.micro_batch_size}, accumulation {trainer.spec.grad_accum_steps}; "
+          f"micro-batch {trainer.spec.train.micro_batch_size}, accumulation {trainer.strategy.degrees.grad_accum_steps}; "
           f"{args.rounds} rounds x {args.steps} steps each; {per_token / 1e6:.0f} MFLOP/token, "
           f"{COMPUTE_DTYPE[args.precision]} peak {peak / 1e12:.1f} TFLOP/s")
     for label, rates in (("engine   ", ours), ("bare loop", theirs)):

@@ -10,7 +10,7 @@ import yaml
 from gpt2dist.config import machine
 from gpt2dist.config.planning import check_plan_fits
 from gpt2dist.config.presets import EMULATED_BF16, read_params, resolve_preset, section_keys
-from gpt2dist.config.strategies import STRATEGIES, check_run
+from gpt2dist.config.strategies import STRATEGIES, check_run, degrees_of
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.pipeline.study import caption_facts, plan_study
@@ -175,10 +175,10 @@ def test_unknown_strategy_and_precision(params_file, shards):
 
 
 def test_grad_accumulation_follows_world_size(params_file, shards):
-    assert spec_for(params_file, shards).grad_accum_steps == 4
-    assert spec_for(params_file, shards, strategy="ddp", nproc=2).grad_accum_steps == 2
-    assert spec_for(params_file, shards, strategy="ddp", nproc=2).world_size == 2
-    assert spec_for(params_file, shards, strategy="dp", nproc=2).world_size == 1
+    assert degrees_of(spec_for(params_file, shards)).grad_accum_steps == 4
+    assert degrees_of(spec_for(params_file, shards, strategy="ddp", nproc=2)).grad_accum_steps == 2
+    assert degrees_of(spec_for(params_file, shards, strategy="ddp", nproc=2)).processes == 2
+    assert degrees_of(spec_for(params_file, shards, strategy="dp", nproc=2)).processes == 1
 
 
 def test_fingerprint_changes_with_computation_not_paths(params_file, shards):

@@ -6,6 +6,7 @@ pipeline -> config -> io, errors, logs. Modules of one layer do not import each 
 
 from __future__ import annotations
 
+import graphlib
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,31 @@ def test_the_check_catches_an_upward_import(tmp_path):
     module = tmp_path / "probe.py"
     module.write_text("from gpt2dist.launch.commands import DEFAULT_PORT\nfrom gpt2dist import training\n")
     assert {"gpt2dist.launch.commands", "gpt2dist.training"} <= imported_modules(module)
+
+
+def import_cycle(modules: dict[str, Path]) -> list[str] | None:
+    """A circle in the imports between these modules (every import: type-only and inside functions too), or None."""
+    graph = {name: {other for other in imported_modules(path) if other in modules and other != name}
+             for name, path in modules.items()}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as cycle:
+        return cycle.args[1]
+    return None
+
+
+def test_no_module_imports_itself_through_others():
+    """Inside a layer as between layers: what imports a module is never imported by it, even for type hints
+    alone (config.schema, config.strategies and config.sizes did so)."""
+    assert import_cycle({module_name(path): path for path in MODULES}) is None
+
+
+def test_the_check_catches_a_type_only_circle(tmp_path):
+    """Negative control: two modules that import each other, one of them only for type checking."""
+    (tmp_path / "a.py").write_text("from gpt2dist.b import thing\n")
+    (tmp_path / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpt2dist.a import x\n")
+    assert sorted(set(import_cycle({"gpt2dist.a": tmp_path / "a.py", "gpt2dist.b": tmp_path / "b.py"}))) == [
+        "gpt2dist.a", "gpt2dist.b"]
 
 
 HEAVY = ("torch", "scipy", "matplotlib")

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.schema import STRATEGY_NAMES, TrainConfig
 from gpt2dist.config.strategies import BAI, STRATEGIES, called
 from gpt2dist.pipeline.imports import PACKAGE
 
 from conftest import REPO, gpt2dist
 
-# Where a strategy may be named: its description, its runtime class, and the runtime registry.
-HOMES = ("config/strategies.py", "training/strategies/")
+# Where a strategy may be named: the list of names, its description, its runtime class, and the runtime registry.
+HOMES = ("config/schema.py", "config/strategies.py", "training/strategies/")
 # The Horovod package (its version, its build), which shares the strategy's name
 PACKAGE_NAMES = {("system/environment.py", "horovod"), ("system/doctor.py", "horovod")}
 
@@ -70,22 +71,26 @@ def test_the_paper_presets_label_runs_with_the_registrys_names_for_them():
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
-def test_a_description_divides_its_processes_consistently(name):
-    """processes, replicas and the model-splitting degrees multiply up to the devices used."""
-    from gpt2dist.config.schema import TrainConfig
-
+def test_a_strategys_degrees_multiply_up_to_its_devices_and_cut_the_batch_exactly(name):
+    """dp_replicate x dp_shard x tp x pp is the process count; the batch's shares, rows per pass and micro-steps
+    make up the global batch; the launcher starts one process for the strategies that drive every device from
+    one; a data-parallel strategy has no model-splitting degree."""
     from conftest import TINY_PRESET
 
-    train = TrainConfig(**{**TINY_PRESET["train"], "tensor_parallel_size": 2})
+    train = TrainConfig(**{**TINY_PRESET["train"], "global_batch_size": 16, "tensor_parallel_size": 2})
     d = STRATEGIES[name]
-    for nproc in (2, 4):
-        if name == "single":
-            continue
-        replicas = d.replicas(nproc, train)
-        split = d.tensor_parallel_size(nproc, train) * d.pipeline_stages(nproc)
-        assert d.processes(nproc) == (1 if d.one_process else nproc)
-        if d.one_process:
-            assert replicas == 1
-        else:
-            assert replicas * split == nproc, (nproc, replicas, split)
-        assert d.data_parallel == (split == 1), (nproc, split)
+    for nproc in (1,) if name == "single" else (2, 4):
+        degrees = d.degrees(nproc, train)
+        split = degrees.tp * degrees.pp
+        assert degrees.dp * split == nproc, degrees
+        assert degrees.processes == (1 if d.one_process else nproc), degrees
+        assert degrees.batch_shares * degrees.rows_per_pass * degrees.grad_accum_steps == train.global_batch_size
+        assert d.data_parallel == (split == 1 and name != "single"), degrees
+
+
+def test_the_strategies_are_named_once_and_every_registry_follows_that_list():
+    """config.schema's names (what params.yaml may say), in their order, are the descriptions' and the runtime
+    classes'."""
+    from gpt2dist.training.strategies import REGISTRY
+
+    assert tuple(STRATEGIES) == STRATEGY_NAMES and tuple(sorted(REGISTRY)) == tuple(sorted(STRATEGY_NAMES))

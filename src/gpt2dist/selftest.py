@@ -54,8 +54,8 @@ class Check:
 def overrides(study: Study, steps: int) -> list[str]:
     """A tiny version of the study's model and a global batch that every process count divides."""
     batch = math.lcm(*(run.nproc for run in study.runs))
-    stages = max([2, *(describe(run.strategy).pipeline_stages(run.nproc)
-                       * describe(run.strategy).virtual_stages(study.preset.train) for run in study.runs)])  # a block per stage
+    stages = max([2, *(degrees.pp * degrees.pp_virtual for degrees in (
+        describe(run.strategy).degrees(run.nproc, study.preset.train) for run in study.runs))])  # a block per stage
     return [
         f"model.n_layer={stages}",
         f"train.global_batch_size={batch}",

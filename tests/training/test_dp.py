@@ -42,7 +42,7 @@ def test_dp_replica_computes_in_the_configured_dtype(precision, shards, params_f
     seen = record_matmul_dtypes(trainer.model)
     assert not torch.is_autocast_enabled("cpu")  # the loop enters no autocast around the replica
     line = trainer.train_step(0)
-    assert seen == [DTYPES[precision]] * trainer.spec.grad_accum_steps
+    assert seen == [DTYPES[precision]] * trainer.strategy.degrees.grad_accum_steps
     assert 0 < line["data_time_s"] <= line["step_time_s"]
 
 

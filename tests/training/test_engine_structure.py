@@ -46,7 +46,7 @@ def trainer(shards, params_file, out, *, precision="fp32", overrides=()) -> Trai
 
 def test_the_micro_steps_read_nothing_back(shards, params_file, tmp_path):
     engine = trainer(shards, params_file, tmp_path)
-    assert engine.spec.grad_accum_steps >= 2  # several micro-steps, so a read-back in their loop would show
+    assert engine.strategy.degrees.grad_accum_steps >= 2  # several micro-steps, so a read-back in their loop would show
     engine.train_step(0)
     with ReadBacks() as counted:
         line = engine.train_step(1)
@@ -68,7 +68,7 @@ def test_a_loss_read_back_every_micro_step_is_counted(shards, params_file, tmp_p
     monkeypatch.setattr(engine.strategy, "forward_backward", logging_each_micro_step)
     with ReadBacks() as counted:
         engine.train_step(0)
-    assert len(counted.seen) == engine.spec.grad_accum_steps >= 2
+    assert len(counted.seen) == engine.strategy.degrees.grad_accum_steps >= 2
 
 
 def test_attention_runs_causal_sdpa_without_a_mask(shards, params_file, tmp_path, monkeypatch):
@@ -85,7 +85,7 @@ def test_attention_runs_causal_sdpa_without_a_mask(shards, params_file, tmp_path
     engine = trainer(shards, params_file, tmp_path, precision="bf16")
     engine.train_step(0)
     layers = engine.spec.model.n_layer
-    assert len(calls) == layers * engine.spec.grad_accum_steps
+    assert len(calls) == layers * engine.strategy.degrees.grad_accum_steps
     assert set(calls) == {(torch.bfloat16, True, True)}
 
 

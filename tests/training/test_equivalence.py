@@ -158,7 +158,7 @@ from gpt2dist.training.strategies.horovod import Horovod
 class SummingHorovod(Horovod):
     def wrap_optimizer(self, model, optimizer):
         return self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                             backward_passes_per_step=self.spec.grad_accum_steps, op=self.hvd.Sum)
+                                             backward_passes_per_step=self.degrees.grad_accum_steps, op=self.hvd.Sum)
 
 spec = RunSpec.model_validate_json(open(sys.argv[1]).read())
 strategy = SummingHorovod(spec)

@@ -22,8 +22,8 @@ from test_equivalence import (
     train_with_fault,
 )
 
-from gpt2dist.config.schema import PRECISIONS, ModelConfig, RunSpec, TrainConfig
-from gpt2dist.config.strategies import STRATEGY_NAMES, check_run
+from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES, ModelConfig, RunSpec, TrainConfig
+from gpt2dist.config.strategies import check_run
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer

@@ -8,8 +8,7 @@ import pytest
 import test_gpu_matrix
 from test_gpu_matrix import refusal
 
-from gpt2dist.config.schema import PRECISIONS
-from gpt2dist.config.strategies import STRATEGY_NAMES
+from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES
 from gpt2dist.errors import UsageError
 
 

@@ -56,7 +56,7 @@ def test_each_follows_single_process(strategy, extra, nproc, reference, trained)
     wrapping = record["wrapping"]
     if strategy == "hsdp":
         shard = 1 if extra else 2
-        assert wrapping["mesh"] == {"replicate": nproc // shard, "shard": shard}
+        assert wrapping["mesh"] == {"dp_replicate": nproc // shard, "dp_shard": shard}
 
 
 class SummingHSDP(HSDP):

@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from gpt2dist.config.strategies import FP32, HALF, compute_bytes, rank_blocks
-
-if TYPE_CHECKING:
-    from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.strategies import FP32, HALF, compute_bytes, degrees_of, describe, rank_blocks
 
 STEP_BYTES = 4  # AdamW keeps its step count as one float32 tensor per parameter tensor
 # Per token and layer, the activations a block keeps for backward in the compute dtype, in units of the width:
@@ -49,7 +45,8 @@ class Memory:
 
 def model_state(spec: RunSpec) -> tuple[int, int, int]:
     """Parameter, gradient and optimizer bytes rank 0 holds, as training/metrics.model_state_bytes counts them."""
-    held, stepped = spec.description.held_shapes(spec), spec.description.optimizer_shapes(spec)
+    description = describe(spec.strategy)
+    held, stepped = description.held_shapes(spec), description.optimizer_shapes(spec)
     elements, stepped_elements = (sum(math.prod(shape) for shape in shapes) for shapes in (held, stepped))
     master = spec.precision == "apex-O2"  # the model in fp16, AdamW stepping fp32 copies with fp32 gradients
     weight = HALF if master else FP32
@@ -64,7 +61,8 @@ def activation_bytes_kept(spec: RunSpec) -> int:
     A pipeline's first stage keeps its blocks' activations for every micro-batch in flight; its last stage
     keeps one micro-batch's and the logits; the larger counts."""
     m, element, rows = spec.model, compute_bytes(spec.precision), spec.train.micro_batch_size  # rows per device
-    tp = spec.tensor_parallel_size
+    degrees = degrees_of(spec)
+    tp = degrees.tp
     per_layer = m.n_positions * m.n_embd * ((KEPT_WIDTHS - SPLIT_WIDTHS + SPLIT_WIDTHS / tp) * element
                                             + RESIDUAL_WIDTHS * FP32)
     recomputed = 0
@@ -73,10 +71,10 @@ def activation_bytes_kept(spec: RunSpec) -> int:
         per_layer, recomputed = m.n_positions * m.n_embd * FP32, per_layer
     # per row: the head's logits in the compute dtype, their float32 log-softmax kept for backward, and their gradient
     logits = m.n_positions * m.vocab_size * (element + 2 * FP32)
-    stages = spec.description.pipeline_stages(spec.nproc)
+    stages = degrees.pp
     if stages == 1:
         return round(rows * (m.n_layer * per_layer + recomputed + logits))
-    in_flight, virtual = spec.pipeline_micro_batches, spec.description.virtual_stages(spec.train)
+    in_flight, virtual = degrees.pipeline_micro_batches, degrees.pp_virtual
     if spec.train.pipeline_schedule != "gpipe":
         in_flight = min(in_flight, stages)  # the first rank runs one forward per rank ahead of its first backward
     # interleaving holds (stages - 1) / (stages x virtual) more (Narayanan et al. 2021, section 2.2)
@@ -88,5 +86,5 @@ def activation_bytes_kept(spec: RunSpec) -> int:
 
 def predict(spec: RunSpec) -> Memory:
     params, grads, optimizer = model_state(spec)
-    buffers = spec.description.buffer_bytes(spec) if spec.nproc > 1 else 0
+    buffers = describe(spec.strategy).buffer_bytes(spec) if spec.nproc > 1 else 0
     return Memory(params, grads, optimizer, activation_bytes_kept(spec), buffers)

@@ -11,13 +11,15 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpt2dist.config.strategies import STRATEGY_NAMES, Description, describe
 from gpt2dist.io import atomic_write_text
 
 # torch.distributed's rendezvous port: launchers pass it, and ranks that SLURM starts derive theirs from it.
 DEFAULT_PORT = 29500
 
-StrategyName = Literal[STRATEGY_NAMES]
+# Each has a description in config.strategies and a runtime class in training.strategies, under this name.
+StrategyName = Literal["single", "dp", "ddp", "horovod", "fsdp", "tp", "pp", "fsdp-tp", "apex-ddp", "zero1", "zero2",
+                       "hsdp"]
+STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
 # fp32 is IEEE fp32 everywhere; tf32 is fp32 with TF32 tensor-core matmuls (NVIDIA containers' default).
 PrecisionName = Literal["fp32", "tf32", "fp16", "bf16", "apex-O1", "apex-O2"]
 DeviceType = Literal["cpu", "cuda"]
@@ -306,39 +308,6 @@ class RunSpec(_Strict):
     attempt: str | None = Field(None, description="The launch this spec belongs to, set by `gpt2dist train`, "
                                 "which writes the run's record; None for ranks started by hand from printed "
                                 "commands, whose rank 0 then writes it.")
-
-    @property
-    def description(self) -> Description:
-        return describe(self.strategy)
-
-    @property
-    def world_size(self) -> int:
-        """Processes the run starts (dp is one process driving nproc devices)."""
-        return self.description.processes(self.nproc)
-
-    @property
-    def tensor_parallel_size(self) -> int:
-        """Processes that split each layer."""
-        return self.description.tensor_parallel_size(self.nproc, self.train)
-
-    @property
-    def replicas(self) -> int:
-        """Data-parallel groups, each reading its own share of the global batch."""
-        return self.description.replicas(self.nproc, self.train)
-
-    @property
-    def rows_per_pass(self) -> int:
-        """Sequences one replica feeds to one forward pass."""
-        return self.description.rows_per_pass(self.nproc, self.train)
-
-    @property
-    def pipeline_micro_batches(self) -> int:
-        """Micro-batches a pipeline step per optimizer step splits the global batch into."""
-        return self.train.global_batch_size // self.train.micro_batch_size
-
-    @property
-    def grad_accum_steps(self) -> int:
-        return self.train.global_batch_size // (self.replicas * self.rows_per_pass)
 
     def fingerprint(self) -> str:
         """Identity of the run; a checkpoint from another fingerprint is not resumed in its directory."""

@@ -4,12 +4,9 @@ traffic model, MFU and planning, without building the model."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+from gpt2dist.config.schema import ModelConfig
 from gpt2dist.errors import UsageError
-
-if TYPE_CHECKING:
-    from gpt2dist.config.schema import ModelConfig
 
 # GPT-2's four published sizes (Radford et al. 2019; transformers' gpt2, gpt2-medium, gpt2-large, gpt2-xl) by
 # depth, heads and width; each read 1024 positions over a vocabulary of 50257 tokens

@@ -1,18 +1,22 @@
-"""Every parallel strategy described once, without torch: how it is launched, how its processes divide
-the model and the batch for a process count, the extras it needs, the combinations it refuses, the bytes
-it moves per step, and what the papers call it. Config, planning, preflight, doctor, selftest, findings
-and the CLI ask this registry; its runtime half is the class of the same name under training/strategies/.
+"""Every parallel strategy described once, without torch: how it is launched, its degrees for a process
+count (config.degrees), the extras it needs, the combinations it refuses, the bytes it moves per step, and
+what the papers call it. Config, planning, preflight, doctor, selftest, findings and the CLI ask this
+registry; its runtime half, under training/strategies/, has the same `name` (here `<Name>Description`, there
+`<Name>`).
 
-Adding a strategy: one Description subclass here (listed in STRATEGIES), one runtime class under
-training/strategies/ with the same `name`, and its equivalence, resume and bad-input tests.
+Adding a strategy: its name in config.schema's StrategyName, one Description subclass here (listed in
+STRATEGIES), one runtime class under training/strategies/ with the same `name`, and its equivalence, resume
+and bad-input tests.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
+from gpt2dist.config.degrees import Degrees
+from gpt2dist.config.schema import STRATEGY_NAMES, RunSpec, TrainConfig
 from gpt2dist.config.sizes import (
     COLUMN_PARALLEL,
     ROW_PARALLEL,
@@ -22,9 +26,6 @@ from gpt2dist.config.sizes import (
     weight_decayed,
 )
 from gpt2dist.errors import UsageError
-
-if TYPE_CHECKING:
-    from gpt2dist.config.schema import RunSpec, TrainConfig
 
 BAI, PATWARDHAN = "Bai 2022", "Patwardhan et al. 2024"
 FP32, HALF = 4, 2  # bytes per element
@@ -106,7 +107,7 @@ def gathered_bytes(spec: RunSpec) -> int:
     shapes = parameter_shapes(spec.model)
     root = sum(math.prod(shape) for name, shape in shapes.items() if not name.startswith("transformer.h."))
     block = sum(math.prod(shape) for name, shape in shapes.items() if name.startswith("transformer.h.0."))
-    return round((root + 2 * block) * FP32 / spec.tensor_parallel_size)
+    return round((root + 2 * block) * FP32 / degrees_of(spec).tp)
 
 
 def compute_bytes(precision: str) -> int:
@@ -117,7 +118,7 @@ def compute_bytes(precision: str) -> int:
 def activation_bytes(spec: RunSpec) -> int:
     """One forward pass's hidden states [rows, context, width] in the precision's compute dtype."""
     m = spec.model
-    return spec.rows_per_pass * m.n_positions * m.n_embd * compute_bytes(spec.precision)
+    return degrees_of(spec).rows_per_pass * m.n_positions * m.n_embd * compute_bytes(spec.precision)
 
 
 class Description:
@@ -140,36 +141,17 @@ class Description:
     def one_process(self) -> bool:
         return self.launcher == "python"
 
-    def processes(self, nproc: int) -> int:
-        """Processes the launcher starts (SLURM tasks)."""
-        return 1 if self.one_process else nproc
+    def degrees(self, nproc: int, train: TrainConfig) -> Degrees:
+        """How this strategy divides nproc devices and the global batch (config.degrees checks them)."""
+        return Degrees(self.name, nproc, train.global_batch_size, train.micro_batch_size, **self.split(nproc, train))
 
-    def tensor_parallel_size(self, nproc: int, train: TrainConfig) -> int:
-        """Processes that split each layer."""
-        return 1
-
-    def pipeline_stages(self, nproc: int) -> int:
-        """Processes that each hold a consecutive slice of the blocks."""
-        return 1
-
-    def virtual_stages(self, train: TrainConfig) -> int:
-        """Pipeline stages per process (interleaved schedules hold several)."""
-        return 1
-
-    def replicas(self, nproc: int, train: TrainConfig) -> int:
-        """Data-parallel groups, each reading its own share of the global batch."""
-        return nproc // (self.tensor_parallel_size(nproc, train) * self.pipeline_stages(nproc))
-
-    def rows_per_pass(self, nproc: int, train: TrainConfig) -> int:
-        """Sequences one replica feeds to one forward pass."""
-        return train.micro_batch_size
-
-    def batch_divisor(self, nproc: int, train: TrainConfig) -> tuple[int, str]:
-        """What the global batch must be a multiple of, and how to say its first factor."""
-        return self.replicas(nproc, train) * train.micro_batch_size, "nproc"
+    def split(self, nproc: int, train: TrainConfig) -> dict:
+        """The degrees that are not 1: a whole replica on every device."""
+        return {"dp_replicate": nproc}
 
     def check(self, spec: RunSpec, visible_gpus: int) -> None:
-        """Refuse what this strategy cannot run, naming the key and what is allowed."""
+        """Refuse what this strategy cannot run with the precision and device, naming the key and what is allowed
+        (Degrees.validate refuses what does not divide)."""
 
     def held_shapes(self, spec: RunSpec) -> list[tuple[int, ...]]:
         """The parameter tensors rank 0 holds, by local shape (rank 0 holds the largest share): every one, whole."""
@@ -189,7 +171,7 @@ class Description:
         return Traffic(round(ring_all_reduce(size, spec.nproc)), "gradient all-reduce, once per step")
 
 
-class Single(Description):
+class SingleDescription(Description):
     name = "single"
     summary = "one process on one device: the reference every strategy must match"
     launcher = "python"
@@ -201,20 +183,14 @@ class Single(Description):
             raise UsageError(f"strategy 'single' runs one process; got --nproc {spec.nproc} (use ddp, fsdp or horovod)")
 
 
-class DataParallel(Description):
+class DataParallelDescription(Description):
     name = "dp"
     summary = "torch.nn.DataParallel: one process scatters each batch over --nproc GPUs"
     launcher = "python"
     papers = {BAI: "Single Parameter Server"}
 
-    def replicas(self, nproc, train):
-        return 1  # one process reads the whole share and scatters it
-
-    def rows_per_pass(self, nproc, train):
-        return train.micro_batch_size * nproc
-
-    def batch_divisor(self, nproc, train):
-        return train.micro_batch_size * nproc, "nproc"
+    def split(self, nproc, train):
+        return {"dp_replicate": nproc, "devices_per_process": nproc}  # one process reads and scatters every share
 
     def check(self, spec, visible_gpus):
         limit = max(visible_gpus, 1)
@@ -230,17 +206,17 @@ class DataParallel(Description):
     def traffic(self, spec):
         if spec.device != "cuda":
             return Traffic(0, "none: DataParallel without CUDA runs on one device")
-        sent = 2 * (spec.nproc - 1) * parameter_count(spec.model) * FP32 * spec.grad_accum_steps
+        sent = 2 * (spec.nproc - 1) * parameter_count(spec.model) * FP32 * degrees_of(spec).grad_accum_steps
         return Traffic(round(sent), "parameters broadcast from and gradients reduced to GPU 0, every micro-step")
 
 
-class DDP(Description):
+class DDPDescription(Description):
     name = "ddp"
     summary = "DistributedDataParallel: one process per device, bucketed all-reduce overlapped with backward"
     papers = {BAI: "Distributed Parameter Server", PATWARDHAN: "DDP"}
 
 
-class ZeRO1(DDP):
+class ZeRO1Description(DDPDescription):
     name = "zero1"
     summary = "ZeRO-1: DDP's all-reduce, AdamW's state partitioned over ranks (ZeroRedundancyOptimizer)"
     accepts_apex = False
@@ -265,7 +241,7 @@ class ZeRO1(DDP):
         return Traffic(round(sent), "gradient all-reduce, then each rank's updated parameters broadcast, once per step")
 
 
-class Horovod(Description):
+class HorovodDescription(Description):
     name = "horovod"
     summary = "Horovod's DistributedOptimizer: ring all-reduce, launched by horovodrun"
     launcher = "horovodrun"
@@ -276,7 +252,7 @@ class Horovod(Description):
         return HOROVOD_FUSION_BYTES
 
 
-class ApexDDP(Description):
+class ApexDDPDescription(Description):
     name = "apex-ddp"
     summary = "apex.parallel.DistributedDataParallel (CUDA): Bai 2022's DDP + Apex wrapper"
     cuda_only = True
@@ -292,7 +268,7 @@ class ApexDDP(Description):
                              f"{spec.precision}; use ddp for {spec.precision}")
 
 
-class FSDP(Description):
+class FSDPDescription(Description):
     name = "fsdp"
     summary = "FSDP2 (fully_shard): parameters, gradients and optimizer state sharded over ranks"
     shards_state = True
@@ -300,56 +276,50 @@ class FSDP(Description):
     options = {"fsdp_mixed_precision": "with --precision bf16 or fp16"}
     papers = {PATWARDHAN: "FSDP"}
 
+    def split(self, nproc, train):
+        return {"dp_shard": nproc}
+
     def check(self, spec, visible_gpus):
         if spec.train.fsdp_mixed_precision and spec.precision not in ("bf16", "fp16"):
             raise UsageError(f"train.fsdp_mixed_precision applies to --strategy {spec.strategy} "
                              f"{self.options['fsdp_mixed_precision']}, not {spec.strategy} with {spec.precision}; set "
                              "train.fsdp_mixed_precision=false")
 
-    def shard_size(self, spec: RunSpec) -> int:
-        """Ranks that shard one copy of the state: all of them."""
-        return spec.nproc
-
     def held_shapes(self, spec):
-        return [first_chunk(shape, self.shard_size(spec)) for shape in super().held_shapes(spec)]
+        return [first_chunk(shape, degrees_of(spec).dp_shard) for shape in super().held_shapes(spec)]
 
     def buffer_bytes(self, spec):
         return gathered_bytes(spec)
 
     def traffic(self, spec):
-        params, n, accum = parameter_count(spec.model), self.shard_size(spec), spec.grad_accum_steps
+        degrees = degrees_of(spec)
+        params, n, accum = parameter_count(spec.model), degrees.dp_shard, degrees.grad_accum_steps
         gathered = HALF if spec.train.fsdp_mixed_precision else FP32
         sent = 2 * accum * ring_gather(params * gathered, n) + ring_gather(params * FP32, n)
         return Traffic(round(sent), "parameter all-gather in forward and backward per micro-step, gradient "
                                     "reduce-scatter once per step")
 
 
-class HSDP(FSDP):
+class HSDPDescription(FSDPDescription):
     name = "hsdp"
     summary = "HSDP: FSDP2 sharding in groups of train.data_parallel_shard_size ranks, replicated across them"
     papers = {}
 
-    def check(self, spec, visible_gpus):
-        shard = spec.train.data_parallel_shard_size
-        if spec.nproc % shard:
-            raise UsageError(f"strategy 'hsdp' shards over groups of train.data_parallel_shard_size ({shard}) ranks, "
-                             f"which does not divide --nproc {spec.nproc}; use --nproc {2 * shard} or a shard size "
-                             f"that divides {spec.nproc}")
-        super().check(spec, visible_gpus)
-
-    def shard_size(self, spec):
-        return spec.train.data_parallel_shard_size
+    def split(self, nproc, train):
+        shard = train.data_parallel_shard_size
+        return {"dp_replicate": nproc // shard, "dp_shard": shard,
+                "fixed_by": ("train.data_parallel_shard_size", shard)}
 
     def traffic(self, spec):
-        shard = self.shard_size(spec)
-        across = ring_all_reduce(parameter_count(spec.model) * FP32 / shard, spec.nproc // shard)
+        degrees = degrees_of(spec)
+        across = ring_all_reduce(parameter_count(spec.model) * FP32 / degrees.dp_shard, degrees.dp_replicate)
         return Traffic(round(super().traffic(spec).bytes_per_step + across),
                        "parameter all-gather within the shard group in forward and backward per micro-step; "
                        "gradient reduce-scatter within it and all-reduce of each shard across the groups once per "
                        "step")
 
 
-class ZeRO2(FSDP):
+class ZeRO2Description(FSDPDescription):
     name = "zero2"
     summary = "ZeRO-2 on FSDP2: parameters gathered once per forward, gradients and optimizer state sharded"
     papers = {}
@@ -359,13 +329,13 @@ class ZeRO2(FSDP):
         return parameter_count(spec.model) * (HALF if spec.train.fsdp_mixed_precision else FP32)
 
     def traffic(self, spec):
-        params, n, accum = parameter_count(spec.model), spec.nproc, spec.grad_accum_steps
+        params, n, accum = parameter_count(spec.model), spec.nproc, degrees_of(spec).grad_accum_steps
         gathered = HALF if spec.train.fsdp_mixed_precision else FP32
         sent = accum * (ring_gather(params * gathered, n) + ring_gather(params * FP32, n))
         return Traffic(round(sent), "parameter all-gather in forward and gradient reduce-scatter, per micro-step")
 
 
-class _SplitsLayers(Description):
+class _SplitsLayersDescription(Description):
     """Tensor parallelism's shared rules: attention heads and MLP columns divide over the layer's ranks."""
 
     data_parallel = False
@@ -373,11 +343,6 @@ class _SplitsLayers(Description):
     accepts_apex = False
 
     def check(self, spec, visible_gpus):
-        tp, heads = spec.tensor_parallel_size, spec.model.n_head
-        if heads % tp:
-            fix = "a process count" if spec.strategy == "tp" else "a train.tensor_parallel_size"
-            raise UsageError(f"{spec.strategy} splits attention heads over {tp} ranks, but model.n_head ({heads}) is "
-                             f"not divisible by {tp}; use {fix} that divides {heads}")
         if spec.precision == "fp16" and spec.device == "cuda":
             # seen on an H100 (torch 2.11): aten._amp_foreach_non_finite_check_and_unscale_ got mixed Tensor and DTensor
             raise UsageError(f"strategy '{spec.strategy}' with fp16 on CUDA: the loss scaler checks all gradients in "
@@ -387,34 +352,31 @@ class _SplitsLayers(Description):
     def held_shapes(self, spec):
         """Column-parallel tensors split their rows, row-parallel ones their columns (config.sizes); the rest
         stays whole. Sharded state: FSDP2 then cuts each local tensor along dim 0 over the replicas."""
-        tp, shapes = spec.tensor_parallel_size, []
+        degrees, shapes = degrees_of(spec), []
         for name, (rows, *rest) in parameter_shapes(spec.model).items():
             if name.endswith(COLUMN_PARALLEL):
-                rows //= tp
+                rows //= degrees.tp
             elif name.endswith(ROW_PARALLEL):
-                rest = [rest[0] // tp]
+                rest = [rest[0] // degrees.tp]
             shapes.append((rows, *rest))
-        return [first_chunk(shape, spec.replicas) for shape in shapes] if self.shards_state else shapes
+        return [first_chunk(shape, degrees.dp_shard) for shape in shapes]
 
     def buffer_bytes(self, spec):
         return gathered_bytes(spec) if self.shards_state else 0
 
     def activation_traffic(self, spec: RunSpec) -> float:
         """All-reduces of activations after each block's two row-parallel projections, forward and backward."""
-        return 4 * spec.model.n_layer * spec.grad_accum_steps * ring_all_reduce(activation_bytes(spec),
-                                                                                spec.tensor_parallel_size)
+        degrees = degrees_of(spec)
+        return 4 * spec.model.n_layer * degrees.grad_accum_steps * ring_all_reduce(activation_bytes(spec), degrees.tp)
 
 
-class TensorParallel(_SplitsLayers):
+class TensorParallelDescription(_SplitsLayersDescription):
     name = "tp"
     summary = "tensor parallelism (DTensor): every layer split over all --nproc ranks, one replica"
     papers = {PATWARDHAN: "tensor parallelism"}
 
-    def tensor_parallel_size(self, nproc, train):
-        return nproc
-
-    def batch_divisor(self, nproc, train):
-        return train.micro_batch_size, "1 (one replica)"
+    def split(self, nproc, train):
+        return {"tp": nproc}
 
     def traffic(self, spec):
         return Traffic(round(self.activation_traffic(spec)), "activation all-reduce after each block's two "
@@ -422,26 +384,18 @@ class TensorParallel(_SplitsLayers):
                                                              "in backward")
 
 
-class FSDPTensorParallel(_SplitsLayers):
+class FSDPTensorParallelDescription(_SplitsLayersDescription):
     name = "fsdp-tp"
     summary = "FSDP over tensor-parallel groups of train.tensor_parallel_size ranks (2-D mesh)"
     shards_state = True
 
-    def tensor_parallel_size(self, nproc, train):
-        return train.tensor_parallel_size
-
-    def batch_divisor(self, nproc, train):
-        return self.replicas(nproc, train) * train.micro_batch_size, "nproc / train.tensor_parallel_size"
-
-    def check(self, spec, visible_gpus):
-        tp = spec.tensor_parallel_size
-        if spec.nproc % tp:
-            raise UsageError(f"strategy 'fsdp-tp' needs nproc ({spec.nproc}) divisible by "
-                             f"train.tensor_parallel_size ({tp}), e.g. --nproc {2 * tp}")
-        super().check(spec, visible_gpus)
+    def split(self, nproc, train):
+        tp = train.tensor_parallel_size
+        return {"dp_shard": nproc // tp, "tp": tp, "fixed_by": ("train.tensor_parallel_size", tp)}
 
     def traffic(self, spec):
-        m, tp, replicas, accum = spec.model, spec.tensor_parallel_size, spec.replicas, spec.grad_accum_steps
+        degrees = degrees_of(spec)
+        m, tp, replicas, accum = spec.model, degrees.tp, degrees.dp_shard, degrees.grad_accum_steps
         local = parameter_count(m) - split_parameter_count(m) + split_parameter_count(m) / tp
         sent = self.activation_traffic(spec) + 2 * accum * ring_gather(local * FP32, replicas) + ring_gather(
             local * FP32, replicas)
@@ -449,7 +403,7 @@ class FSDPTensorParallel(_SplitsLayers):
                                     "reduce-scatter of each rank's slice over the replicas")
 
 
-class PipelineParallel(Description):
+class PipelineParallelDescription(Description):
     name = "pp"
     summary = "pipeline parallelism (torch.distributed.pipelining): consecutive blocks per stage, one replica"
     data_parallel = False
@@ -458,45 +412,14 @@ class PipelineParallel(Description):
     accepts_apex = False
     papers = {PATWARDHAN: "pipeline parallelism"}
 
-    def pipeline_stages(self, nproc):
-        return nproc
-
-    def virtual_stages(self, train):
-        return train.pipeline_virtual_stages if train.pipeline_schedule in INTERLEAVED_SCHEDULES else 1
-
-    def rows_per_pass(self, nproc, train):
-        return train.global_batch_size  # one pipeline step takes the global batch as its micro-batches
-
-    def batch_divisor(self, nproc, train):
-        return train.micro_batch_size, "1 (one replica)"
+    def split(self, nproc, train):
+        virtual = train.pipeline_virtual_stages if train.pipeline_schedule in INTERLEAVED_SCHEDULES else 1
+        return {"pp": nproc, "pp_virtual": virtual, "whole_batch_per_pass": True}
 
     def check(self, spec, visible_gpus):
-        m = spec.model
         if spec.precision == "fp16":
             raise UsageError("strategy 'pp' runs backward inside the pipeline schedule, where fp16's loss scaler "
                              "cannot wrap it; use pp with bf16")
-        schedule, virtual = spec.train.pipeline_schedule, self.virtual_stages(spec.train)
-        if spec.nproc * virtual > m.n_layer:
-            if virtual == 1:
-                raise UsageError(f"strategy 'pp' puts at least one block on each of its {spec.nproc} stages, but the "
-                                 f"model has {m.n_layer} (model.n_layer); use --nproc {m.n_layer} or fewer")
-            raise UsageError(f"strategy 'pp' with '{schedule}' puts at least one block on each of its "
-                             f"{spec.nproc} x {virtual} stages (train.pipeline_virtual_stages), but the model has "
-                             f"{m.n_layer} (model.n_layer); use --nproc {max(1, m.n_layer // virtual)} or fewer, or "
-                             "fewer virtual stages")
-        micro_batches = spec.pipeline_micro_batches
-        if schedule != "gpipe" and micro_batches < spec.nproc:
-            # torch's 1F1B schedules fill the pipeline with one micro-batch per rank before their first backward
-            raise UsageError(f"train.pipeline_schedule '{schedule}' needs at least one micro-batch per stage, but "
-                             f"global_batch_size / micro_batch_size is {micro_batches} for {spec.nproc} stages; use a "
-                             f"smaller train.micro_batch_size, or train.pipeline_schedule=gpipe")
-        rounds = max(1, micro_batches // spec.nproc)
-        if virtual > 1 and micro_batches % rounds:
-            # torch's interleaved schedules run the micro-batches in rounds of about one per rank
-            raise UsageError(f"train.pipeline_schedule '{schedule}' runs the {micro_batches} micro-batches in "
-                             f"{rounds} equal rounds, which they do not divide into; use a global batch of "
-                             f"{rounds * (micro_batches // rounds)} or {rounds * (micro_batches // rounds + 1)} "
-                             "micro-batches")
 
     def held_shapes(self, spec):
         """The first rank's: the embeddings and the blocks of its stages (the last rank's ln_f and head copy are
@@ -507,8 +430,8 @@ class PipelineParallel(Description):
                 or any(name.startswith(f"transformer.h.{block}.") for block in first)]
 
     def traffic(self, spec):
-        m, n, micro_batches = spec.model, spec.nproc, spec.pipeline_micro_batches
-        virtual = self.virtual_stages(spec.train)
+        degrees = degrees_of(spec)
+        m, n, micro_batches, virtual = spec.model, degrees.pp, degrees.pipeline_micro_batches, degrees.pp_virtual
         per_micro = activation_bytes(spec) // micro_batches  # one micro-batch's activations at a stage boundary
         tied = ring_all_reduce(m.vocab_size * m.n_embd * FP32, 2)  # embedding and head copies' gradients
         # each rank sends at each of its stages' boundaries: forward out of all but the last stage, backward out
@@ -521,16 +444,18 @@ class PipelineParallel(Description):
 
 
 def rank_blocks(spec: RunSpec, rank: int) -> list[int]:
-    """The blocks a pipeline's rank holds: those of stages rank, rank + nproc, ..."""
-    stages = pipeline_stage_blocks(spec.model.n_layer, spec.nproc, spec.description.virtual_stages(spec.train))
-    return [block for blocks in stages[rank::spec.nproc] for block in blocks]
+    """The blocks a pipeline's rank holds: those of stages rank, rank + pp, ..."""
+    degrees = degrees_of(spec)
+    stages = pipeline_stage_blocks(spec.model.n_layer, degrees.pp, degrees.pp_virtual)
+    return [block for blocks in stages[rank::degrees.pp] for block in blocks]
 
 
+# in config.schema's STRATEGY_NAMES order, the order of every table and figure
 STRATEGIES: dict[str, Description] = {d.name: d for d in (
-    Single(), DataParallel(), DDP(), Horovod(), FSDP(), TensorParallel(), PipelineParallel(), FSDPTensorParallel(),
-    ApexDDP(), ZeRO1(), ZeRO2(), HSDP(),
+    SingleDescription(), DataParallelDescription(), DDPDescription(), HorovodDescription(), FSDPDescription(),
+    TensorParallelDescription(), PipelineParallelDescription(), FSDPTensorParallelDescription(), ApexDDPDescription(),
+    ZeRO1Description(), ZeRO2Description(), HSDPDescription(),
 )}
-STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 REFERENCE = "single"  # the strategy every other one must follow
 
 
@@ -539,6 +464,11 @@ def describe(name: str) -> Description:
         return STRATEGIES[name]
     except KeyError:
         raise UsageError(f"unknown --strategy '{name}' (allowed: {', '.join(STRATEGY_NAMES)})") from None
+
+
+def degrees_of(spec: RunSpec) -> Degrees:
+    """The run's degrees (checked by check_run before a run starts)."""
+    return describe(spec.strategy).degrees(spec.nproc, spec.train)
 
 
 def called(paper: str, their_name: str) -> str:
@@ -572,12 +502,7 @@ def check_run(spec: RunSpec, visible_gpus: int) -> None:
                              f"optimizer state; use {spec.strategy} with bf16 or fp16")
         if spec.device != "cuda":
             raise UsageError(f"precision '{spec.precision}' needs CUDA; on CPU use bf16 or fp16 (torch.amp)")
-    train = spec.train
-    divisor, share = description.batch_divisor(spec.nproc, train)
-    if train.global_batch_size % divisor:
-        raise UsageError(
-            f"train.global_batch_size ({train.global_batch_size}) must be divisible by {share} x "
-            f"train.micro_batch_size ({divisor // train.micro_batch_size} x {train.micro_batch_size} = {divisor})")
+    degrees_of(spec).validate(spec.model, spec.train)
     if spec.nodes > 1:
         if description.one_process:
             raise UsageError(f"strategy '{spec.strategy}' runs in one process, which cannot spread over {spec.nodes} "

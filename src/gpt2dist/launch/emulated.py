@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.strategies import describe
 from gpt2dist.errors import UsageError
 from gpt2dist.launch import commands, lifetime
 from gpt2dist.launch import emulated_nodes
@@ -24,7 +25,7 @@ class Emulation:
         reason = emulated_nodes.unavailable()
         if reason:
             raise UsageError(f"--emulate-nodes: {reason}")
-        if spec.description.one_process:
+        if describe(spec.strategy).one_process:
             raise UsageError(f"--emulate-nodes needs a multi-process strategy; {spec.strategy} runs in one process")
         if self.nodes < 2 or spec.nproc % self.nodes:
             raise UsageError(f"--emulate-nodes {self.nodes} must be 2 or more and divide --nproc {spec.nproc}")
@@ -33,7 +34,7 @@ class Emulation:
 def run(spec: RunSpec, emulation: Emulation) -> tuple[int, int | None, dict, str | None]:
     """Start the run's ranks on `emulation.nodes` emulated nodes; return the launchers' exit code, the
     stop signal forwarded to them (if any), what run.json records of the nodes, and a failure's line."""
-    launcher = spec.description.launcher
+    launcher = describe(spec.strategy).launcher
     out = Path(spec.out_dir)
     with contextlib.ExitStack() as stack:
         made = stack.enter_context(emulated_nodes.emulated_nodes(emulation.nodes, emulation.link_mbit))

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 
 from gpt2dist.config.presets import resolve_preset
-from gpt2dist.config.schema import PRECISIONS, RunSpec, write_spec
-from gpt2dist.config.strategies import STRATEGY_NAMES, check_run, describe
+from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES, RunSpec, write_spec
+from gpt2dist.config.strategies import check_run, describe
 from gpt2dist.errors import Interrupted, UsageError, failure_line
 from gpt2dist.io import file_kind
 from gpt2dist.launch import commands, emulated, lifetime, locks, slurm
@@ -88,7 +88,7 @@ def print_multinode(spec: RunSpec, hosts: list[commands.Host]) -> list[str]:
     """Write the spec and return the commands that start it on several machines."""
     out = Path(spec.out_dir)
     write_spec(spec, out / "spec.json")
-    lines = commands.multinode_commands(spec.description.launcher, hosts, out / "spec.json", run_id=out.name)
+    lines = commands.multinode_commands(describe(spec.strategy).launcher, hosts, out / "spec.json", run_id=out.name)
     return [f"# on {where}\n{command}" for where, command in lines.items()]
 
 
@@ -143,7 +143,7 @@ def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulat
 
 def _launch_mode(spec: RunSpec, emulation: emulated.Emulation | None) -> tuple[Launch, str]:
     """How this run's ranks start, and the line that says so."""
-    launcher = spec.description.launcher
+    launcher = describe(spec.strategy).launcher
     out = Path(spec.out_dir)
     if emulation is not None:
         emulation.check(spec)

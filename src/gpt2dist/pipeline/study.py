@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpt2dist.config.presets import resolve_preset, section_keys
-from gpt2dist.config.schema import PRECISIONS, ModelConfig, Preset, RunSpec
-from gpt2dist.config.strategies import STRATEGY_NAMES, check_run, describe
+from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES, ModelConfig, Preset, RunSpec
+from gpt2dist.config.strategies import check_run, describe
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.imports import PACKAGE, code_closure
 
@@ -91,7 +91,7 @@ class Run:
     @property
     def processes(self) -> int:
         """Processes (SLURM tasks) the run starts: single and dp drive every device from one."""
-        return describe(self.strategy).processes(self.nproc)
+        return 1 if describe(self.strategy).one_process else self.nproc
 
 
 def parse_run_id(text: str) -> Run:

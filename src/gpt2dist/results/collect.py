@@ -25,9 +25,9 @@ from pydantic import ValidationError
 
 from gpt2dist.config.machine import describe_cpu
 from gpt2dist.config.memory import predict as predict_memory
-from gpt2dist.config.schema import PRECISIONS, RunSpec
+from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES, RunSpec
 from gpt2dist.config.sizes import flops_per_token
-from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES
+from gpt2dist.config.strategies import REFERENCE
 from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
@@ -270,8 +270,7 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
     reference = reference_rows(runs[runs["disturbed"] == ""])["steps_to_target"]
     summary["numerics"] = [needs_more_steps(used[config]["steps_to_target"], reference)
                            for config in summary["config_id"]]
-    train = study.preset.train
-    return with_predictions(summary, study.device, train.global_batch_size // train.micro_batch_size)
+    return with_predictions(summary, study.device, study.preset.train)
 
 
 def hardware_of(record: dict) -> str:

@@ -43,9 +43,8 @@ def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float) -> float:
     single = t.global_batch_size * m.n_positions * flops_per_token(m) / (peak * mfu)
     link = NVLINK_BYTES_PER_S if spec.nodes == 1 else INFINIBAND_BYTES_PER_S
     facts = {"strategy": spec.strategy, "nproc": spec.nproc, "nodes": spec.nodes, "emulated": False,
-             "virtual_stages": spec.description.virtual_stages(spec.train),
              "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": link / 1e9}
-    return predicted_step_time(facts, single, "cuda", t.global_batch_size // t.micro_batch_size)
+    return predicted_step_time(facts, single, "cuda", t)
 
 
 def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float], sizes: list[str] | None = None) -> pd.DataFrame:

@@ -27,8 +27,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from gpt2dist.config.schema import PRECISIONS  # noqa: E402
-from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES  # noqa: E402
+from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES  # noqa: E402
+from gpt2dist.config.strategies import REFERENCE  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
 from gpt2dist.pipeline.study import LINK_FIGURE  # noqa: E402
 from gpt2dist.results.collect import in_study_order  # noqa: E402

@@ -14,38 +14,40 @@ import math
 
 import pandas as pd
 
+from gpt2dist.config.schema import TrainConfig
 from gpt2dist.config.strategies import REFERENCE, describe
 
 STATE_TOLERANCE = 0.001  # the state is counted, not estimated: any miss beyond rounding is a fault
 STEP_TARGET = 0.20  # issue 31's target for the step-time model's error
 
 
-def predicted_step_time(row: dict, single_step_s: float, device: str, micro_batches: int) -> float:
-    """Seconds per optimizer step of a configuration by the model above; NaN without single's step."""
+def predicted_step_time(row: dict, single_step_s: float, device: str, train: TrainConfig) -> float:
+    """Seconds per optimizer step of a configuration by the model above, its degrees those of `train` (the
+    study's); NaN without single's step."""
     if not single_step_s or math.isnan(single_step_s):
         return math.nan
-    description = describe(row["strategy"])
     nproc, nodes = int(row["nproc"]), int(row.get("nodes") or 1)
-    processes = description.processes(nproc)
+    degrees = describe(row["strategy"]).degrees(nproc, train)
+    processes = degrees.processes
     if device == "cuda":
         compute = single_step_s / nproc
     else:  # the processes on one machine divide its cores; emulated nodes share one machine
         sharing = processes if row.get("emulated") or nodes == 1 else processes / nodes
         compute = single_step_s / nproc * sharing
-    stages = description.pipeline_stages(nproc)
-    if stages > 1:  # an interleaved schedule's bubble is its virtual stages' times smaller
-        compute *= (micro_batches + (stages - 1) / (row.get("virtual_stages") or 1)) / micro_batches
+    if degrees.pp > 1:  # an interleaved schedule's bubble is its virtual stages' times smaller
+        micro_batches = degrees.pipeline_micro_batches
+        compute *= (micro_batches + (degrees.pp - 1) / degrees.pp_virtual) / micro_batches
     busbw = row.get("busbw_gb_s")
     comm = row["comm_bytes_per_step"] / (busbw * 1e9) if nproc > 1 and busbw and busbw > 0 else 0.0
     return compute + comm
 
 
-def with_predictions(summary: pd.DataFrame, device: str, micro_batches: int) -> pd.DataFrame:
+def with_predictions(summary: pd.DataFrame, device: str, train: TrainConfig) -> pd.DataFrame:
     """The summary with predicted step time and both predictions' relative errors (predicted / measured - 1);
-    `micro_batches`: the global batch over the micro-batch, what a pipeline splits a step into."""
+    `train`: the study's, whose batch a pipeline splits into micro-batches."""
     single = summary[(summary["strategy"] == REFERENCE) & (summary["nproc"] == 1)]
     single_step = dict(zip(single["precision"], single["step_time_s"]))
-    predicted = [predicted_step_time(row, single_step.get(row["precision"], math.nan), device, micro_batches)
+    predicted = [predicted_step_time(row, single_step.get(row["precision"], math.nan), device, train)
                  for row in summary.to_dict("records")]
     return summary.assign(
         predicted_step_time_s=predicted,

@@ -20,8 +20,8 @@ from pathlib import Path
 import pandas as pd
 
 from gpt2dist.config.memory import predict
-from gpt2dist.config.schema import Preset, RunSpec
-from gpt2dist.config.strategies import REFERENCE, STRATEGY_NAMES, check_run
+from gpt2dist.config.schema import STRATEGY_NAMES, Preset, RunSpec
+from gpt2dist.config.strategies import REFERENCE, check_run
 from gpt2dist.errors import UsageError
 from gpt2dist.results.inputs import read_csv, read_summary
 from gpt2dist.results.plan import GIB, USABLE_SHARE, gpu_step_seconds

@@ -111,7 +111,7 @@ class Trainer:
         self.model, self.optimizer = strategy.prepare(model, make_optimizer, self.precision)
         self.loss = strategy.loss_module(self.model, self.precision,
                                          compiled_head_loss() if self.compiled else head_loss)
-        self.rows = spec.rows_per_pass
+        self.rows = self.strategy.degrees.rows_per_pass
         self.tokens_per_step = t.global_batch_size * spec.model.n_positions
         self.telemetry = GpuTelemetry(self.place.device) if self.rank0 else None
         self.state_bytes: dict | None = None  # measured once, at the first step this process runs
@@ -125,7 +125,7 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         spec, strategy, precision = self.spec, self.strategy, self.precision
         device = self.place.device
-        accum = spec.grad_accum_steps
+        accum = strategy.degrees.grad_accum_steps
         torch.manual_seed(step_seed(spec.train.seed, step, self.place.data_rank))  # one replica's ranks draw alike
         lr = lr_at(step, spec.train)
         for group in self.optimizer.param_groups:
@@ -297,7 +297,7 @@ class Trainer:
             "nproc": spec.nproc,
             "seed": spec.train.seed,
             "preset": spec.preset,
-            "grad_accum_steps": spec.grad_accum_steps,
+            "grad_accum_steps": self.strategy.degrees.grad_accum_steps,
             "compiled": self.compiled,
             "compile_skipped": self.compile_skipped,
             "tokens_per_step": self.tokens_per_step,

@@ -11,7 +11,7 @@ equivalent of torch DDP's no_sync()."""
 import contextlib
 
 from gpt2dist.training.optional import require_apex_parallel
-from gpt2dist.training.strategies.base import describe
+from gpt2dist.training.strategies.base import log_wrapping
 from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
 
@@ -24,8 +24,8 @@ class ApexDDP(TorchDistributed):
         model, optimizer = super().prepare(model, make_optimizer, precision)
         wrapped = require_apex_parallel().DistributedDataParallel(model)
         self.wrapping = {"wrapper": "apex.parallel.DistributedDataParallel", "message_size": wrapped.message_size}
-        describe(self, f"apex.parallel.DistributedDataParallel, world {self.placement.world_size}, "
-                       f"accumulation {self.spec.grad_accum_steps}")
+        log_wrapping(self, f"apex.parallel.DistributedDataParallel, world {self.placement.world_size}, "
+                       f"accumulation {self.degrees.grad_accum_steps}")
         return wrapped, optimizer
 
     def accumulate(self, model, last):

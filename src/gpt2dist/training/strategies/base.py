@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.strategies import degrees_of, describe
 from gpt2dist.system.hardware import device_index
 from gpt2dist.training.model import TokenLoss, lm_loss
 from gpt2dist.training.precision import Precision
@@ -48,6 +49,7 @@ class Strategy:
 
     def __init__(self, spec: RunSpec):
         self.spec = spec
+        self.degrees = degrees_of(spec)  # the meshes and the batch's shares are built from these
         self.placement: Placement | None = None
         self.wrapping: dict = {}  # what prepare() applied, beyond the strategy's name, for run.json
         self.backend = "none"  # how gradients travel between processes, once setup() has run
@@ -56,7 +58,8 @@ class Strategy:
     def sharded_grads(self) -> bool:
         """Whether a rank's gradients are only part of the model's (shards, stages, layer slices): a loss
         scaler must then agree with the other ranks on skipping a step (ShardedGradScaler)."""
-        return self.spec.description.shards_state or self.spec.description.splits_model
+        description = describe(self.spec.strategy)
+        return description.shards_state or description.splits_model
 
     def setup(self) -> Placement:
         device = claim_gpu(0) if self.spec.device == "cuda" else torch.device("cpu")
@@ -203,6 +206,6 @@ def rekeyed(optim_state: dict, key: dict) -> dict:
                              for group in optim_state["param_groups"]]}
 
 
-def describe(strategy: Strategy, detail: str) -> None:
+def log_wrapping(strategy: Strategy, detail: str) -> None:
     """One log line saying what a strategy applied (rank 0 only; others log warnings only)."""
     log.info("%s: %s", strategy.name, detail)

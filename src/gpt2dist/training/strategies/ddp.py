@@ -3,7 +3,7 @@ device, gradients averaged by bucketed all-reduce overlapped with backward."""
 
 from torch.nn.parallel import DistributedDataParallel
 
-from gpt2dist.training.strategies.base import describe
+from gpt2dist.training.strategies.base import log_wrapping
 from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
 
@@ -23,8 +23,8 @@ class DDP(TorchDistributed):
         device = self.placement.device
         cuda = device.type == "cuda"
         wrapped = data_parallel(model, device)
-        describe(self, f"DistributedDataParallel, world {self.placement.world_size}, "
-                 f"{'nccl' if cuda else 'gloo'}, accumulation {self.spec.grad_accum_steps}")
+        log_wrapping(self, f"DistributedDataParallel, world {self.placement.world_size}, "
+                 f"{'nccl' if cuda else 'gloo'}, accumulation {self.degrees.grad_accum_steps}")
         return wrapped, optimizer
 
     def accumulate(self, model, last):

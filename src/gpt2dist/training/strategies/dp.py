@@ -10,7 +10,7 @@ Without CUDA it degenerates to one CPU device, which run.json records
 from torch import nn
 
 from gpt2dist.training.model import TokenLoss
-from gpt2dist.training.strategies.base import Strategy, describe
+from gpt2dist.training.strategies.base import Strategy, log_wrapping
 
 
 class DataParallel(Strategy):
@@ -24,9 +24,9 @@ class DataParallel(Strategy):
         if self.spec.device == "cuda":
             devices = list(range(self.spec.nproc))
             self.backend = "DataParallel scatter/gather in one process"
-            describe(self, f"DataParallel over cuda:{devices}, loss computed per replica, scalars gathered on cuda:0")
+            log_wrapping(self, f"DataParallel over cuda:{devices}, loss computed per replica, scalars gathered on cuda:0")
             return nn.DataParallel(loss, device_ids=devices)
-        describe(self, "DataParallel without CUDA: degenerate one-device case on CPU")
+        log_wrapping(self, "DataParallel without CUDA: degenerate one-device case on CPU")
         return nn.DataParallel(loss)
 
     def placement_record(self):

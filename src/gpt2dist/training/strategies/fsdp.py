@@ -12,11 +12,11 @@ import contextlib
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from gpt2dist.training.model import transformer_blocks
-from gpt2dist.training.strategies.base import describe
+from gpt2dist.training.strategies.base import log_wrapping
 from gpt2dist.training.strategies.torch_distributed import TorchDistributed, sharded_grad_norm
 
 
@@ -59,7 +59,7 @@ class FSDP(TorchDistributed):
         }
         if mesh is not None:
             self.wrapping["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))
-        describe(self, f"fully_shard on {self.wrapping['fully_shard_modules'] - 1} blocks + root, world "
+        log_wrapping(self, f"fully_shard on {self.wrapping['fully_shard_modules'] - 1} blocks + root, world "
                        f"{self.placement.world_size}, mesh {self.wrapping.get('mesh', 'flat')}, reshard after forward "
                        f"{self.reshard_after_forward}, params {self.wrapping['param_dtype']}, "
                        f"reduce {self.wrapping['reduce_dtype']}")
@@ -86,9 +86,7 @@ class HSDP(FSDP):
     name = "hsdp"
 
     def mesh(self):
-        shard = self.spec.train.data_parallel_shard_size
-        return init_device_mesh(self.placement.device.type, (self.placement.world_size // shard, shard),
-                                mesh_dim_names=("replicate", "shard"))
+        return self.device_mesh("dp_replicate", "dp_shard")
 
 
 class ZeRO2(FSDP):

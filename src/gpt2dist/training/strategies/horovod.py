@@ -18,7 +18,14 @@ import torch
 
 from gpt2dist.training.ledger import comm_wait
 from gpt2dist.training.optional import import_horovod
-from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu, describe, optimizer_order, rekeyed
+from gpt2dist.training.strategies.base import (
+    Placement,
+    Strategy,
+    claim_gpu,
+    log_wrapping,
+    optimizer_order,
+    rekeyed,
+)
 
 
 class Horovod(Strategy):
@@ -58,7 +65,7 @@ class Horovod(Strategy):
         return self.hvd.DistributedOptimizer(
             optimizer,
             named_parameters=model.named_parameters(),
-            backward_passes_per_step=self.spec.grad_accum_steps,
+            backward_passes_per_step=self.degrees.grad_accum_steps,
             op=self.hvd.Average,
         )
 
@@ -67,7 +74,7 @@ class Horovod(Strategy):
         model, optimizer = super().prepare(model, make_optimizer, precision)
         # The live parameters (GPT-2 has no buffers), not model.state_dict(), which under Apex O2 holds fp32 copies.
         hvd.broadcast_parameters(dict(model.named_parameters()), root_rank=0)
-        describe(self, f"DistributedOptimizer, world {hvd.size()}, accumulation {self.spec.grad_accum_steps}")
+        log_wrapping(self, f"DistributedOptimizer, world {hvd.size()}, accumulation {self.degrees.grad_accum_steps}")
         return model, optimizer
 
     def sync_grads(self, optimizer):

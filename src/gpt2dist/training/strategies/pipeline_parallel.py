@@ -33,9 +33,9 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-from gpt2dist.config.strategies import pipeline_stage_blocks
+from gpt2dist.config.strategies import pipeline_stage_blocks, rank_blocks
 from gpt2dist.training.model import head_loss
-from gpt2dist.training.strategies.base import describe
+from gpt2dist.training.strategies.base import log_wrapping
 from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
 EMBEDDING, HEAD = "transformer.wte.weight", "lm_head.weight"
@@ -99,10 +99,10 @@ class PipelineParallel(TorchDistributed):
 
     def prepare(self, model, make_optimizer, precision):
         place = self.placement
-        ranks, rank, t = place.world_size, place.rank, self.spec.train
-        self.blocks = pipeline_stage_blocks(self.spec.model.n_layer, ranks, self.spec.description.virtual_stages(t))
+        ranks, rank, t = self.degrees.pp, place.rank, self.spec.train
+        self.blocks = pipeline_stage_blocks(self.spec.model.n_layer, ranks, self.degrees.pp_virtual)
         mine = range(rank, len(self.blocks), ranks)  # the global indices of this rank's stages
-        self.part = RankPart(model, [b for s in mine for b in self.blocks[s]], first=rank == 0,
+        self.part = RankPart(model, rank_blocks(self.spec, rank), first=rank == 0,
                              last=rank == ranks - 1).to(place.device)
         self.autocast = precision.autocast
         last = len(self.blocks) - 1
@@ -111,14 +111,14 @@ class PipelineParallel(TorchDistributed):
                   for s in mine]
         # the first and last stage sum the tied weight's gradients; every rank takes part in making the group
         self.ends = dist.new_group([0, ranks - 1]) if ranks > 1 else None
-        self.micro_batches = self.spec.pipeline_micro_batches
+        self.micro_batches = self.degrees.pipeline_micro_batches
         schedule = SCHEDULES[t.pipeline_schedule]
         # scale_grads=False: the loss function already divides each micro-batch's mean by their number
         self.schedule = schedule(stages[0] if issubclass(schedule, PipelineScheduleSingle) else stages,
                                  self.micro_batches, loss_fn=self._loss, scale_grads=False)
         self.wrapping = {"stages": len(self.blocks), "blocks_per_stage": [len(b) for b in self.blocks],
                          "schedule": t.pipeline_schedule, "micro_batches": self.micro_batches}
-        describe(self, f"{len(self.blocks)} stages on {ranks} ranks holding blocks "
+        log_wrapping(self, f"{len(self.blocks)} stages on {ranks} ranks holding blocks "
                        f"{[f'{b.start}-{b.stop - 1}' for b in self.blocks]}, {t.pipeline_schedule} over "
                        f"{self.micro_batches} micro-batches")
         return self.part, make_optimizer(self.part)

@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from gpt2dist.training.model import transformer_blocks
-from gpt2dist.training.strategies.base import describe
+from gpt2dist.training.strategies.base import log_wrapping
 from gpt2dist.training.strategies.fsdp import shard_fully
 from gpt2dist.training.strategies.torch_distributed import TorchDistributed, sharded_grad_norm
 
@@ -80,10 +80,10 @@ class TensorParallel(TorchDistributed):
 
     def prepare(self, model, make_optimizer, precision):
         model.to(self.placement.device)
-        mesh = init_device_mesh(self.placement.device.type, (self.placement.world_size,), mesh_dim_names=("tp",))
+        mesh = self.device_mesh("tp")
         blocks = shard_blocks(model, mesh)
         self.wrapping = {"tensor_parallel": mesh.size(), "parallel_blocks": blocks}
-        describe(self, f"{blocks} blocks split over {mesh.size()} ranks (q/k/v, MLP in: column; projections: row); "
+        log_wrapping(self, f"{blocks} blocks split over {mesh.size()} ranks (q/k/v, MLP in: column; projections: row); "
                        "embeddings, LayerNorms and head replicated")
         return model, make_optimizer(model)
 
@@ -92,14 +92,14 @@ class TensorParallel(TorchDistributed):
 
     def full_state_dict(self, model, optimizer, precision):
         model_state, optim_state = super().full_state_dict(model, optimizer, precision)
-        _reorder_qkv(model_state, self.spec.tensor_parallel_size, to_gpt2=True)
-        _reorder_qkv(optim_state.get("state", {}), self.spec.tensor_parallel_size, to_gpt2=True)
+        _reorder_qkv(model_state, self.degrees.tp, to_gpt2=True)
+        _reorder_qkv(optim_state.get("state", {}), self.degrees.tp, to_gpt2=True)
         return model_state, optim_state
 
     def load_full_state_dict(self, model, optimizer, precision, model_state, optim_state):
         model_state, optim_state = dict(model_state), {**optim_state, "state": dict(optim_state["state"])}
-        _reorder_qkv(model_state, self.spec.tensor_parallel_size, to_gpt2=False)
-        _reorder_qkv(optim_state["state"], self.spec.tensor_parallel_size, to_gpt2=False)
+        _reorder_qkv(model_state, self.degrees.tp, to_gpt2=False)
+        _reorder_qkv(optim_state["state"], self.degrees.tp, to_gpt2=False)
         super().load_full_state_dict(model, optimizer, precision, model_state, optim_state)
 
 
@@ -108,13 +108,12 @@ class FSDPTensorParallel(TensorParallel):
 
     def prepare(self, model, make_optimizer, precision):
         model.to(self.placement.device)
-        tp = self.spec.tensor_parallel_size
-        replicas = self.placement.world_size // tp
-        mesh = init_device_mesh(self.placement.device.type, (replicas, tp), mesh_dim_names=("dp", "tp"))
+        tp, replicas = self.degrees.tp, self.degrees.dp_shard
+        mesh = self.device_mesh("dp_shard", "tp")
         shard_blocks(model, mesh["tp"])
-        sharded = shard_fully(model, mesh["dp"])
+        sharded = shard_fully(model, mesh["dp_shard"])
         self.wrapping = {"tensor_parallel": tp, "fsdp_replicas": replicas, "fully_shard_modules": sharded}
-        describe(self, f"{replicas} FSDP replicas x {tp} tensor-parallel ranks; blocks split as tp, every "
+        log_wrapping(self, f"{replicas} FSDP replicas x {tp} tensor-parallel ranks; blocks split as tp, every "
                        "parameter sharded over the replicas")
         return model, make_optimizer(model)
 

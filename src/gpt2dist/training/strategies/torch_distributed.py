@@ -5,6 +5,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from gpt2dist.system.allocation import rendezvous_port
@@ -39,11 +40,17 @@ class TorchDistributed(Strategy):
         dist.init_process_group(backend="nccl" if cuda else "gloo")
         self.backend = dist.get_backend()
         rank, world = dist.get_rank(), dist.get_world_size()
-        replicas = self.spec.replicas
-        # ranks of one replica are consecutive (the tensor-parallel dimension is the mesh's innermost)
-        self.placement = Placement(rank, world, local_rank, device, data_rank=rank // (world // replicas),
-                                   data_world=replicas)
+        shares = self.degrees.batch_shares
+        # ranks that split one replica are consecutive (tensor and pipeline ranks are the mesh's inner dimensions)
+        self.placement = Placement(rank, world, local_rank, device, data_rank=rank // (world // shares),
+                                   data_world=shares)
         return self.placement
+
+    def device_mesh(self, *dims: str) -> DeviceMesh:
+        """The run's device mesh over the named degrees (Degrees' fields: dp_replicate, dp_shard, tp), outermost
+        first, each as large as the run's degrees say."""
+        return init_device_mesh(self.placement.device.type, tuple(getattr(self.degrees, dim) for dim in dims),
+                                mesh_dim_names=dims)
 
     def all_reduce_mean(self, value):
         value = value.clone()
