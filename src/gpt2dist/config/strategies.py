@@ -110,6 +110,11 @@ def gathered_bytes(spec: RunSpec) -> int:
     return round((root + 2 * block) * FP32 / degrees_of(spec).tp)
 
 
+def gathered_bytes_per_element(spec: RunSpec) -> int:
+    """Bytes per parameter element FSDP2 gathers: 16 bits under train.fsdp_mixed_precision, else fp32."""
+    return HALF if spec.train.fsdp_mixed_precision else FP32
+
+
 def compute_bytes(precision: str) -> int:
     """Bytes per activation element in the precision's compute dtype (16-bit under autocast and Apex amp)."""
     return HALF if precision in ("bf16", "fp16", *APEX_PRECISIONS) else FP32
@@ -294,8 +299,7 @@ class FSDPDescription(Description):
     def traffic(self, spec):
         degrees = degrees_of(spec)
         params, n, accum = parameter_count(spec.model), degrees.dp_shard, degrees.grad_accum_steps
-        gathered = HALF if spec.train.fsdp_mixed_precision else FP32
-        sent = 2 * accum * ring_gather(params * gathered, n) + ring_gather(params * FP32, n)
+        sent = 2 * accum * ring_gather(params * gathered_bytes_per_element(spec), n) + ring_gather(params * FP32, n)
         return Traffic(round(sent), "parameter all-gather in forward and backward per micro-step, gradient "
                                     "reduce-scatter once per step")
 
@@ -326,12 +330,11 @@ class ZeRO2Description(FSDPDescription):
 
     def buffer_bytes(self, spec):
         """Every block's gathered parameters, held from its forward to its backward."""
-        return parameter_count(spec.model) * (HALF if spec.train.fsdp_mixed_precision else FP32)
+        return parameter_count(spec.model) * gathered_bytes_per_element(spec)
 
     def traffic(self, spec):
         params, n, accum = parameter_count(spec.model), spec.nproc, degrees_of(spec).grad_accum_steps
-        gathered = HALF if spec.train.fsdp_mixed_precision else FP32
-        sent = accum * (ring_gather(params * gathered, n) + ring_gather(params * FP32, n))
+        sent = accum * (ring_gather(params * gathered_bytes_per_element(spec), n) + ring_gather(params * FP32, n))
         return Traffic(round(sent), "parameter all-gather in forward and gradient reduce-scatter, per micro-step")
 
 

@@ -206,7 +206,7 @@ class Trainer:
                     spec=self.spec,
                     model=model_state,
                     optimizer=optim_state,
-                    optimizer_by_name=self.strategy.optimizer_keyed_by_name(self.precision),
+                    optimizer_by_name=self.precision.optimizer_state_by_name,
                     precision=self.precision.state_dict(self.optimizer),
                     metrics=self.metrics.history,
                 )
@@ -220,7 +220,7 @@ class Trainer:
         state = load_checkpoint(path, self.spec.fingerprint(), stale=self.spec.stale_checkpoint)
         if state is None and self.spec.resume_from:
             path = Path(self.spec.resume_from)
-            state = load_other_runs_checkpoint(path, self.spec, self.strategy.optimizer_keyed_by_name(self.precision))
+            state = load_other_runs_checkpoint(path, self.spec, self.precision.optimizer_state_by_name)
             self.continued = {"checkpoint": str(path), "step": state["step"], **state["placement"]}
         if state is None:
             return 0, []

@@ -25,7 +25,9 @@ class Precision:
     """fp32/bf16/fp16 with torch.amp; subclassed for Apex."""
 
     compile_conflict: str | None = None  # why train.compile cannot apply under this precision; None: it can
-    optimizer_state_by_name = True  # whether DCP can map the optimizer's parameters to the model's names
+    # whether checkpoints key the optimizer's state by the model's parameter names (which another strategy's
+    # run can continue), else torch's positional form: Apex O2 steps fp32 masters that no name maps to
+    optimizer_state_by_name = True
 
     def __init__(self, name: str, device: torch.device, *, sharded: bool):
         self.name, self.device, self.sharded = name, device, sharded

@@ -40,9 +40,9 @@ class Strategy:
     name: str = ""
     compile_conflict: str | None = None  # why train.compile cannot apply under this wrapping; None: it can
     # DCP keys optimizer state by parameter name by driving the optimizer through torch's API
-    # (zero_grad(set_to_none=True), step()); a strategy whose optimizer rejects that keeps
+    # (zero_grad(set_to_none=True), step()); a strategy whose optimizer rejects that (Horovod's) takes
     # torch's positional optimizer.state_dict() instead, which every rank then holds whole.
-    optimizer_state_by_name: bool = True
+    dcp_drives_optimizer: bool = True
     # Whether all parameters are tensors of one kind (plain, or DTensors on one mesh), as AdamW's
     # foreach and fused kernels need: they take all parameters as one list.
     uniform_parameters: bool = True
@@ -137,14 +137,9 @@ class Strategy:
         """The module whose state dict is checkpointed (DCP understands DDP and FSDP wrappers)."""
         return model
 
-    def optimizer_keyed_by_name(self, precision: Precision) -> bool:
-        """Whether checkpoints key AdamW's state by parameter name (else torch's positional form), which another
-        strategy's run can continue."""
-        return self.optimizer_state_by_name and precision.optimizer_state_by_name
-
     def full_state_dict(self, model: nn.Module, optimizer, precision: Precision) -> tuple[dict, dict]:
-        """Unsharded model state keyed by parameter name; the optimizer's keyed by name too where the
-        strategy and the precision allow it, else torch's positional form."""
+        """Unsharded model state keyed by parameter name; the optimizer's keyed by name too where the precision
+        allows it (precision.optimizer_state_by_name), else torch's positional form."""
         # here, not at import: torch's checkpoint package costs every process about two seconds of start-up
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -155,7 +150,7 @@ class Strategy:
         options = StateDictOptions(full_state_dict=True, cpu_offload=self.placement.world_size > 1)
         module = self.state_module(model)
         model_state = get_model_state_dict(module, options=options)
-        if self.optimizer_state_by_name and precision.optimizer_state_by_name:
+        if self.dcp_drives_optimizer and precision.optimizer_state_by_name:
             return model_state, get_optimizer_state_dict(module, optimizer, options=options)
         return model_state, optimizer.state_dict()
 
@@ -170,7 +165,7 @@ class Strategy:
         options = StateDictOptions(full_state_dict=True)
         module = self.state_module(model)
         set_model_state_dict(module, model_state, options=options)
-        if self.optimizer_state_by_name and precision.optimizer_state_by_name:
+        if self.dcp_drives_optimizer and precision.optimizer_state_by_name:
             set_optimizer_state_dict(module, optimizer, optim_state, options=options)
         else:
             precision.load_optimizer_state_dict(optimizer, optim_state)

@@ -33,19 +33,16 @@ class Horovod(Strategy):
     # DCP's loader calls optimizer.zero_grad(set_to_none=True), which Horovod's zero_grad() rejects; every rank
     # holds the whole optimizer, so torch's positional state dict is exact, and checkpoints key it by parameter
     # name through the model's own names (as every other strategy's), so another strategy may continue it.
-    optimizer_state_by_name = False
-
-    def optimizer_keyed_by_name(self, precision):
-        return precision.optimizer_state_by_name
+    dcp_drives_optimizer = False
 
     def full_state_dict(self, model, optimizer, precision):
         model_state, positional = super().full_state_dict(model, optimizer, precision)
-        if not self.optimizer_keyed_by_name(precision):
+        if not precision.optimizer_state_by_name:
             return model_state, positional
         return model_state, rekeyed(positional, dict(enumerate(optimizer_order(model, optimizer))))
 
     def load_full_state_dict(self, model, optimizer, precision, model_state, optim_state):
-        if self.optimizer_keyed_by_name(precision):
+        if precision.optimizer_state_by_name:
             positions = {name: position for position, name in enumerate(optimizer_order(model, optimizer))}
             optim_state = rekeyed(optim_state, positions)
         super().load_full_state_dict(model, optimizer, precision, model_state, optim_state)

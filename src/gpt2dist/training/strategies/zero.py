@@ -16,7 +16,6 @@ class ZeRO1(DDP):
     so another strategy can continue the run."""
 
     name = "zero1"
-    optimizer_state_by_name = False  # DCP's optimizer state dict cannot drive ZeroRedundancyOptimizer
 
     def wrap_optimizer(self, model, optimizer):
         """The loop's AdamW, rebuilt to step one partition: its groups, and the settings its class takes (its
@@ -28,9 +27,6 @@ class ZeRO1(DDP):
 
     def local_optimizer(self, optimizer):
         return optimizer.optim
-
-    def optimizer_keyed_by_name(self, precision):
-        return True
 
     def full_state_dict(self, model, optimizer, precision):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
