@@ -333,7 +333,8 @@ class ZeRO2Description(FSDPDescription):
         return parameter_count(spec.model) * gathered_bytes_per_element(spec)
 
     def traffic(self, spec):
-        params, n, accum = parameter_count(spec.model), spec.nproc, degrees_of(spec).grad_accum_steps
+        degrees = degrees_of(spec)
+        params, n, accum = parameter_count(spec.model), degrees.dp_shard, degrees.grad_accum_steps
         sent = accum * (ring_gather(params * gathered_bytes_per_element(spec), n) + ring_gather(params * FP32, n))
         return Traffic(round(sent), "parameter all-gather in forward and gradient reduce-scatter, per micro-step")
 

@@ -25,7 +25,7 @@ class ApexDDP(TorchDistributed):
         wrapped = require_apex_parallel().DistributedDataParallel(model)
         self.wrapping = {"wrapper": "apex.parallel.DistributedDataParallel", "message_size": wrapped.message_size}
         log_wrapping(self, f"apex.parallel.DistributedDataParallel, world {self.placement.world_size}, "
-                       f"accumulation {self.degrees.grad_accum_steps}")
+                           f"accumulation {self.degrees.grad_accum_steps}")
         return wrapped, optimizer
 
     def accumulate(self, model, last):

@@ -24,7 +24,7 @@ class DDP(TorchDistributed):
         cuda = device.type == "cuda"
         wrapped = data_parallel(model, device)
         log_wrapping(self, f"DistributedDataParallel, world {self.placement.world_size}, "
-                 f"{'nccl' if cuda else 'gloo'}, accumulation {self.degrees.grad_accum_steps}")
+                           f"{'nccl' if cuda else 'gloo'}, accumulation {self.degrees.grad_accum_steps}")
         return wrapped, optimizer
 
     def accumulate(self, model, last):

@@ -24,7 +24,8 @@ class DataParallel(Strategy):
         if self.spec.device == "cuda":
             devices = list(range(self.spec.nproc))
             self.backend = "DataParallel scatter/gather in one process"
-            log_wrapping(self, f"DataParallel over cuda:{devices}, loss computed per replica, scalars gathered on cuda:0")
+            log_wrapping(self, f"DataParallel over cuda:{devices}, loss computed per replica, scalars gathered on "
+                               "cuda:0")
             return nn.DataParallel(loss, device_ids=devices)
         log_wrapping(self, "DataParallel without CUDA: degenerate one-device case on CPU")
         return nn.DataParallel(loss)

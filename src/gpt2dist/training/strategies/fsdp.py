@@ -60,9 +60,9 @@ class FSDP(TorchDistributed):
         if mesh is not None:
             self.wrapping["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))
         log_wrapping(self, f"fully_shard on {self.wrapping['fully_shard_modules'] - 1} blocks + root, world "
-                       f"{self.placement.world_size}, mesh {self.wrapping.get('mesh', 'flat')}, reshard after forward "
-                       f"{self.reshard_after_forward}, params {self.wrapping['param_dtype']}, "
-                       f"reduce {self.wrapping['reduce_dtype']}")
+                           f"{self.placement.world_size}, mesh {self.wrapping.get('mesh', 'flat')}, reshard after forward "
+                           f"{self.reshard_after_forward}, params {self.wrapping['param_dtype']}, "
+                           f"reduce {self.wrapping['reduce_dtype']}")
         return model, make_optimizer(model)
 
     def _mixed_precision_policy(self, precision) -> MixedPrecisionPolicy:

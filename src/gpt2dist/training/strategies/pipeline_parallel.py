@@ -119,8 +119,8 @@ class PipelineParallel(TorchDistributed):
         self.wrapping = {"stages": len(self.blocks), "blocks_per_stage": [len(b) for b in self.blocks],
                          "schedule": t.pipeline_schedule, "micro_batches": self.micro_batches}
         log_wrapping(self, f"{len(self.blocks)} stages on {ranks} ranks holding blocks "
-                       f"{[f'{b.start}-{b.stop - 1}' for b in self.blocks]}, {t.pipeline_schedule} over "
-                       f"{self.micro_batches} micro-batches")
+                           f"{[f'{b.start}-{b.stop - 1}' for b in self.blocks]}, {t.pipeline_schedule} over "
+                           f"{self.micro_batches} micro-batches")
         return self.part, make_optimizer(self.part)
 
     def _loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -84,7 +84,7 @@ class TensorParallel(TorchDistributed):
         blocks = shard_blocks(model, mesh)
         self.wrapping = {"tensor_parallel": mesh.size(), "parallel_blocks": blocks}
         log_wrapping(self, f"{blocks} blocks split over {mesh.size()} ranks (q/k/v, MLP in: column; projections: row); "
-                       "embeddings, LayerNorms and head replicated")
+                           "embeddings, LayerNorms and head replicated")
         return model, make_optimizer(model)
 
     def global_grad_norm(self, grads):
@@ -114,7 +114,7 @@ class FSDPTensorParallel(TensorParallel):
         sharded = shard_fully(model, mesh["dp_shard"])
         self.wrapping = {"tensor_parallel": tp, "fsdp_replicas": replicas, "fully_shard_modules": sharded}
         log_wrapping(self, f"{replicas} FSDP replicas x {tp} tensor-parallel ranks; blocks split as tp, every "
-                       "parameter sharded over the replicas")
+                           "parameter sharded over the replicas")
         return model, make_optimizer(model)
 
     def accumulate(self, model, last):
