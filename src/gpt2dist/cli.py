@@ -164,6 +164,8 @@ def train(
                                                      callback=COUNT.callback)] = None,
     seed: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.seed=S.",
                                                 callback=Number(int, 0).callback)] = None,
+    size: Annotated[Optional[str], typer.Option(help="The preset's model at this size: GPT-2's small, medium, large "
+                                                "or xl, or a name of the preset's study.model_sizes (before --set).")] = None,
     hosts: Annotated[Optional[str], typer.Option(help="HOST:SLOTS,... : print the multi-node commands.")] = None,
     gpus: Annotated[Optional[int], typer.Option(help="With --hosts: GPUs per host, 0 for CPU hosts (default: "
                                                 "params.yaml's gpus_per_node, else this host's).",
@@ -213,7 +215,7 @@ def train(
                              nproc=sum(h.slots for h in host_list) if host_list else nproc or 1, params=params,
                              preset=preset, overrides=overrides, node_gpus=host_gpus, device=device,
                              nodes=spread, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
-                             resume_from=resume_from)
+                             resume_from=resume_from, size=size)
     if host_list:
         typer.echo("\n".join(runner.print_multinode(spec, host_list)))
         return
@@ -452,7 +454,7 @@ def plan(
     output_format: Annotated[str, typer.Option("--format", help="table (for a terminal, 100 columns), or csv or "
                                                "json: the whole table, every column, nothing else.")] = "table",
     model_sizes: Annotated[Optional[str], typer.Option("--sizes", help="GPT-2 sizes to plan the study's "
-                                                       "configurations at instead of the preset's model, e.g. "
+                                                       "configurations at instead of their own, e.g. "
                                                        "small,medium,large,xl.")] = None,
 ) -> None:
     """Before running: each configuration's predicted memory per rank and step time, the study's duration, and
@@ -460,7 +462,8 @@ def plan(
     import textwrap
 
     from gpt2dist.io import atomic_open
-    from gpt2dist.results.plan import USABLE_SHARE, fit_lines, plan_text
+    from gpt2dist.config.memory import USABLE_SHARE
+    from gpt2dist.results.plan import fit_lines, plan_text
     from gpt2dist.results.plan import plan as plan_table
 
     if output_format not in ("table", "csv", "json"):
@@ -492,9 +495,10 @@ def plan(
     say(f"Assumed: micro-batches of {t.micro_batch_size} sequences of {m.n_positions} tokens per rank, a global "
         f"batch of {t.global_batch_size} sequences (the rest by gradient accumulation), {t.max_steps} steps"
         + (f", compute at {mfu:.0%} MFU of the {gpu}'s peak." if on_gpus else ".") + "\n")
-    if not models:
+    by_size = "size" in table  # a study of model sizes, or --sizes: a table per size
+    if not by_size:
         typer.echo(plan_text(table, sizes if on_gpus else []))
-    for model_size, part in table.groupby("size", sort=False) if models else []:
+    for model_size, part in table.groupby("size", sort=False) if by_size else []:
         typer.echo(f"\nGPT-2 {model_size}, {part['parameters'].iloc[0] / 1e6:,.0f}M parameters:")
         ran = part[part["cannot_run"] == ""]
         if len(ran):
@@ -514,7 +518,7 @@ def plan(
             f"{hours:,.1f} hours (start-up, evaluation and checkpoints come on top).")
     else:
         say("Step time on CPUs: `gpt2dist estimate` times this machine.")
-    for line in fit_lines(table, sizes) if on_gpus and not models else []:
+    for line in fit_lines(table, sizes) if on_gpus and not by_size else []:
         say(line)
     if out:
         typer.echo(f"ok: {out}")

@@ -83,7 +83,7 @@ def train(study: Study, params: Path, shards: Path, run: Run, out: Path, timeout
     """`gpt2dist train` of one configuration with `--set` overrides; None when it succeeded, else its error line."""
     command = [sys.executable, "-m", "gpt2dist", "train", "--data", str(shards), "--out", str(out), "--params",
                str(params), "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
-               "--nproc", str(run.nproc), *run.node_args(), *(arg for value in sets for arg in ("--set", value))]
+               "--nproc", str(run.nproc), *run.size_args(), *run.node_args(), *(arg for value in sets for arg in ("--set", value))]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

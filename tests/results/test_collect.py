@@ -30,6 +30,7 @@ def runs_table(rates: dict[str, list[float]], disturbed: dict[str, str] | None =
             rows.append({"config_id": config, "strategy": run.strategy, "precision": run.precision,
                          "nproc": run.nproc, "nodes": run.nodes, "link_mbit": run.link_mbit or math.nan,
                          "emulated": run.nodes > 1,  # a cluster's nodes: pass emulated={config: False}
+                         **({"size": run.size} if run.size else {}),  # a study of sizes: every config has one
                          "repeat": repeat, "run_id": run.run_id,
                          **dict.fromkeys(SUMMARISED, rate), "param_bytes": 1.0, "grad_bytes": 1.0,
                          "optimizer_bytes": 2.0, "predicted_model_state_bytes": 4.0, "steps_to_target": 10.0,

@@ -121,18 +121,37 @@ def test_the_sizes_plan_names_what_fits_at_each_size(sizes_plan):
     assert text.count("GPT-2 ") >= 4 and "GPT-2 xl, 1,558M parameters:" in text
     assert "every configuration fits a 40 GB GPU" in text.split("GPT-2 medium")[0]
     xl = table[table["size"] == "xl"].set_index("config_id")
-    assert set(xl.index[xl["cannot_run"] != ""]) == {"tp-bf16-n4", "fsdp-tp-bf16-n8"}
-    assert "cannot run tp-bf16-n4: tp splits attention heads over 4 ranks, but model.n_head (25)" in text
+    assert set(xl.index[xl["cannot_run"] != ""]) == {"tp-bf16-n4-xl", "fsdp-tp-bf16-n8-xl"}
+    assert "cannot run tp-bf16-n4-xl: tp splits attention heads over 4 ranks, but model.n_head (25)" in text
     fits = xl[xl["cannot_run"] == ""]
     assert (fits["margin_40gb_gib"] < 0).all()
-    assert fits.loc["ddp-bf16-n8", "margin_40gb_checkpointed_gib"] < 0
-    assert (fits.drop(index="ddp-bf16-n8")["margin_40gb_checkpointed_gib"] > 0).all()
-    assert "ddp-bf16-n8 (39.5 GiB over; 2.9 GiB over with activation checkpointing too)" in text
+    assert fits.loc["ddp-bf16-n8-xl", "margin_40gb_checkpointed_gib"] < 0
+    assert (fits.drop(index="ddp-bf16-n8-xl")["margin_40gb_checkpointed_gib"] > 0).all()
+    assert "ddp-bf16-n8-xl (39.5 GiB over; 2.9 GiB over with activation checkpointing too)" in text
     # the control: the state the planner divides is the size's, so sharding's saving grows with the model
-    state = table.set_index(["size", "config_id"])["state_mib"]
-    assert state["xl", "ddp-bf16-n8"] / state["small", "ddp-bf16-n8"] == pytest.approx(
+    state = table.set_index("config_id")["state_mib"]
+    assert state["ddp-bf16-n8-xl"] / state["ddp-bf16-n8-small"] == pytest.approx(
         PUBLISHED_PARAMETERS["xl"] / PUBLISHED_PARAMETERS["small"], rel=0.01)
-    assert state["xl", "fsdp-bf16-n8"] == pytest.approx(state["xl", "ddp-bf16-n8"] / 8, rel=0.01)
+    assert state["fsdp-bf16-n8-xl"] == pytest.approx(state["ddp-bf16-n8-xl"] / 8, rel=0.01)
+
+
+def test_the_sizes_preset_plans_each_of_its_own_sizes():
+    """The issue's command: paper-sizes trains GPT-2 small to XL, so its plan names what fits at each size with
+    no --sizes; what its 80 GB GPUs cannot hold is dropped before the plan, saying why. The control: --sizes
+    plans every configuration at the sizes given instead (one heading)."""
+    done = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper-sizes", "--gpus", "8",
+                    "--memory-gb", "40")
+    text = " ".join(done.stdout.split())
+    for heading in ("GPT-2 small, 124M parameters:", "GPT-2 medium, 355M parameters:", "GPT-2 large, 774M parameters:",
+                    "GPT-2 xl, 1,558M parameters:"):
+        assert heading in text
+    assert "every configuration fits a 40 GB GPU; the tightest, ddp-bf16-n8-medium" in text
+    assert ("will not fit a 40 GB GPU: ddp-bf16-n8-large (11.0 GiB over; with train.activation_checkpointing=block "
+            "it fits") in text
+    assert "ddp-bf16-n8-xl (predicted peak 73.1 GiB per GPU" in done.stderr and "ddp-bf16-n8-xl" not in done.stdout
+    only_small = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper-sizes", "--gpus", "8",
+                          "--sizes", "small").stdout
+    assert only_small.count("GPT-2 ") == 1 and "tp-bf16-n4-small" in only_small
 
 
 def test_an_interleaved_pipeline_waits_a_smaller_bubble_and_holds_more_activations():

@@ -21,6 +21,10 @@ STEP_BYTES = 4  # AdamW keeps its step count as one float32 tensor per parameter
 # output and both MLP activations (12) are split by tensor parallelism.
 KEPT_WIDTHS, SPLIT_WIDTHS = 14, 12
 RESIDUAL_WIDTHS = 2  # the two LayerNorms' inputs, the float32 residual stream
+# What a GPU's allocations may take of its memory: the CUDA context and the caching allocator's fragmentation take
+# the rest (torch.cuda.max_memory_allocated, which the prediction stands for, counts neither)
+USABLE_SHARE = 0.9
+GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -88,3 +92,26 @@ def predict(spec: RunSpec) -> Memory:
     params, grads, optimizer = model_state(spec)
     buffers = describe(spec.strategy).buffer_bytes(spec) if spec.nproc > 1 else 0
     return Memory(params, grads, optimizer, activation_bytes_kept(spec), buffers)
+
+
+def usable_bytes(memory_gb: float) -> float:
+    """What a GPU of `memory_gb` GB leaves a run's allocations (USABLE_SHARE of it)."""
+    return memory_gb * 1e9 * USABLE_SHARE
+
+
+def with_checkpointed_blocks(spec: RunSpec) -> RunSpec:
+    """The same run with train.activation_checkpointing=block."""
+    return spec.model_copy(update={"train": spec.train.model_copy(update={"activation_checkpointing": "block"})})
+
+
+def overflow(spec: RunSpec, memory_gb: float) -> str | None:
+    """Why the run will not fit a GPU of `memory_gb` GB by the prediction, and whether recomputing each block's
+    activations would make it fit; None where it fits."""
+    peak, usable = predict(spec).peak, usable_bytes(memory_gb)
+    if peak <= usable:
+        return None
+    said = (f"predicted peak {peak / GIB:.1f} GiB per GPU, {USABLE_SHARE:.0%} of a {memory_gb:g} GB GPU is "
+            f"{usable / GIB:.1f} GiB")
+    if spec.train.activation_checkpointing == "none" and predict(with_checkpointed_blocks(spec)).peak <= usable:
+        said += "; it fits with train.activation_checkpointing=block"
+    return said

@@ -8,10 +8,11 @@ import copy
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from gpt2dist.config import machine
-from gpt2dist.config.schema import Preset, validation_message
+from gpt2dist.config.schema import ModelShape, Preset, validation_message
+from gpt2dist.config.sizes import shape_of
 from gpt2dist.errors import UsageError
 
 # Keys renamed since studies were first bundled: section -> {old name: new name}. A bundle keeps the params.yaml
@@ -52,22 +53,35 @@ def upgraded(raw: dict) -> dict:
 
 
 def resolve_preset(path: Path, requested: str | None = None, *, cuda: bool = False, cpu_bf16: str | None = None,
-                   overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Preset]:
+                   overrides: list[str] | tuple[str, ...] = (), size: str | None = None) -> tuple[str, Preset]:
     """The preset's name and its validated settings. `requested` None means params.yaml's `preset`;
     'auto' picks paper when `cuda` (CUDA GPUs are visible), else cpu, or its variant for CPUs that
-    emulate bf16 (EMULATED_BF16, where params.yaml has it) when `cpu_bf16` (default: this machine's) says so."""
+    emulate bf16 (EMULATED_BF16, where params.yaml has it) when `cpu_bf16` (default: this machine's) says so.
+    `size`: the model at that size (config.sizes), before the overrides (which may change it further)."""
     raw = read_params(path)
     name = requested or raw.get("preset", "auto")
     if name == "auto":
         emulated = (cpu_bf16 or machine.cpu_bf16()) == "emulated" and EMULATED_BF16 in raw["presets"]
         name = "paper" if cuda else EMULATED_BF16 if emulated else "cpu"
     tree = preset_tree(raw, path, name)
+    if size:
+        tree["model"] = {**(tree.get("model") or {}), **shape_of(size, _model_sizes(tree, path, name))}
     for assignment in overrides:
         _apply_override(tree, assignment)
     try:
         return name, Preset.model_validate(tree)
     except ValidationError as err:
         raise UsageError(f"{path} preset '{name}': {validation_message(err, Preset, '')}") from None
+
+
+def _model_sizes(tree: dict, path: Path, name: str) -> dict[str, ModelShape]:
+    """The preset's study.model_sizes, validated (a size is applied before the whole preset is)."""
+    study = tree.get("study")
+    try:
+        return TypeAdapter(dict[str, ModelShape]).validate_python(
+            study.get("model_sizes") or {} if isinstance(study, dict) else {})
+    except ValidationError as err:
+        raise UsageError(f"{path} preset '{name}': study.model_sizes: {err.errors()[0]['msg']}") from None
 
 
 def section_keys(path: Path, name: str) -> dict[str, list[str]]:

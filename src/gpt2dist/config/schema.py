@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -47,6 +48,18 @@ class ModelConfig(_Strict):
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         return self
+
+
+class ModelShape(_Strict):
+    """A model size by the three numbers GPT-2's sizes differ in; context and vocabulary stay the preset's."""
+
+    n_layer: int = Field(gt=0, le=1024)
+    n_head: int = Field(gt=0)
+    n_embd: int = Field(gt=0)
+
+
+# A size's name stands in configuration ids (ddp-bf16-n8-medium-r0): lower-case letters and digits, a letter first
+SIZE_NAME = r"^[a-z][a-z0-9]*$"
 
 
 class TrainConfig(_Strict):
@@ -165,6 +178,9 @@ class RunGroup(_Strict):
                           "needs root; CPU only, the nodes share its cores) instead of a cluster's. Implied by link_mbit.")
     link_mbit: list[float] = Field([], description="Emulated nodes' link bandwidth, Mbit/s each way, one run per "
                                    "value (empty: unshaped); only emulated links can be shaped, so it implies emulate.")
+    sizes: list[str] = Field([], description="Model sizes to train these runs at, one run per size: GPT-2's small, "
+                             "medium, large and xl, or a name of study.model_sizes (empty: the preset's model). Each "
+                             "size is ranked on its own.")
 
     @model_validator(mode="before")
     @classmethod
@@ -243,7 +259,20 @@ class StudyConfig(_Strict):
                                       "are disturbed, naming the command that re-runs them; null: mark them, leave "
                                       "them out of the statistics, and go on.")
     added_repeats: AddedRepeats = Field(default_factory=AddedRepeats)
+    gpu_memory_gb: float | None = Field(None, gt=0, description="Memory of the GPUs a study on GPUs is planned for, "
+                                        "GB: configurations whose predicted peak (config.memory) does not fit are "
+                                        "dropped, saying why; null: none is dropped for memory.")
+    model_sizes: dict[str, ModelShape] = Field({}, description="Sizes besides GPT-2's four that runs' `sizes` may "
+                                               "name, by depth, heads and width (the CPU presets' tiny ones).")
     runs: list[RunGroup] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _size_names(self) -> StudyConfig:
+        for name in self.model_sizes:
+            if not re.match(SIZE_NAME, name):
+                raise ValueError(f"model_sizes: '{name}' is no size name; use lower-case letters and digits, a "
+                                 "letter first (it stands in run ids)")
+        return self
 
 
 class Preset(_Strict):

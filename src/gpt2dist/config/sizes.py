@@ -4,8 +4,11 @@ traffic model, MFU and planning, without building the model."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
-from gpt2dist.config.schema import ModelConfig
+from pydantic import ValidationError
+
+from gpt2dist.config.schema import ModelConfig, ModelShape, validation_message
 from gpt2dist.errors import UsageError
 
 # GPT-2's four published sizes (Radford et al. 2019; transformers' gpt2, gpt2-medium, gpt2-large, gpt2-xl) by
@@ -13,12 +16,33 @@ from gpt2dist.errors import UsageError
 GPT2_SIZES = {"small": (12, 12, 768), "medium": (24, 16, 1024), "large": (36, 20, 1280), "xl": (48, 25, 1600)}
 
 
-def sized(m: ModelConfig, size: str) -> ModelConfig:
-    """`m` at one of GPT2_SIZES' depth, heads and width; its context and vocabulary stay."""
-    if size not in GPT2_SIZES:
-        raise UsageError(f"unknown model size '{size}' (GPT-2's: {', '.join(GPT2_SIZES)})")
-    n_layer, n_head, n_embd = GPT2_SIZES[size]
-    return m.model_copy(update={"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd})
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd")  # what a size sets of the model
+
+
+def shape_of(size: str, custom: Mapping[str, ModelShape] | None = None) -> dict[str, int]:
+    """Depth, heads and width of one of GPT2_SIZES or of a size of `custom` (a study's model_sizes)."""
+    custom = custom or {}
+    if size in GPT2_SIZES and size in custom:
+        raise UsageError(f"study.model_sizes names '{size}', which is GPT-2's {size}; give that shape another name")
+    if size in custom:
+        return custom[size].model_dump()
+    if size in GPT2_SIZES:
+        return dict(zip(SHAPE_KEYS, GPT2_SIZES[size]))
+    raise UsageError(f"unknown model size '{size}' (known: {', '.join([*GPT2_SIZES, *custom])}); name one of them, or "
+                     "add it to the preset's study.model_sizes with its n_layer, n_head and n_embd")
+
+
+def size_words(size: str) -> str:
+    """A size as tables and figures name it: 'GPT-2 medium', or 'model tiny' for a study's own."""
+    return f"GPT-2 {size}" if size in GPT2_SIZES else f"model {size}"
+
+
+def sized(m: ModelConfig, size: str, custom: Mapping[str, ModelShape] | None = None) -> ModelConfig:
+    """`m` at a size (shape_of); its context and vocabulary stay."""
+    try:
+        return ModelConfig.model_validate(m.model_dump() | shape_of(size, custom))
+    except ValidationError as err:
+        raise UsageError(f"model size '{size}': {validation_message(err, ModelConfig, 'model')}") from None
 
 
 # What tensor parallelism splits (training/strategies/tensor_parallel.py's plan): column-parallel layers (q/k/v,

@@ -45,9 +45,10 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
 def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: int, params: Path,
                preset: str | None, overrides: list[str], node_gpus: int | None = None, nodes: int = 1,
                device: str | None = None, keep_checkpoint: bool = True, stale_checkpoint: str = "fail",
-               resume_from: Path | None = None) -> RunSpec:
+               resume_from: Path | None = None, size: str | None = None) -> RunSpec:
     """The validated RunSpec; `device` defaults to what this machine has (cuda when visible), and the run is checked
-    against this machine's GPUs, or `node_gpus` per node where it is meant for other machines (--hosts)."""
+    against this machine's GPUs, or `node_gpus` per node where it is meant for other machines (--hosts). `size`: the
+    preset's model at that size (config.sizes)."""
     _choice(strategy, STRATEGY_NAMES, "--strategy")
     _choice(precision, PRECISIONS, "--precision")
     _choice(stale_checkpoint, ("fail", "restart"), "--stale-checkpoint")
@@ -70,7 +71,7 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
     here = device is None  # on this machine, with what it has
     gpus = cuda_gpus()
     device = device or ("cuda" if gpus else "cpu")
-    name, chosen = resolve_preset(params, preset, cuda=device == "cuda", overrides=overrides)
+    name, chosen = resolve_preset(params, preset, cuda=device == "cuda", overrides=overrides, size=size)
     if here and device == "cpu" and chosen.study.needs_gpus:
         raise UsageError(f"preset '{name}' is a study for GPU nodes and this machine has no CUDA GPU; train it on a "
                          "GPU node (print its commands for other machines with --hosts and --gpus), or choose a CPU "

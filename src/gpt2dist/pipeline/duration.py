@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
+from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.io import atomic_write_json
 from gpt2dist.pipeline.study import ESTIMATE_FILE, RUNS_DIR, Run, Study, configurations, pipeline_resume_cases
 
@@ -34,7 +35,10 @@ def launch_seconds(study: Study, calibration: Calibration, processes: int) -> fl
 
 
 def run_seconds(study: Study, calibration: Calibration, run: Run) -> float:
-    steps = study.preset.train.max_steps * calibration.step_s[run.precision]
+    """A run's launch and steps; a step of another model size than the one timed takes as much longer as its
+    FLOPs per token are more."""
+    larger = flops_per_token(study.model(run.size)) / flops_per_token(study.preset.model)
+    steps = study.preset.train.max_steps * calibration.step_s[run.precision] * larger
     return launch_seconds(study, calibration, run.processes) + steps
 
 

@@ -14,8 +14,10 @@ import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpt2dist.config.memory import overflow
 from gpt2dist.config.presets import resolve_preset, section_keys
-from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES, ModelConfig, Preset, RunSpec
+from gpt2dist.config.schema import PRECISIONS, SIZE_NAME, STRATEGY_NAMES, ModelConfig, Preset, RunSpec
+from gpt2dist.config.sizes import sized
 from gpt2dist.config.strategies import check_run, describe
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.imports import PACKAGE, code_closure
@@ -29,7 +31,8 @@ ESTIMATE_FILE = f"{RESULTS_DIR}/estimate.json"  # the study's expected duration,
 FIGURES = ("throughput", "scaling", "loss_deviation", "loss_vs_time", "memory", "time_ledger")
 LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links
 RUN_ID = re.compile(rf"^(?P<strategy>{'|'.join(map(re.escape, STRATEGY_NAMES))})-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
-                    r"-n(?P<nproc>\d+)(?:-(?P<nodes>\d+)nodes(?:-(?P<link>\d+(?:\.\d+)?)mbit)?)?-r(?P<repeat>\d+)$")
+                    rf"-n(?P<nproc>\d+)(?:-(?P<size>{SIZE_NAME[1:-1]}))?(?:-(?P<nodes>\d+)nodes(?:-(?P<link>\d+(?:\.\d+)?)mbit)?)?"
+                    r"-r(?P<repeat>\d+)$")
 # The modules each stage's command runs (ranks start as gpt2dist.launch.worker; a selftest runs
 # `gpt2dist train`). A stage's code is every module these can import (pipeline.imports), so a change
 # anywhere in what a stage runs re-runs it, and nobody keeps that list by hand.
@@ -50,9 +53,11 @@ def stage_code(stage: str) -> list[str]:
             for path in code_closure(STAGE_ENTRIES[stage])]
 
 
-def config_id(strategy: str, precision: str, nproc: int, nodes: int = 1, link_mbit: float | None = None) -> str:
-    """A configuration's name in run ids, tables and figures: ddp-bf16-n8, ddp-bf16-n8-2nodes-100mbit."""
-    base = f"{strategy}-{precision}-n{nproc}"
+def config_id(strategy: str, precision: str, nproc: int, nodes: int = 1, link_mbit: float | None = None,
+              size: str | None = None) -> str:
+    """A configuration's name in run ids, tables and figures: ddp-bf16-n8, ddp-bf16-n8-2nodes-100mbit, and at a model
+    size of the study's, ddp-bf16-n8-medium."""
+    base = f"{strategy}-{precision}-n{nproc}" + (f"-{size}" if size else "")
     if nodes == 1:
         return base
     return f"{base}-{nodes}nodes" + (f"-{link_mbit:g}mbit" if link_mbit else "")
@@ -67,10 +72,11 @@ class Run:
     nodes: int = 1  # above 1: a cluster's nodes (a SLURM allocation), or emulated ones
     link_mbit: float | None = None  # each emulated node's link; None: unshaped
     emulated: bool = False  # nodes emulated on this machine (launch/emulated.py)
+    size: str | None = None  # a model size of the study's (config.sizes); None: the preset's model
 
     @property
     def config_id(self) -> str:
-        return config_id(self.strategy, self.precision, self.nproc, self.nodes, self.link_mbit)
+        return config_id(self.strategy, self.precision, self.nproc, self.nodes, self.link_mbit, self.size)
 
     @property
     def run_id(self) -> str:
@@ -83,6 +89,10 @@ class Run:
         if not self.emulated:
             return ["--nodes", str(self.nodes)]
         return ["--emulate-nodes", str(self.nodes), *(["--link-mbit", f"{self.link_mbit:g}"] if self.link_mbit else [])]
+
+    def size_args(self) -> list[str]:
+        """`gpt2dist train` options that train this run's model size (none for the preset's model)."""
+        return ["--size", self.size] if self.size else []
 
     @property
     def processes_per_node(self) -> int:
@@ -99,7 +109,7 @@ def parse_run_id(text: str) -> Run:
     if not match:
         raise UsageError(f"'{text}' is not a run id like ddp-bf16-n2-r0")
     return Run(match["strategy"], match["precision"], int(match["nproc"]), int(match["repeat"]), int(match["nodes"] or 1),
-               float(match["link"]) if match["link"] else None)
+               float(match["link"]) if match["link"] else None, size=match["size"])
 
 
 @dataclass
@@ -118,12 +128,25 @@ class Study:
         """Repeats differ in seed, so the loss carries its own spread; strategies of one repeat share it."""
         return self.preset.train.seed + run.repeat
 
+    def model(self, size: str | None) -> ModelConfig:
+        return model_of(self.preset, size)
 
-def planned_spec(preset_name: str, preset: Preset, run: Run, device: str, model: ModelConfig | None = None) -> RunSpec:
-    """The run's spec as its training would read it, for checks and predictions made before it exists; `model`:
-    another size of the preset's (the planner's)."""
+    @property
+    def sizes(self) -> list[str | None]:
+        """The model sizes the study trains, in its order (None: the preset's model)."""
+        return list(dict.fromkeys(run.size for run in self.runs))
+
+
+def model_of(preset: Preset, size: str | None) -> ModelConfig:
+    """The model a run of this size trains: the preset's, at that size where it has one."""
+    return sized(preset.model, size, preset.study.model_sizes) if size else preset.model
+
+
+def planned_spec(preset_name: str, preset: Preset, run: Run, device: str) -> RunSpec:
+    """The run's spec as its training would read it (its model size included), for checks and predictions made
+    before it exists."""
     return RunSpec(data_dir="", out_dir="", preset=preset_name, strategy=run.strategy, precision=run.precision,
-                   nproc=run.nproc, nodes=run.nodes, device=device, model=model or preset.model, train=preset.train)
+                   nproc=run.nproc, nodes=run.nodes, device=device, model=model_of(preset, run.size), train=preset.train)
 
 
 def plan_study(params: Path, preset: str | None, gpus: int, nodes: int = 1, *, gpus_given: bool = True) -> Study:
@@ -136,14 +159,18 @@ def plan_study(params: Path, preset: str | None, gpus: int, nodes: int = 1, *, g
                          "has (snakemake --config gpus_per_node=8, gpt2dist --gpus 8, or gpus_per_node in params.yaml; "
                          "0 plans it for CPUs on purpose)")
     device = "cuda" if gpus else "cpu"
+    if len({bool(group.sizes) for group in chosen.study.runs}) > 1:
+        raise UsageError(f"presets.{name}.study.runs: some groups name model sizes and some do not; give every group "
+                         "its sizes (a study of sizes ranks each size on its own), or none")
     runs, dropped, labels = [], {}, {}
     for group in chosen.study.runs:
         if group.emulate and gpus:
             raise UsageError(f"presets.{name}.study.runs: emulated nodes (emulate: true) train on CPU; plan this "
                              "preset with gpus_per_node=0")
         links = group.link_mbit or [None]
-        for strategy, precision, nproc, link in itertools.product(group.strategies, group.precisions, group.nproc, links):
-            config = Run(strategy, precision, nproc, 0, group.nodes, link, group.emulate).config_id
+        for size, strategy, precision, nproc, link in itertools.product(group.sizes or [None], group.strategies,
+                                                                        group.precisions, group.nproc, links):
+            config = Run(strategy, precision, nproc, 0, group.nodes, link, group.emulate, size).config_id
             if group.label:
                 labels[config] = group.label
             if not group.emulate and group.nodes > nodes:
@@ -152,13 +179,16 @@ def plan_study(params: Path, preset: str | None, gpus: int, nodes: int = 1, *, g
             if gpus and nproc // group.nodes > gpus:
                 dropped[config] = f"{nproc // group.nodes} processes per node, a node has {gpus} GPUs"
                 continue
-            spec = planned_spec(name, chosen, Run(strategy, precision, nproc, 0, group.nodes), device)
             try:
+                spec = planned_spec(name, chosen, Run(strategy, precision, nproc, 0, group.nodes, size=size), device)
                 check_run(spec, gpus)
             except UsageError as exc:
                 raise UsageError(f"presets.{name}.study.runs: {config}: {exc}") from None
+            if gpus and chosen.study.gpu_memory_gb and (why := overflow(spec, chosen.study.gpu_memory_gb)):
+                dropped[config] = why
+                continue
             repeats = group.repeats or chosen.study.repeats
-            runs.extend(Run(strategy, precision, nproc, r, group.nodes, link, group.emulate) for r in range(repeats))
+            runs.extend(Run(strategy, precision, nproc, r, group.nodes, link, group.emulate, size) for r in range(repeats))
     ids = [run.run_id for run in runs]
     if len(set(ids)) != len(ids):
         raise UsageError(f"presets.{name}.study.runs lists a configuration twice")
@@ -335,7 +365,7 @@ def selftest_command(study: Study, run: Run, params: str = "params.yaml") -> str
 def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
     return _cmd("gpt2dist", "train", "--data", DATA_DIR, "--out", f"{RUNS_DIR}/{run.run_id}", "--params", params,
                 "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
-                "--nproc", run.nproc, "--seed", study.seed(run), *run.node_args(),
+                "--nproc", run.nproc, "--seed", study.seed(run), *run.size_args(), *run.node_args(),
                 # the tools re-run a job whose settings changed, and would keep every run's checkpoint
                 "--no-keep-checkpoint", "--stale-checkpoint", "restart")
 

@@ -50,8 +50,9 @@ log = logging.getLogger(__name__)
 # (AVX2 or AVX-512) through the same statistics, and a bundle must rebuild to the same bytes on either.
 CANONICAL_FLOAT = "%.10g"
 
-# link_mbit: NaN when unshaped; emulated: nodes emulated on one machine (False for one node and a cluster's)
-CONFIG_KEYS = ["config_id", "strategy", "precision", "nproc", "nodes", "emulated", "link_mbit"]
+# link_mbit: NaN when unshaped; emulated: nodes emulated on one machine (False for one node and a cluster's); size:
+# the model size, a column only in studies that train sizes of their own (config.sizes)
+CONFIG_KEYS = ["config_id", "strategy", "precision", "nproc", "size", "nodes", "emulated", "link_mbit"]
 SUMMARISED = ["tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "step_time_s", "step_time_p90_s",
               "time_per_epoch_s", "overhead_s", "peak_mem_bytes", "model_state_bytes", "final_val_loss",
               "final_val_ppl", "time_to_target_s", "energy_j_per_token", "energy_to_target_j"]
@@ -74,9 +75,21 @@ def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
     return record, pd.DataFrame([line for line in lines if line.get("kind") != "ledger"])  # run.json has the ledger
 
 
+def config_keys(frame: pd.DataFrame) -> list[str]:
+    """CONFIG_KEYS that `frame` has (size only where the study trains sizes)."""
+    return [key for key in CONFIG_KEYS if key in frame]
+
+
+def size_of(row: dict | pd.Series) -> str | None:
+    """A row's model size; None for the preset's model (no column, or NaN in it)."""
+    size = row.get("size")
+    return size if isinstance(size, str) else None
+
+
 def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, dict], dict[str, str]]:
     """The completed runs' lines in one table, their records, and why each other run is left out."""
     frames, records, missing = [], {}, {}
+    sizes = study.sizes != [None]
     for run in study.runs:
         try:
             record, lines = read_run(runs_dir / run.run_id)
@@ -90,12 +103,13 @@ def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, di
         table = train.merge(evals, on="step", how="outer")
         frames.append(table.assign(run_id=run.run_id, config_id=run.config_id, strategy=run.strategy,
                                    precision=run.precision, nproc=run.nproc, nodes=run.nodes, emulated=run.emulated,
-                                   link_mbit=run.link_mbit if run.link_mbit else math.nan, repeat=run.repeat))
+                                   link_mbit=run.link_mbit if run.link_mbit else math.nan, repeat=run.repeat,
+                                   **({"size": run.size} if sizes else {})))
     if not frames:
         first = next(iter(missing.values()))
         raise UsageError(f"no run of the study has completed ({len(missing)} missing; the first: {first})")
     table = pd.concat(frames, ignore_index=True).sort_values(["run_id", "step"], kind="stable")
-    first = ["run_id", *CONFIG_KEYS[1:], "repeat", "step"]
+    first = ["run_id", *config_keys(table)[1:], "repeat", "step"]
     return table[first + [c for c in table.columns if c not in first]], records, missing
 
 
@@ -128,7 +142,7 @@ def _predicted_state(record: dict) -> float:
 
 
 def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_tokens: int,
-            target: float) -> pd.DataFrame:
+            targets: dict[str | None, float]) -> pd.DataFrame:
     """One row per run: steady-state medians after warm-up, percentiles, memory, the final validation
     loss, the conditions it ran in, and whether they disturbed it."""
     excluded_steps = study.preset.study.excluded_steps
@@ -145,10 +159,10 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
         state = record.get("model_state_bytes") or {}
         measures = conditions_of(record, steady)
         wall = wall_seconds(record)
-        steps_to_target, time_to_target = to_target(run, target)
+        steps_to_target, time_to_target = to_target(run, targets[size_of(run.iloc[0])])
         per_token = energy_per_token(steady, int(run["nproc"].iloc[0]), record["tokens_per_step"])
         rows.append({
-            **run.iloc[0][CONFIG_KEYS].to_dict(), "run_id": run_id, "repeat": int(run["repeat"].iloc[0]),
+            **run.iloc[0][config_keys(run)].to_dict(), "run_id": run_id, "repeat": int(run["repeat"].iloc[0]),
             "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_device": tokens_per_s / run["nproc"].iloc[0],
             "samples_per_s": steady["samples_per_s"].median(),
@@ -185,25 +199,27 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
 
 
 def in_study_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows ordered single, dp, ddp, horovod, fsdp; then precision; then process count; then one
-    machine before emulated nodes, fastest link first."""
+    """Rows by model size in the study's order (where it trains sizes), then single, dp, ddp, horovod, fsdp; then
+    precision; then process count; then one machine before emulated nodes, fastest link first."""
     key = frame["strategy"].map(STRATEGY_NAMES.index) * 1000 + frame["precision"].map(PRECISIONS.index) * 100 + frame["nproc"]
     nodes = frame["nodes"] if "nodes" in frame else 1
     link = -frame["link_mbit"].fillna(math.inf) if "link_mbit" in frame else 0
-    ordered = frame.assign(_order=key, _nodes=nodes, _link=link).sort_values(["_order", "_nodes", "_link"], kind="stable")
-    return ordered.drop(columns=["_order", "_nodes", "_link"]).reset_index(drop=True)
+    size = frame["size"].map({s: i for i, s in enumerate(dict.fromkeys(frame["size"]))}) if "size" in frame else 0
+    ordered = frame.assign(_size=size, _order=key, _nodes=nodes, _link=link)
+    columns = ["_size", "_order", "_nodes", "_link"]
+    return ordered.sort_values(columns, kind="stable").drop(columns=columns).reset_index(drop=True)
 
 
 def baseline_of(row: dict, configs: set[str]) -> str | None:
     """What a configuration's speedup divides by. On one machine: the one-process run of the same precision,
     single's, else the strategy's own. Across a cluster's nodes: the same strategy and precision on one node
-    with the same processes per node, so the speedup is what the extra nodes bring. Never another precision:
-    dividing an fp16 run by an fp32 one would count the mixed-precision gain as scaling."""
-    strategy, precision = row["strategy"], row["precision"]
+    with the same processes per node, so the speedup is what the extra nodes bring. Never another precision
+    (dividing an fp16 run by an fp32 one would count the mixed-precision gain as scaling), nor another size."""
+    strategy, precision, size = row["strategy"], row["precision"], size_of(row)
     if row["nodes"] > 1 and not row["emulated"]:
-        candidates = [config_id(strategy, precision, row["nproc"] // row["nodes"])]
+        candidates = [config_id(strategy, precision, row["nproc"] // row["nodes"], size=size)]
     else:
-        candidates = [config_id(REFERENCE, precision, 1), config_id(strategy, precision, 1)]
+        candidates = [config_id(REFERENCE, precision, 1, size=size), config_id(strategy, precision, 1, size=size)]
     return next((candidate for candidate in candidates if candidate in configs), None)
 
 
@@ -219,11 +235,12 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
     """One row per configuration from its undisturbed runs. A configuration whose every run was
     disturbed is summarised from them all and says so (`from_disturbed`), never silently."""
     rows, used = [], {}
-    for keys, group in runs.groupby(CONFIG_KEYS, sort=False, dropna=False):
+    keys_of = config_keys(runs)
+    for keys, group in runs.groupby(keys_of, sort=False, dropna=False):
         quiet = group[group["disturbed"] == ""]
         chosen = quiet if len(quiet) else group
         used[keys[0]] = chosen.set_index("repeat")
-        row = dict(zip(CONFIG_KEYS, keys)) | {"repeats": len(chosen), "disturbed_runs": len(group) - len(quiet),
+        row = dict(zip(keys_of, keys)) | {"repeats": len(chosen), "disturbed_runs": len(group) - len(quiet),
                                               "from_disturbed": quiet.empty,
                                               "planned_repeats": sum(r.config_id == keys[0] for r in study.runs)}
         for metric in SUMMARISED:
@@ -259,18 +276,27 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
     added = summary["nproc"] / summary["baseline"].map(nproc).fillna(1)
     for column in ("", "_ci_low", "_ci_high"):
         summary[f"scaling_efficiency{column}"] = summary[f"speedup{column}"] / added
-    per_token = flops_per_token(study.preset.model)
-
     def utilisation(row) -> float:
         """Against the peak of the arithmetic this row ran (fp32 rows against the fp32 peak, not bf16's)."""
         peak = peak_flops(device_name, row["precision"]) if device_name else None
-        return mfu(row["tokens_per_s"], per_token, row["nproc"], peak) if peak else math.nan
+        if not peak:
+            return math.nan
+        return mfu(row["tokens_per_s"], flops_per_token(study.model(size_of(row))), row["nproc"], peak)
 
     summary["mfu"] = summary.apply(utilisation, axis=1)
-    reference = reference_rows(runs[runs["disturbed"] == ""])["steps_to_target"]
-    summary["numerics"] = [needs_more_steps(used[config]["steps_to_target"], reference)
-                           for config in summary["config_id"]]
+    reference = {size: reference_rows(part)["steps_to_target"]
+                 for size, part in by_size(runs[runs["disturbed"] == ""]).items()}
+    summary["numerics"] = [needs_more_steps(used[row["config_id"]]["steps_to_target"],
+                                            reference.get(size_of(row), pd.Series(dtype=float)))
+                           for row in summary.to_dict("records")]
     return with_predictions(summary, study.device, study.preset.train)
+
+
+def by_size(frame: pd.DataFrame) -> dict[str | None, pd.DataFrame]:
+    """`frame`'s rows per model size (one part, None, where the study trains only the preset's model)."""
+    if "size" not in frame:
+        return {None: frame}
+    return {size: part for size, part in frame.groupby("size", sort=False)}
 
 
 def hardware_of(record: dict) -> str:
@@ -349,8 +375,8 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
     table, records, missing = tidy_table(study, Path(runs_dir))
     train_tokens = read_meta(Path(data_dir))["splits"]["train"]["tokens"]
     hardware, gpu_name = hardware_label(records)
-    target = target_loss(table, study.preset.study.target_val_loss)
-    runs = per_run(table, records, study, train_tokens, target)
+    targets = {size: target_loss(part, study.preset.study.target_val_loss) for size, part in by_size(table).items()}
+    runs = per_run(table, records, study, train_tokens, targets)
     runs["disturbed"] = runs["disturbed"].where(runs["disturbed"] != "",
                                                 outliers(runs, study.preset.study.max_repeat_deviation))
     if not mixed_hardware:
@@ -374,7 +400,8 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
         "hardware": hardware,
         "device": study.device,
         "excluded_steps": study.preset.study.excluded_steps,
-        "target_val_loss": target,
+        # one target per model size: a larger model learns further in the same steps
+        "target_val_loss": targets[None] if list(targets) == [None] else targets,
         "versions": first["versions"],
         "code": code_of(records.values()),
         "dropped_configurations": study.dropped,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from gpt2dist.config.sizes import size_words
 from gpt2dist.config.strategies import BAI, PATWARDHAN, REFERENCE, STRATEGIES, called
 from gpt2dist.pipeline.study import config_id
 from gpt2dist.results.link_model import worst_error
@@ -43,7 +44,9 @@ class Tables:
     configurations (the one-node claims' rivals), `spread` those on emulated nodes, `across` those on a
     cluster's nodes."""
 
-    def __init__(self, runs: pd.DataFrame, summary: pd.DataFrame, link_model: pd.DataFrame | None = None):
+    def __init__(self, runs: pd.DataFrame, summary: pd.DataFrame, link_model: pd.DataFrame | None = None,
+                 size: str | None = None):
+        self.size = size  # the model size these tables hold, in a study of sizes (None: the preset's model)
         self.runs = runs[runs["disturbed"].fillna("") == ""]
         self.everything = summary.set_index("config_id")
         nodes = self.everything["nodes"] if "nodes" in self.everything else pd.Series(1, index=self.everything.index)
@@ -53,6 +56,10 @@ class Tables:
         self.spread = self.everything[(nodes > 1) & emulated]
         self.across = self.everything[(nodes > 1) & ~emulated]
         self.link_model = link_model if link_model is not None else pd.DataFrame()
+
+    def id(self, strategy: str, precision: str, nproc: int) -> str:
+        """A configuration of these tables' model size on one machine, by its parts."""
+        return config_id(strategy, precision, nproc, size=self.size)
 
     def usable(self, config: str) -> bool:
         return config in self.everything.index and not bool(self.everything.loc[config, "from_disturbed"])
@@ -123,13 +130,13 @@ def ddp_fastest_without_apex(t: Tables) -> Finding:
     n = t.one_node_max()
     if n < 2:
         return _untestable("the study has no multi-process runs")
-    return _fastest(t, f"{DDP}-fp32-n{n}", _configs(t, ["fp32"], n))
+    return _fastest(t, t.id(DDP, "fp32", n), _configs(t, ["fp32"], n))
 
 
 def apex_multiplies_horovod(t: Tables) -> Finding:
     n = t.one_node_max()
-    ddp_apex = next((c for c in _ddp_with_apex(t, n) if t.usable(c)), f"{DDP}-apex-O1-n{n}")
-    pairs = {HOROVOD: (f"{HOROVOD}-apex-O1-n{n}", f"{HOROVOD}-fp32-n{n}"), DDP: (ddp_apex, f"{DDP}-fp32-n{n}")}
+    ddp_apex = next((c for c in _ddp_with_apex(t, n) if t.usable(c)), t.id(DDP, "apex-O1", n))
+    pairs = {HOROVOD: (t.id(HOROVOD, "apex-O1", n), t.id(HOROVOD, "fp32", n)), DDP: (ddp_apex, t.id(DDP, "fp32", n))}
     if not all(t.usable(a) and t.usable(b) for a, b in pairs.values()):
         return _untestable(f"needs {HOROVOD} and {DDP} at n={n} with Apex and in fp32 (Apex needs CUDA GPUs)")
     gains = {s: t.ratio(a, b) for s, (a, b) in pairs.items()}
@@ -146,7 +153,7 @@ def apex_multiplies_horovod(t: Tables) -> Finding:
 
 def dp_slower_than_ddp(t: Tables) -> Finding:
     n = t.one_node_max()
-    dp, ddp = f"{DP}-fp32-n{n}", f"{DDP}-fp32-n{n}"
+    dp, ddp = t.id(DP, "fp32", n), t.id(DDP, "fp32", n)
     if n < 2 or not (t.usable(dp) and t.usable(ddp)):
         return _untestable(f"needs {DP} and {DDP} at n={n}, fp32")
     if t.runs.loc[t.runs["config_id"] == dp, "backend"].fillna("none").eq("none").all():
@@ -173,7 +180,7 @@ def _kept_on_slowest_link(t: Tables) -> tuple[float, dict[str, pd.Series]]:
     slowest = links["link_mbit"].min()
     kept = {}
     for config, row in links[links["link_mbit"] == slowest].iterrows():
-        one_machine = config_id(row["strategy"], row["precision"], row["nproc"])
+        one_machine = t.id(row["strategy"], row["precision"], row["nproc"])
         if t.usable(config) and t.usable(one_machine):
             kept[config] = t.per_round(config) / t.per_round(one_machine)
     return slowest, kept
@@ -296,7 +303,7 @@ def same_loss(t: Tables) -> Finding:
     s = t.everything
     worst, where = -1.0, None
     for config, row in s.iterrows():
-        reference = f"{REFERENCE}-{row['precision']}-n1"
+        reference = t.id(REFERENCE, row["precision"], 1)
         if config == reference or reference not in s.index:
             continue
         mine, theirs = t.per_round(config, "final_val_loss"), t.per_round(reference, "final_val_loss")
@@ -313,7 +320,7 @@ def same_loss(t: Tables) -> Finding:
 
 def ddp_between_single_and_fsdp(t: Tables) -> Finding:
     n = t.one_node_max()
-    ddp, fsdp, single = f"{DDP}-fp32-n{n}", f"{FSDP}-fp32-n{n}", f"{REFERENCE}-fp32-n1"
+    ddp, fsdp, single = t.id(DDP, "fp32", n), t.id(FSDP, "fp32", n), t.id(REFERENCE, "fp32", 1)
     if n < 2 or not all(t.usable(c) for c in (ddp, fsdp, single)):
         return _untestable(f"needs {REFERENCE}, {DDP} and {FSDP} in fp32 ({DDP} and {FSDP} at n={n})")
     over_single, over_fsdp = t.ratio(ddp, single), t.ratio(ddp, fsdp)
@@ -329,7 +336,7 @@ def ddp_between_single_and_fsdp(t: Tables) -> Finding:
 def tp_trades_throughput_for_memory(t: Tables) -> Finding:
     """tp against ddp at the same precision and the most processes both have."""
     s = t.summary
-    pairs = [(f"{TP}-{p}-n{n}", f"{DDP}-{p}-n{n}") for n in sorted(s["nproc"].unique(), reverse=True)
+    pairs = [(t.id(TP, p, n), t.id(DDP, p, n)) for n in sorted(s["nproc"].unique(), reverse=True)
              for p in s["precision"].unique()]
     usable = [(tp, ddp) for tp, ddp in pairs if t.usable(tp) and t.usable(ddp)]
     if not usable:
@@ -379,7 +386,19 @@ CLAIMS = [
 
 
 def check_claims(runs: pd.DataFrame, summary: pd.DataFrame, link_model: pd.DataFrame | None = None) -> list[dict]:
-    tables = Tables(runs, summary, link_model)
+    """Every claim's verdict; in a study of model sizes, every claim at each size, from that size's runs alone
+    (its key names the size, so stored studies are compared size by size)."""
+    if "size" not in summary:
+        return _judged(Tables(runs, summary, link_model))
+    results = []
+    for size, part in summary.groupby("size", sort=False):
+        links = link_model[link_model["config_id"].isin(part["config_id"])] if link_model is not None else None
+        results += [finding | {"claim": f"{finding['claim']}@{size}", "text": f"{size_words(size)}: {finding['text']}"}
+                    for finding in _judged(Tables(runs[runs["size"] == size], part, links, size))]
+    return results
+
+
+def _judged(tables: Tables) -> list[dict]:
     results = []
     for claim in CLAIMS:
         finding = claim.check(tables)

@@ -9,14 +9,16 @@ no GPU run has checked yet, and the plan says so.
 
 from __future__ import annotations
 
+import collections
 import math
+from dataclasses import replace
 
 import pandas as pd
 from tabulate import tabulate
 
-from gpt2dist.config.memory import predict
+from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
 from gpt2dist.config.schema import RunSpec
-from gpt2dist.config.sizes import flops_per_token, parameter_count, sized
+from gpt2dist.config.sizes import flops_per_token, parameter_count
 from gpt2dist.config.strategies import check_run, traffic
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import Study, configurations, planned_spec
@@ -24,10 +26,7 @@ from gpt2dist.results.link_model import INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER
 from gpt2dist.results.prediction import predicted_step_time
 from gpt2dist.system.hardware import peak_flops
 
-MIB, GIB = 2**20, 2**30
-# what a GPU's allocations may take of its memory: the CUDA context and the caching allocator's fragmentation
-# take the rest (torch.cuda.max_memory_allocated, which the prediction stands for, counts neither)
-USABLE_SHARE = 0.9
+MIB = 2**20
 
 
 def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float) -> float:
@@ -50,44 +49,42 @@ def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float) -> float:
 def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float], sizes: list[str] | None = None) -> pd.DataFrame:
     """One row per configuration: predicted bytes per rank by part, whether it fits each GPU memory size (with
     the margin) as it is and with activation checkpointing, and on GPUs the step time and the run's training time.
-    `sizes` (GPT-2's, config.sizes): a row per configuration and size, the preset's context and vocabulary kept; a
-    configuration that cannot run at a size (heads that do not divide over tensor-parallel ranks) says why in
-    `cannot_run` instead."""
+    A study of model sizes has a `size` and `parameters` column; `sizes` (config.sizes) plans every configuration
+    at each of those sizes instead of its own, the preset's context and vocabulary kept. A configuration that
+    cannot run at a size (heads that do not divide over tensor-parallel ranks) says why in `cannot_run`."""
     if not memory_gb or min(memory_gb) <= 0:
         raise UsageError("--memory-gb lists GPU memory sizes in GB, e.g. 80,40")
     t = study.preset.train
-    repeats = pd.Series([run.config_id for run in study.runs]).value_counts()
+    repeats = collections.Counter(run.config_id for run in study.runs)
+    # each configuration without its size: what --sizes plans at each size, with as many repeats as the study's
+    bare = {replace(run, size=None).config_id: replace(run, size=None) for run in configurations(study)}
+    repeats |= {config: repeats[run.config_id] for run in configurations(study)
+                if (config := replace(run, size=None).config_id) not in repeats}
+    planned = [replace(run, size=size) for size in sizes for run in bare.values()] if sizes else configurations(study)
     rows = []
-    for size in sizes or [None]:
-        model = sized(study.preset.model, size) if size else study.preset.model
-        for run in configurations(study):
-            spec = planned_spec(study.preset_name, study.preset, run, study.device, model)
-            row = {"size": size, "parameters": parameter_count(model)} if size else {}
-            row |= {"config_id": run.config_id, "strategy": run.strategy, "precision": run.precision,
-                    "nproc": run.nproc, "nodes": run.nodes, "repeats": int(repeats[run.config_id])}
-            if size:
-                try:
-                    check_run(spec, study.gpus)
-                except UsageError as refusal:
-                    rows.append(row | {"cannot_run": str(refusal)})
-                    continue
-                row["cannot_run"] = ""
-            memory = predict(spec)
-            row |= {"state_mib": memory.state / MIB, "activations_mib": memory.activations / MIB,
-                    "buffers_mib": memory.buffers / MIB, "peak_mib": memory.peak / MIB}
-            checkpointed = predict(with_checkpointed_blocks(spec)).peak
-            for gb in memory_gb:
-                row[f"margin_{gb:g}gb_gib"] = (gb * 1e9 * USABLE_SHARE - memory.peak) / GIB
-                row[f"margin_{gb:g}gb_checkpointed_gib"] = (gb * 1e9 * USABLE_SHARE - checkpointed) / GIB
-            step = gpu_step_seconds(spec, gpu, mfu) if study.device == "cuda" else math.nan
-            row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}
-            rows.append(row)
+    for run in planned:
+        row = {"size": run.size, "parameters": parameter_count(study.model(run.size))} if run.size else {}
+        row |= {"config_id": run.config_id, "strategy": run.strategy, "precision": run.precision,
+                "nproc": run.nproc, "nodes": run.nodes,
+                "repeats": repeats.get(run.config_id) or repeats[replace(run, size=None).config_id]}
+        try:
+            spec = planned_spec(study.preset_name, study.preset, run, study.device)
+            check_run(spec, study.gpus)
+        except UsageError as refusal:
+            rows.append(row | {"cannot_run": str(refusal)})
+            continue
+        row["cannot_run"] = ""
+        memory = predict(spec)
+        row |= {"state_mib": memory.state / MIB, "activations_mib": memory.activations / MIB,
+                "buffers_mib": memory.buffers / MIB, "peak_mib": memory.peak / MIB}
+        checkpointed = predict(with_checkpointed_blocks(spec)).peak
+        for gb in memory_gb:
+            row[f"margin_{gb:g}gb_gib"] = (usable_bytes(gb) - memory.peak) / GIB
+            row[f"margin_{gb:g}gb_checkpointed_gib"] = (usable_bytes(gb) - checkpointed) / GIB
+        step = gpu_step_seconds(spec, gpu, mfu) if study.device == "cuda" else math.nan
+        row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}
+        rows.append(row)
     return pd.DataFrame(rows)
-
-
-def with_checkpointed_blocks(spec: RunSpec) -> RunSpec:
-    """The same run with train.activation_checkpointing=block."""
-    return spec.model_copy(update={"train": spec.train.model_copy(update={"activation_checkpointing": "block"})})
 
 
 def plan_text(table: pd.DataFrame, memory_gb: list[float]) -> str:

@@ -28,6 +28,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES  # noqa: E402
+from gpt2dist.config.sizes import size_words  # noqa: E402
 from gpt2dist.config.strategies import REFERENCE  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
 from gpt2dist.pipeline.study import LINK_FIGURE  # noqa: E402
@@ -100,6 +101,11 @@ def _legend_below(fig: plt.Figure, handles: list, columns: int = 3) -> None:
 
 
 def _placement(row: dict) -> str:
+    model = f"{size_words(row['size'])}, " if isinstance(row.get("size"), str) else ""
+    return model + _spread(row)
+
+
+def _spread(row: dict) -> str:
     processes = f"{row['nproc']} process{'es' * (row['nproc'] > 1)}"
     nodes = row.get("nodes", 1)
     if pd.isna(nodes) or nodes == 1:
@@ -119,6 +125,17 @@ def ranked(summary: pd.DataFrame, column: str, ascending: bool) -> pd.DataFrame:
     data = data.assign(_group=data["placement"].map(groups.index))
     ordered = data.sort_values(["_group", column], ascending=[True, ascending], na_position="last", kind="stable")
     return ordered.drop(columns="_group").reset_index(drop=True)
+
+
+def _sized(frame: pd.DataFrame, *columns: str) -> list[str]:
+    """Grouping columns, with the model size where the study trains sizes of its own (lines of two sizes never
+    join)."""
+    return [*columns, *(["size"] if "size" in frame else [])]
+
+
+def _words(keys: tuple, *, nproc_at: int | None = None) -> str:
+    """A legend label from grouping keys: 'ddp bf16', 'ddp bf16 medium', with 'n=2' for a process count."""
+    return " ".join(f"n={key}" if i == nproc_at else str(key) for i, key in enumerate(keys))
 
 
 def _row_label(row: dict) -> str:
@@ -225,10 +242,11 @@ def scaling(runs, summary, metrics, title):
     panels = ((fast, "speedup", float, "speedup over the baseline (x), paired by repeat"),
               (efficient, "scaling_efficiency", lambda n: 1.0, "efficiency (speedup / processes)"))
     for ax, column, ideal, label in panels:
-        for (strategy, precision), group in data.groupby(["strategy", "precision"], sort=False):
+        for keys, group in data.groupby(_sized(data, "strategy", "precision"), sort=False):
+            strategy, precision = keys[:2]
             group = group.sort_values("nproc")
             ax.errorbar(group["nproc"], group[column], yerr=_error(group, column, 1.0), capsize=4,
-                        linestyle=LINES.get(precision, "-"), label=f"{strategy} {precision}", **style[strategy])
+                        linestyle=LINES.get(precision, "-"), label=_words(keys), **style[strategy])
         ax.plot(counts, [ideal(n) for n in counts], color="grey", linestyle=":", label="ideal")
         ax.set(xlabel="processes (GPUs on CUDA machines)", ylabel=label, xticks=counts)
     fast.set_title("Speedup")
@@ -252,12 +270,13 @@ def deviation_from_single(metrics: pd.DataFrame) -> pd.DataFrame:
     """|loss - single's loss| / single's loss per step and repeat, against `single` at the same precision
     (fp32's where the study has no single run at that precision): the equivalence claim, made visible."""
     train = metrics.dropna(subset=["loss"])
-    single = train[train["strategy"] == REFERENCE].set_index(["precision", "repeat", "step"])["loss"]
+    single = train[train["strategy"] == REFERENCE].set_index(_sized(train, "precision", "repeat", "step"))["loss"]
     rows = []
     for config, group in train[train["strategy"] != REFERENCE].groupby("config_id", sort=False):
         precision = group["precision"].iloc[0]
         reference = precision if precision in single.index.get_level_values(0) else "fp32"
-        keys = pd.MultiIndex.from_arrays([[reference] * len(group), group["repeat"], group["step"]])
+        keys = pd.MultiIndex.from_arrays([[reference] * len(group), group["repeat"], group["step"],
+                                          *([group["size"]] if "size" in group else [])])
         base = single.reindex(keys).to_numpy()
         rows.append(group.assign(reference=f"single {reference}",
                                  deviation=np.abs(group["loss"].to_numpy() - base) / np.abs(base)))
@@ -277,10 +296,11 @@ def loss_deviation(runs, summary, metrics, title):
     for ax, precision in zip(axes.flat, precisions):
         panel = data[data["precision"] == precision] if len(data) else data
         exact = []
-        for (strategy, nproc), group in (panel.groupby(["strategy", "nproc"], sort=False) if len(panel) else []):
+        for keys, group in (panel.groupby(_sized(panel, "strategy", "nproc"), sort=False) if len(panel) else []):
+            strategy, nproc = keys[:2]
             median = group.groupby("step")["deviation"].median()
             (line,) = ax.plot(median.index, median.clip(lower=EXACT_FLOOR).to_numpy(),
-                              linestyle=NPROC_LINES.get(nproc, "-"), markersize=3, label=f"{strategy} n={nproc}",
+                              linestyle=NPROC_LINES.get(nproc, "-"), markersize=3, label=_words(keys, nproc_at=1),
                               **style[strategy])
             handles.setdefault(line.get_label(), line)
             if (median == 0).all():
@@ -308,9 +328,10 @@ def loss_vs_time(runs, summary, metrics, title):
     data = data[data["repeat"] == data["repeat"].min()]  # wall-clock axes differ between repeats
     fig, ax = _figure(5.6)
     style = strategy_style()
-    for (strategy, precision, nproc), group in data.groupby(["strategy", "precision", "nproc"], sort=False):
+    for keys, group in data.groupby(_sized(data, "strategy", "precision", "nproc"), sort=False):
+        strategy, precision = keys[:2]
         ax.plot(group["elapsed_s"], group["loss"], linestyle=LINES.get(precision, "-"), markersize=3,
-                markevery=max(1, len(group) // 5), label=f"{strategy} {precision} n={nproc}", **style[strategy])
+                markevery=max(1, len(group) // 5), label=_words(keys, nproc_at=2), **style[strategy])
     ax.set(xlabel="wall-clock training time (s)", ylabel="training loss (nats/token)",
            title=f"Loss over time, first repeat\n{title}")
     _legend_below(fig, ax.get_legend_handles_labels()[0], columns=4)

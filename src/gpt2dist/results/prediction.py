@@ -43,11 +43,12 @@ def predicted_step_time(row: dict, single_step_s: float, device: str, train: Tra
 
 
 def with_predictions(summary: pd.DataFrame, device: str, train: TrainConfig) -> pd.DataFrame:
-    """The summary with predicted step time and both predictions' relative errors (predicted / measured - 1);
-    `train`: the study's, whose batch a pipeline splits into micro-batches."""
+    """The summary with predicted step time and both predictions' relative errors (predicted / measured - 1), each
+    from single's step at its own model size; `train`: the study's, whose batch a pipeline splits into micro-batches."""
     single = summary[(summary["strategy"] == REFERENCE) & (summary["nproc"] == 1)]
-    single_step = dict(zip(single["precision"], single["step_time_s"]))
-    predicted = [predicted_step_time(row, single_step.get(row["precision"], math.nan), device, train)
+    sizes = single["size"] if "size" in single else [None] * len(single)  # single's step at each model size
+    single_step = dict(zip(zip(single["precision"], sizes), single["step_time_s"]))
+    predicted = [predicted_step_time(row, single_step.get((row["precision"], row.get("size")), math.nan), device, train)
                  for row in summary.to_dict("records")]
     return summary.assign(
         predicted_step_time_s=predicted,

@@ -11,15 +11,22 @@ import math
 
 import pandas as pd
 
+from gpt2dist.config.sizes import size_words
 from gpt2dist.config.strategies import REFERENCE, describe
 from gpt2dist.results.statistics import LEVEL, paired_ratio, ratio_text, verdict
 from gpt2dist.results.time_ledger import why_slower, why_text
 
-PLACEMENT = ["nproc", "nodes", "emulated", "link_mbit"]
+PLACEMENT = ["size", "nproc", "nodes", "emulated", "link_mbit"]  # size: where a study trains sizes of its own
 SAME_TIER = {"not distinguishable", "faster"}  # "faster": ahead round by round though behind on average
 
 
-def _placement(row: dict) -> str:
+def placement_words(row: dict) -> str:
+    """Where a configuration ran, in words: its model size (in a study of sizes), processes, nodes and link."""
+    model = f"{size_words(row['size'])}, " if isinstance(row.get("size"), str) else ""
+    return model + _spread(row)
+
+
+def _spread(row: dict) -> str:
     processes = f"{row['nproc']} process{'es' if row['nproc'] > 1 else ''}"
     nodes = row.get("nodes") or 1
     if nodes == 1:
@@ -48,8 +55,11 @@ def rank(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
             gap = "one repeat planned"  # not the machine's fault: the study asked for one
         return {"vs_fastest": value, "vs_fastest_ci_low": low, "vs_fastest_ci_high": high, "gap": gap, "pairs": pairs}
 
-    overall = summary.sort_values("tokens_per_s", ascending=False).iloc[0].to_dict()
+    fastest = summary.sort_values("tokens_per_s", ascending=False)
     columns = [c for c in PLACEMENT if c in summary]
+    if "size" in summary:  # sizes in the study's order (the summary's), not by name
+        order = {size: i for i, size in enumerate(dict.fromkeys(summary["size"]))}
+        summary, columns = summary.assign(_size=summary["size"].map(order)), ["_size", *columns[1:]]
     groups = summary.groupby(columns, dropna=False, sort=True)
     answer = []
     for _, group in groups:
@@ -68,11 +78,13 @@ def rank(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
             else:
                 entry |= against(row, best, level) | {"ledger_gap_s": why_slower(row, best)}
             rows.append({key: _json_safe(value) for key, value in entry.items()})
-        # the placement's best against the study's fastest: does adding processes pay at all?
+        # the placement's best against the study's fastest (at its size): does adding processes pay at all?
+        overall = (fastest[fastest["size"] == best["size"]] if "size" in fastest else fastest).iloc[0].to_dict()
         versus = None if best["config_id"] == overall["config_id"] else {
             "config_id": overall["config_id"], **{k: _json_safe(v) for k, v in against(best, overall).items()}}
-        answer.append({"placement": _placement(best), "nproc": int(best["nproc"]), "level": level,
-                       "ranked": rows, "vs_study_fastest": versus})
+        answer.append({"placement": placement_words(best), "nproc": int(best["nproc"]), "level": level,
+                       "ranked": rows, "vs_study_fastest": versus,
+                       **({"size": best["size"]} if "size" in best else {})})
     return answer
 
 
@@ -153,6 +165,11 @@ def _line(row: dict, best: dict) -> str:
     return f"- {_name(row)}{twin}: {_ratio(row)} of {_name(best)}, {GAP_WORDS[row['gap']]}{why}"
 
 
+def _fastest_words(group: dict) -> str:
+    """What a placement's best is set against: the study's fastest, or in a study of sizes its size's."""
+    return f"fastest at {size_words(group['size'])}" if group.get("size") else "study's fastest"
+
+
 def answer_markdown(answer: list[dict]) -> str:
     """'The answer' section: per placement, its tiers (a single fastest only when it is beyond the noise of
     every other), each configuration's share of the top one's throughput, and what could not be placed."""
@@ -161,7 +178,8 @@ def answer_markdown(answer: list[dict]) -> str:
         best, *others = group["ranked"]
         versus = group.get("vs_study_fastest")
         beside = "" if versus is None else (
-            f" That is {_ratio(versus)} of the study's fastest, {versus['config_id']}: {GAP_WORDS[versus['gap']]}.")
+            f" That is {_ratio(versus)} of the {_fastest_words(group)}, {versus['config_id']}: "
+            f"{GAP_WORDS[versus['gap']]}.")
         top = [row for row in group["ranked"] if row.get("tier") == 1]
         placed = [row for row in group["ranked"] if row.get("tier")]
         if not others:

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from gpt2dist.config.memory import predict
+from gpt2dist.config.memory import GIB, predict, usable_bytes
 from gpt2dist.config.schema import STRATEGY_NAMES, Preset, RunSpec
 from gpt2dist.config.strategies import REFERENCE, check_run
 from gpt2dist.errors import UsageError
 from gpt2dist.results.inputs import read_csv, read_summary
-from gpt2dist.results.plan import GIB, USABLE_SHARE, gpu_step_seconds
+from gpt2dist.results.plan import gpu_step_seconds
 
 MIN_ERRORS = 3
 LOW, HIGH = 0.05, 0.95
@@ -118,7 +118,7 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
         low, high = (spread.quantile(LOW), spread.quantile(HIGH)) if len(spread) else (math.nan, math.nan)
         hours = tokens / tokens_per_step * step * correction / 3600
         peak_bytes = predict(spec).peak
-        rows.append({"strategy": strategy, "gpus": n, "fits": peak_bytes <= memory_gb * 1e9 * USABLE_SHARE,
+        rows.append({"strategy": strategy, "gpus": n, "fits": peak_bytes <= usable_bytes(memory_gb),
                      "peak_gib": peak_bytes / GIB, "step_ms": step * correction * 1e3, "hours": hours,
                      "hours_low": hours / (1 + high), "hours_high": hours / (1 + low), "errors_from": len(spread),
                      "note": ""})

@@ -206,17 +206,21 @@ Worst error of the model on these links: {_num(worst, '.0%')}.
 """
 
 
-def convergence_markdown(configs: pd.DataFrame, target: float | None) -> str:
-    """Time (and energy, where GPUs report power) to the target validation loss, and the numerics check."""
-    if "time_to_target_s" not in configs or target is None or _missing(target):
+def convergence_markdown(configs: pd.DataFrame, target: float | dict[str, float | None] | None) -> str:
+    """Time (and energy, where GPUs report power) to the target validation loss, and the numerics check; `target`:
+    the study's, or one per model size where it trains sizes of its own."""
+    targets = {size: value for size, value in (target if isinstance(target, dict) else {"": target}).items()
+               if value is not None and not _missing(value)}
+    if "time_to_target_s" not in configs or not targets:
         return ""  # collected before time to target existed, or no single fp32 run to set the target
+    target_text = "; ".join(f"{value:.4f}" + (f" for {size}" if size else "") for size, value in targets.items())
     steps, everyone = set(configs["steps_to_target"]), bool((configs["reached_target"] == configs["repeats"]).all())
     if everyone and len(steps) == 1 and not configs.empty:
         table = (f"Every configuration reached the target in each repeat counted, at step {steps.pop():.0f}, its "
                  "first evaluation at or below it, so time to the target only restates throughput here: a lower "
                  "target or more frequent evaluations (train.eval_interval) would let it tell configurations apart.")
     else:
-        rows = [[row["strategy"], row["precision"], row["nproc"],
+        rows = [[*([row["size"]] if "size" in row else []), row["strategy"], row["precision"], row["nproc"],
                  f"{row['reached_target']:.0f} of {row['repeats']:.0f}",
                  _num(row["steps_to_target"], ",.0f"), _with_ci(row, "time_to_target_s", ",.2f"),
                  _with_ci(row, "energy_to_target_j", ",.0f")
@@ -224,7 +228,7 @@ def convergence_markdown(configs: pd.DataFrame, target: float | None) -> str:
                  row.get("numerics") if isinstance(row.get("numerics"), str) and row.get("numerics") else "no"]
                 for row in configs.to_dict("records")]
         rows, headers, left_out = without_empty_columns(rows, [
-            "strategy", "precision", "processes", "reached", "steps (median)", "training s to target (95% interval)",
+            *(["size"] if "size" in configs else []), "strategy", "precision", "processes", "reached", "steps (median)", "training s to target (95% interval)",
             "J to target (95% interval)", "needs more steps than single fp32?"])
         table = f"{left_out}\n\n" * bool(left_out) + tabulate(rows, headers=headers, tablefmt="github")
     flagged = [f"{row['strategy']} {row['precision']} x{row['nproc']}" for row in configs.to_dict("records")
@@ -232,7 +236,7 @@ def convergence_markdown(configs: pd.DataFrame, target: float | None) -> str:
     return f"""## Time to the target loss
 
 Throughput rewards a configuration whose speed comes from changed numerics even if it learns less per step, so
-each run is also timed to its first evaluation at or below a validation loss of {target:.4f} (study.target_val_loss;
+each run is also timed to its first evaluation at or below a validation loss of {target_text} (study.target_val_loss;
 by default 1% above the worst final validation loss of single's fp32 runs). Training seconds count the steps
 before that evaluation; steps are resolved to the evaluation interval. A configuration needs more steps than
 single fp32 when a repeat never reached the target, or when a one-sided Welch t-test over the repeats says so at
@@ -280,13 +284,15 @@ def ledger_markdown(configs: pd.DataFrame) -> str:
         if any(_missing(row.get(c)) for c in columns):
             continue
         step = sum(row[c] for c in columns)
-        rows.append([row["strategy"], row["precision"], row["nproc"], _num(step * 1e3, ",.1f"),
+        rows.append([*([row.get("size")] if "size" in row else []), row["strategy"], row["precision"], row["nproc"],
+                     _num(step * 1e3, ",.1f"),
                      *(_num(row[c] / step, ".0%") for c in columns),
                      _num(row.get("traced_collective_bytes_per_step"), ",.2f", 2**20),
                      _num(row.get("comm_bytes_per_step"), ",.2f", 2**20)])
     if not rows:
         return ""
-    table = tabulate(rows, headers=["strategy", "precision", "processes", "traced step ms",
+    table = tabulate(rows, headers=[*(["size"] if "size" in configs else []), "strategy", "precision", "processes",
+                                    "traced step ms",
                                     *(PART_WORDS[c.removeprefix(LEDGER)] for c in columns),
                                     "collective payload MiB/step (traced)", "sent MiB/step (model)"],
                      tablefmt="github")
@@ -310,8 +316,10 @@ def summary_markdown(summary: dict, others: list[dict] = ()) -> str:
     configs = in_study_order(pd.DataFrame(summary["configs"].values())).to_dict("records")
     named = any(row.get("label") for row in configs)  # a paper preset: its names for the rows come first
     spread = any((row.get("nodes") or 1) > 1 for row in configs)  # a study with runs on several nodes
+    sized = any("size" in row for row in configs)  # a study of model sizes of its own
     rows = [
-        [*([row.get("label") or ""] if named else []), row["strategy"], row["precision"], row["nproc"],
+        [*([row.get("label") or ""] if named else []), *([row.get("size") or ""] if sized else []), row["strategy"],
+         row["precision"], row["nproc"],
          *([_where(row)] if spread else []), row["repeats"],
          _mark(row),
          _with_ci(row, "tokens_per_s", ",.0f"), _speedup(row),
@@ -323,7 +331,8 @@ def summary_markdown(summary: dict, others: list[dict] = ()) -> str:
         for row in configs
     ]
     rows, headers, left_out = without_empty_columns(rows, [
-        *(["paper's name"] if named else []), "strategy", "precision", "processes", *(["where"] if spread else []),
+        *(["paper's name"] if named else []), *(["size"] if sized else []), "strategy", "precision", "processes",
+        *(["where"] if spread else []),
         "repeats", "disturbed", "tokens/s (95% interval)", "speedup (95% interval): vs baseline", "efficiency",
         "step ms p50", "step ms p90", "overhead s", "model state MiB/rank", "sent MiB/step", "peak MiB",
         "final val loss", "MFU"])
