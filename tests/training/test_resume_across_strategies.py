@@ -1,6 +1,7 @@
 """A run continues under another strategy and process count (`gpt2dist train --resume-from`): one chain of
-runs passes the training on, two steps each, through every strategy the engine runs on CPU, from one process
-to four and back, and follows single's uninterrupted run step for step (fp32, the equivalence tolerance).
+runs passes the training on, two steps each, through every strategy the engine runs on CPU (and each pipeline
+schedule), from one process to four and back, and follows single's uninterrupted run step for step (fp32, the
+equivalence tolerance).
 Its control: a checkpoint whose AdamW moments were lost continues off that curve. What cannot be continued is
 refused, saying why: another computation, or a path with no checkpoint. (Apex amp's optimizer state, kept by
 position, is refused too: a GPU path, training.checkpoint's own check.)"""
@@ -15,18 +16,27 @@ from conftest import TINY_PRESET, final_params, gpt2dist, read_metrics, run_reco
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-# each strategy once as the one continued and once as the one continuing
-CHAIN = [("single", 1), ("ddp", 2), ("horovod", 2), ("zero1", 2), ("fsdp", 2), ("hsdp", 4), ("tp", 2), ("fsdp-tp", 4),
-         ("zero2", 2), ("pp", 2), ("dp", 1), ("single", 1)]
+
+def schedule(name: str) -> tuple[str, ...]:
+    return ("--set", f"train.pipeline_schedule={name}")
+
+
+# each strategy (and pipeline schedule) once as the one continued and once as the one continuing: strategy,
+# processes, its options
+CHAIN = [("single", 1, ()), ("ddp", 2, ()), ("horovod", 2, ()), ("zero1", 2, ()), ("fsdp", 2, ()), ("hsdp", 4, ()),
+         ("tp", 2, ()), ("fsdp-tp", 4, ()), ("zero2", 2, ()), ("pp", 2, ()), ("pp", 2, schedule("interleaved-1f1b")),
+         ("pp", 2, schedule("zero-bubble")), ("pp", 2, schedule("gpipe")), ("dp", 1, ()), ("single", 1, ())]
 STEPS_EACH = 2
 # The cosine decay is laid out over max_steps: a flat tail (min_lr = lr) makes the learning rate a function of
-# the step alone, so links of 2, 4, 6, ... steps and the whole run of 18 apply the same one.
-FLAT = ("--set", f"train.min_lr={TINY_PRESET['train']['lr']}")
+# the step alone, so links of 2, 4, 6, ... steps and the whole run apply the same one. Four blocks: two
+# stages of two blocks per rank for the interleaved schedules.
+FLAT = ("--set", f"train.min_lr={TINY_PRESET['train']['lr']}", "--set", "model.n_layer=4")
 TIMEOUT_S = 240
 
 
-def continued(shards, params_file, out, strategy: str, nproc: int, steps: int, previous=None, check=True):
-    extra = [*FLAT, "--max-steps", str(steps), *(["--resume-from", str(previous)] if previous else [])]
+def continued(shards, params_file, out, strategy: str, nproc: int, options: tuple[str, ...], steps: int,
+              previous=None, check=True):
+    extra = [*FLAT, *options, "--max-steps", str(steps), *(["--resume-from", str(previous)] if previous else [])]
     return gpt2dist(*train_args(shards, params_file, out, strategy, *extra, nproc=nproc), check=check,
                     timeout=TIMEOUT_S)
 
@@ -41,7 +51,7 @@ def off_curve(expected: list[dict], got: list[dict]) -> list[tuple]:
 @pytest.fixture(scope="module")
 def whole(shards, params_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("whole")
-    continued(shards, params_file, out, "single", 1, STEPS_EACH * len(CHAIN))
+    continued(shards, params_file, out, "single", 1, (), STEPS_EACH * len(CHAIN))
     return out
 
 
@@ -49,9 +59,10 @@ def whole(shards, params_file, tmp_path_factory):
 def chain(shards, params_file, tmp_path_factory) -> list:
     """The chain's run directories, link by link, each continuing the one before."""
     root, links = tmp_path_factory.mktemp("chain"), []
-    for link, (strategy, nproc) in enumerate(CHAIN):
+    for link, (strategy, nproc, options) in enumerate(CHAIN):
         out = root / f"{link}-{strategy}-n{nproc}"
-        continued(shards, params_file, out, strategy, nproc, STEPS_EACH * (link + 1), links[-1] if links else None)
+        continued(shards, params_file, out, strategy, nproc, options, STEPS_EACH * (link + 1),
+                  links[-1] if links else None)
         links.append(out)
     return links
 
