@@ -58,14 +58,14 @@ def test_the_micro_steps_read_nothing_back(shards, params_file, tmp_path):
 def test_a_loss_read_back_every_micro_step_is_counted(shards, params_file, tmp_path, monkeypatch):
     """The control: the fault an engine most often carries, the loss read per micro-step for a log line."""
     engine = trainer(shards, params_file, tmp_path)
-    forward_backward = engine.strategy.forward_backward
+    forward = engine.strategy.forward
 
     def logging_each_micro_step(*args, **kwargs):
-        loss = forward_backward(*args, **kwargs)
+        loss = forward(*args, **kwargs)
         print(f"micro-step loss {loss.item():.4f}")
         return loss
 
-    monkeypatch.setattr(engine.strategy, "forward_backward", logging_each_micro_step)
+    monkeypatch.setattr(engine.strategy, "forward", logging_each_micro_step)
     with ReadBacks() as counted:
         engine.train_step(0)
     assert len(counted.seen) == engine.strategy.degrees.grad_accum_steps >= 2

@@ -5,7 +5,6 @@ difference between strategies in the results comes from those two choices alone.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import sys
@@ -144,10 +143,14 @@ class Trainer:
                 inputs = inputs.to(device, non_blocking=True)
                 targets = targets.to(device, non_blocking=True)
                 last = micro == accum - 1
-                backward = functools.partial(precision.backward, optimizer=self.optimizer, last=last,
-                                             sync_grads=lambda: strategy.sync_grads(self.optimizer))
                 with strategy.accumulate(self.model, last):
-                    loss_sum += strategy.forward_backward(self.loss, inputs, targets, accum, backward).float()
+                    loss = strategy.forward(self.loss, inputs, targets, accum)
+                    if not strategy.schedules_backward:
+                        with precision.scaled(loss, self.optimizer, last=last) as scaled:
+                            scaled.backward()
+                            if last:  # before the gradients are unscaled, clipped or stepped
+                                strategy.sync_grads(self.optimizer)
+                loss_sum += loss.detach().float()
             clip = spec.train.grad_clip or math.inf
             grad_norm = strategy.clip_grad_norm(precision.master_params(self.model, self.optimizer), clip)
             with strategy.step_context(self.optimizer):

@@ -2,15 +2,15 @@
 
 fp32 and bf16 need no scaling; fp16 uses torch.amp's GradScaler (ShardedGradScaler under
 FSDP, so every rank agrees on skipping a step); apex-O1/O2 use NVIDIA Apex amp, the
-study's mixed-precision recipe. A strategy passes `sync_grads`, called after the last
-backward of a step and before unscaling, because Horovod reduces gradients
-asynchronously and must finish before anything reads them.
+study's mixed-precision recipe. Backward runs inside `scaled`, which unscales the gradients
+as the step's last micro-step leaves it: whatever must finish before the gradients are read
+(Horovod's asynchronous reductions) goes inside, after backward.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -74,12 +74,13 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
-    def backward(self, loss: torch.Tensor, optimizer, *, last: bool, sync_grads: Callable[[], None]) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
-        if last:
-            sync_grads()
-            if self.scaler:
-                self.scaler.unscale_(optimizer)
+    @contextlib.contextmanager
+    def scaled(self, loss: torch.Tensor, optimizer, *, last: bool) -> Iterator[torch.Tensor]:
+        """The loss to call backward on; leaving after the step's `last` micro-step unscales the gradients
+        (for clipping), which each micro-step before it leaves scaled."""
+        yield self.scaler.scale(loss) if self.scaler else loss
+        if last and self.scaler:
+            self.scaler.unscale_(optimizer)
 
     def master_params(self, model: nn.Module, optimizer) -> Iterable[torch.Tensor]:
         return model.parameters()
@@ -123,12 +124,12 @@ class ApexPrecision(Precision):
     def autocast(self):
         return contextlib.nullcontext()  # amp patched the model in prepare()
 
-    def backward(self, loss, optimizer, *, last, sync_grads):
-        # Horovod's recipe: synchronize inside scale_loss, before amp unscales on exit.
+    @contextlib.contextmanager
+    def scaled(self, loss, optimizer, *, last):
+        # Apex's own context: it unscales on exit unless told to delay (every micro-step but the last), which is
+        # why Horovod's synchronize goes inside it (Horovod's Apex recipe)
         with self.amp.scale_loss(loss, optimizer, delay_unscale=not last) as scaled:
-            scaled.backward()
-            if last:
-                sync_grads()
+            yield scaled
 
     def master_params(self, model, optimizer):
         return self.amp.master_params(optimizer)

@@ -46,6 +46,8 @@ class Strategy:
     # Whether all parameters are tensors of one kind (plain, or DTensors on one mesh), as AdamW's
     # foreach and fused kernels need: they take all parameters as one list.
     uniform_parameters: bool = True
+    # Whether `forward` runs backward too (a pipeline's schedule interleaves both over its micro-batches)
+    schedules_backward: bool = False
 
     def __init__(self, spec: RunSpec):
         self.spec = spec
@@ -86,20 +88,16 @@ class Strategy:
         """Context for one micro-step's forward and backward; skips gradient sync unless last."""
         return contextlib.nullcontext()
 
-    def forward_backward(self, loss_module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, accum: int,
-                         backward: Callable[[torch.Tensor], None]) -> torch.Tensor:
-        """One micro-step: the mean loss of these rows divided by accum, backpropagated through the
-        precision's `backward`; returns it detached. Pipeline parallelism runs its schedule here instead."""
-        loss = lm_loss(loss_module, inputs, targets) / accum  # the loss module enters autocast
-        backward(loss)
-        return loss.detach()
+    def forward(self, loss_module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, accum: int) -> torch.Tensor:
+        """One micro-step's loss: the mean over these rows divided by accum (the loop runs its backward)."""
+        return lm_loss(loss_module, inputs, targets) / accum  # the loss module enters autocast
 
     def evaluate_loss(self, loss_module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean loss of these rows, forward only."""
         return lm_loss(loss_module, inputs, targets)
 
     def sync_grads(self, optimizer) -> None:
-        """Block until gradients are reduced (Horovod reduces asynchronously)."""
+        """Block until the step's gradients are reduced (Horovod reduces asynchronously)."""
 
     def step_context(self, optimizer) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()

@@ -96,6 +96,7 @@ class Stage(nn.Module):
 class PipelineParallel(TorchDistributed):
     name = "pp"
     compile_conflict = "the pipeline schedule drives each stage's forward and backward itself"
+    schedules_backward = True
 
     def prepare(self, model, make_optimizer, precision):
         place = self.placement
@@ -140,7 +141,8 @@ class PipelineParallel(TorchDistributed):
         return self.part.transformer.wte.weight if self.part.first else self.part.lm_head.weight if self.part.last \
             else None
 
-    def forward_backward(self, loss_module, inputs, targets, accum, backward):
+    def forward(self, loss_module, inputs, targets, accum):
+        """The schedule over the whole batch, backward included; the loss detached."""
         place = self.placement
         losses: list[torch.Tensor] = []
         ends = {"target": targets, "losses": losses} if self.part.last else {}
