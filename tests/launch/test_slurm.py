@@ -11,10 +11,10 @@ import pytest
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.slurm import Container, container_from_env, horovod_launch, launch_command, srun_command
-from gpt2dist.pipeline.study import Run
+from gpt2dist.pipeline.study import Run, plan_study, slurm_request
 from gpt2dist.system.allocation import Allocation, job_allocation, parse_show_job, rendezvous_port
 
-from conftest import gpt2dist, require
+from conftest import REPO, gpt2dist, require
 
 SPEC = Path("/scratch/results/runs/ddp-bf16-n16-r0/spec.json")
 SIF = Container("gpt2dist.sif")
@@ -136,9 +136,12 @@ def test_one_node_whose_tasks_are_the_ranks():
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_train_jobs_ask_for_one_task_per_process(strategy):
-    # the train rule's `tasks` resource: dp drives its devices from one process, like single
-    expected = 1 if STRATEGIES[strategy].one_process else 4
-    assert Run(strategy, "fp32", 4, 0).processes == expected
+    """The train rule's `tasks`: a task per GPU, except dp, whose one process drives every GPU (and single's one)."""
+    study = plan_study(REPO / "params.yaml", "paper", 8)
+    nproc = 1 if strategy == "single" else 4
+    request = slurm_request(study, Run(strategy, "fp32", nproc, 0))
+    assert (request["tasks"], request["gres"]) == ({"dp": 1}.get(strategy, nproc), f"gpu:{nproc}")
+    assert request["mpi"] == ("srun" if request["tasks"] > 1 else "")
 
 
 def _train_command_in_a_job(shards, params_file, out: Path, path: str) -> str:

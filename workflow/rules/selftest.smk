@@ -18,7 +18,7 @@ rule selftest:
     # On CPUs, a core per process: selftests measure nothing, so two one-process ones share a 2-core
     # machine (they hold the machine lock shared; a train job takes it whole). On GPUs, one at a time:
     # clusters often run GPUs in exclusive-process mode.
-    threads: lambda wildcards: CONFIGS[wildcards.config].processes if STUDY.device == "cpu" else WHOLE_MACHINE
+    threads: lambda wildcards: STUDY.processes(CONFIGS[wildcards.config]) if STUDY.device == "cpu" else WHOLE_MACHINE
     priority: 10  # before any train job that is ready at the same time
     resources:
         gpus=lambda wildcards: CONFIGS[wildcards.config].nproc if STUDY.device == "cuda" else 0,

@@ -39,7 +39,7 @@ def run_seconds(study: Study, calibration: Calibration, run: Run) -> float:
     FLOPs per token are more."""
     larger = flops_per_token(study.model(run.size)) / flops_per_token(study.preset.model)
     steps = study.preset.train.max_steps * calibration.step_s[run.precision] * larger
-    return launch_seconds(study, calibration, run.processes) + steps
+    return launch_seconds(study, calibration, study.processes(run)) + steps
 
 
 def selftest_seconds(study: Study, calibration: Calibration, cores: int) -> dict[str, float]:
@@ -47,8 +47,8 @@ def selftest_seconds(study: Study, calibration: Calibration, cores: int) -> dict
     so it costs about a launch; a resumed one launches twice more. On CPUs, checks of fewer processes than
     cores run side by side (rules/selftest.smk); on GPUs they queue."""
     resumed = {run.config_id for run in pipeline_resume_cases(study)}
-    return {run.config_id: (1 + 2 * (run.config_id in resumed)) * launch_seconds(study, calibration, run.processes)
-            / (max(1, cores // run.processes) if study.device == "cpu" else 1)
+    return {run.config_id: (1 + 2 * (run.config_id in resumed)) * launch_seconds(study, calibration, study.processes(run))
+            / (max(1, cores // study.processes(run)) if study.device == "cpu" else 1)
             for run in configurations(study)}
 
 

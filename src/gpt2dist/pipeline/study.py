@@ -18,7 +18,7 @@ from gpt2dist.config.memory import overflow
 from gpt2dist.config.presets import resolve_preset, section_keys
 from gpt2dist.config.schema import PRECISIONS, SIZE_NAME, STRATEGY_NAMES, ModelConfig, Preset, RunSpec
 from gpt2dist.config.sizes import sized
-from gpt2dist.config.strategies import check_run, describe
+from gpt2dist.config.strategies import check_run, degrees_of
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.imports import PACKAGE, code_closure
 
@@ -94,14 +94,6 @@ class Run:
         """`gpt2dist train` options that train this run's model size (none for the preset's model)."""
         return ["--size", self.size] if self.size else []
 
-    @property
-    def processes_per_node(self) -> int:
-        return self.processes // self.nodes if self.nodes > 1 else self.processes
-
-    @property
-    def processes(self) -> int:
-        """Processes (SLURM tasks) the run starts: single and dp drive every device from one."""
-        return 1 if describe(self.strategy).one_process else self.nproc
 
 
 def parse_run_id(text: str) -> Run:
@@ -130,6 +122,10 @@ class Study:
 
     def model(self, size: str | None) -> ModelConfig:
         return model_of(self.preset, size)
+
+    def processes(self, run: Run) -> int:
+        """Processes (SLURM tasks) the run starts, by its degrees: dp drives every device from one."""
+        return degrees_of(planned_spec(self.preset_name, self.preset, run, self.device)).processes
 
     @property
     def sizes(self) -> list[str | None]:
@@ -219,10 +215,11 @@ def slurm_request(study: Study, run: Run) -> dict[str, int | str]:
     the plugin run the command in the batch script itself, so `gpt2dist train` starts the tasks with its own
     srun: a selftest's checks start the way its configuration's runs will."""
     nodes = 1 if run.emulated else run.nodes  # emulated nodes live inside one machine
-    per_node = run.processes // nodes
+    processes = study.processes(run)
+    per_node = processes // nodes
     tasks = {"tasks": 0, "tasks_per_node": per_node} if nodes > 1 and per_node > 1 else {
-        "tasks": run.processes, "tasks_per_node": 0}  # the plugin takes one of the two, and tasks_per_node > 1
-    return {"nodes": nodes, **tasks, "mpi": "srun" if run.processes > 1 else "",
+        "tasks": processes, "tasks_per_node": 0}  # the plugin takes one of the two, and tasks_per_node > 1
+    return {"nodes": nodes, **tasks, "mpi": "srun" if processes > 1 else "",
             "gres": f"gpu:{run.nproc // nodes}" if study.device == "cuda" else ""}
 
 
