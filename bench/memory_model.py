@@ -80,7 +80,7 @@ def main() -> None:
             print(f"{strategy}-n{nproc}: not run here: {why}")
             continue
         record, peak = trained(data, work / f"{strategy}-n{nproc}", strategy, nproc, args)
-        predicted = predict(RunSpec.model_validate(record["config"]))
+        predicted = predict(RunSpec.model_validate(record["config"]), busiest=False)  # rank 0, as measured
         line = (f"{f'{strategy}-n{nproc}':<18} {predicted.state / MIB:>21,.1f} "
                 f"{record['model_state_bytes']['total'] / MIB:>9,.1f}")
         if gpus:

@@ -12,8 +12,10 @@ import tarfile
 import pytest
 
 from gpt2dist.config.memory import model_state, predict
+from gpt2dist.config.presets import resolve_preset
 from gpt2dist.config.schema import RunSpec
-from gpt2dist.config.strategies import Description, STRATEGIES
+from gpt2dist.config.sizes import parameter_shapes
+from gpt2dist.config.strategies import STRATEGIES, Description, describe
 
 from conftest import REPO, run_record
 
@@ -62,3 +64,21 @@ def test_the_predicted_state_is_each_strategys_run_here(strategy, nproc, trained
     spec = RunSpec.model_validate(record["config"])
     assert model_state(spec) == measured(record)
     assert predict(spec).state == record["model_state_bytes"]["total"]
+
+
+def test_zero1s_busiest_rank_is_planned_and_rank_0_is_what_a_run_is_checked_against():
+    """ZeroRedundancyOptimizer gives each tensor whole to the emptiest rank: for GPT-2 medium over 4 ranks another
+    rank ends with more AdamW state than rank 0, so the plan counts that rank, while collect compares rank 0's
+    prediction with what rank 0 measured. The control: at 8 ranks rank 0 is the busiest, and both agree."""
+    _, preset = resolve_preset(REPO / "params.yaml", "paper", size="medium")
+
+    def spec(nproc: int) -> RunSpec:
+        return RunSpec(data_dir="", out_dir="", preset="paper", strategy="zero1", precision="bf16", nproc=nproc,
+                       device="cuda", model=preset.model, train=preset.train)
+
+    four, eight = spec(4), spec(8)
+    assert describe("zero1").busiest_rank(four) != 0
+    assert predict(four).optimizer > predict(four, busiest=False).optimizer == model_state(four)[2]
+    assert describe("zero1").busiest_rank(eight) == 0 and predict(eight) == predict(eight, busiest=False)
+    shares = describe("zero1").partition(four)
+    assert sorted(shape for share in shares for shape in share) == sorted(parameter_shapes(preset.model).values())

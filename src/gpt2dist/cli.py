@@ -505,8 +505,8 @@ def plan(
             typer.echo(plan_text(ran, sizes if on_gpus else []))
         for line in fit_lines(part, sizes if on_gpus else []):
             say(line)
-    say("\nMemory per rank: the model state (parameters, gradients, AdamW's state) on rank 0, which holds the "
-        "largest share, as every collected run checks it; activations of one forward pass with the logits, and "
+    say("\nMemory per rank: the model state (parameters, gradients, AdamW's state) on the rank that holds the "
+        "most, counted as every collected run checks it on rank 0; activations of one forward pass with the logits, and "
         "communication buffers, estimated (not yet checked on a GPU)"
         + (f". Spare is what is left of {USABLE_SHARE:.0%} of the GPU's memory, in GiB (the CUDA context and the "
            "allocator take the rest)." if on_gpus else "."))

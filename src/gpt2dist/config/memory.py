@@ -29,8 +29,8 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes at the step's peak: the model state on rank 0's device (the largest share), activations on the
-    busiest device."""
+    """Bytes at the step's peak: the model state of one rank (predict says which), activations on the busiest
+    device."""
 
     params: int
     grads: int
@@ -47,10 +47,10 @@ class Memory:
         return self.state + self.activations + self.buffers
 
 
-def model_state(spec: RunSpec) -> tuple[int, int, int]:
-    """Parameter, gradient and optimizer bytes rank 0 holds, as training/metrics.model_state_bytes counts them."""
+def model_state(spec: RunSpec, rank: int = 0) -> tuple[int, int, int]:
+    """Parameter, gradient and optimizer bytes `rank` holds, as training/metrics.model_state_bytes counts rank 0's."""
     description = describe(spec.strategy)
-    held, stepped = description.held_shapes(spec), description.optimizer_shapes(spec)
+    held, stepped = description.held_shapes(spec), description.optimizer_shapes(spec, rank)
     elements, stepped_elements = (sum(math.prod(shape) for shape in shapes) for shapes in (held, stepped))
     master = spec.precision == "apex-O2"  # the model in fp16, AdamW stepping fp32 copies with fp32 gradients
     weight = HALF if master else FP32
@@ -88,8 +88,10 @@ def activation_bytes_kept(spec: RunSpec) -> int:
     return round(max(first, last))
 
 
-def predict(spec: RunSpec) -> Memory:
-    params, grads, optimizer = model_state(spec)
+def predict(spec: RunSpec, *, busiest: bool = True) -> Memory:
+    """The busiest rank's bytes (what must fit on every GPU); with busiest=False rank 0's, which every collected
+    run measures."""
+    params, grads, optimizer = model_state(spec, describe(spec.strategy).busiest_rank(spec) if busiest else 0)
     buffers = describe(spec.strategy).buffer_bytes(spec) if spec.nproc > 1 else 0
     return Memory(params, grads, optimizer, activation_bytes_kept(spec), buffers)
 

@@ -138,7 +138,7 @@ def _predicted_state(record: dict) -> float:
         spec = RunSpec.model_validate(record["config"])
     except ValidationError:
         return math.nan
-    return predict_memory(spec).state
+    return predict_memory(spec, busiest=False).state  # rank 0's, as the run counted it
 
 
 def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_tokens: int,
