@@ -50,7 +50,7 @@ def invoke(*args: str) -> tuple[int, str, str]:
 
 
 # train prints its launch command instead of training (--print-command): every check before a launch runs
-TRAIN_OPTIONS = ["--nproc", "--max-steps", "--seed", "--nodes", "--link-mbit", "--emulate-nodes"]
+TRAIN_OPTIONS = ["--nproc", "--max-steps", "--seed", "--nodes", "--link-mbit", "--emulate-nodes", "--size"]
 
 
 def with_value(base: list[str], option: str, value: str) -> list[str]:

@@ -62,12 +62,32 @@ def test_any_value_at_any_key_is_planned_or_one_error_line(path, value):
 @seed(20261126)
 @settings(max_examples=10, deadline=None)
 @given(parent=st.one_of(st.sampled_from(["cpu", "paper", "nowhere", ""]), VALUES),
-       key=st.sampled_from(["nodes", "link_mbit", "repeats", "nproc", "emulate", "label"]), value=VALUES)
+       key=st.sampled_from(["nodes", "link_mbit", "repeats", "nproc", "emulate", "label", "sizes"]), value=VALUES)
 def test_extends_and_run_group_keys_are_planned_or_one_error_line(parent, key, value):
     params = yaml.safe_load(yaml.safe_dump(PARAMS))
     params["presets"]["child"] = {"extends": parent}
     params["presets"]["cpu"]["study"]["runs"][0][key] = value
     assert_answer_or_one_error(*planned(params), "Plan of preset cpu")
+
+
+@seed(20261127)
+@settings(max_examples=20, deadline=None)
+@given(key=st.sampled_from(["gpu_memory_gb", "model_sizes"]), value=st.one_of(VALUES, st.builds(
+    lambda name, shape: {name: shape}, st.text(max_size=6), st.one_of(VALUES, st.fixed_dictionaries(
+        {"n_layer": VALUES, "n_head": VALUES, "n_embd": VALUES})))))
+def test_the_studys_size_keys_are_planned_or_one_error_line(key, value):
+    """study.gpu_memory_gb and study.model_sizes (a GPU plan, where the memory is applied), and a group naming
+    one of the sizes given."""
+    params = yaml.safe_load(yaml.safe_dump(PARAMS))
+    study = params["presets"]["paper-sizes"]["study"]
+    study[key] = value
+    if key == "model_sizes" and isinstance(value, dict) and value:
+        study["runs"][0]["sizes"] = [str(next(iter(value)))]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "params.yaml"
+        path.write_text(yaml.safe_dump(params))
+        assert_answer_or_one_error(*invoke("plan", "--params", str(path), "--preset", "paper-sizes", "--gpus", "8"),
+                                   "Plan of preset paper-sizes")
 
 
 def test_what_the_property_found_is_one_error_line_now():

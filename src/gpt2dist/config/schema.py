@@ -259,7 +259,7 @@ class StudyConfig(_Strict):
                                       "are disturbed, naming the command that re-runs them; null: mark them, leave "
                                       "them out of the statistics, and go on.")
     added_repeats: AddedRepeats = Field(default_factory=AddedRepeats)
-    gpu_memory_gb: float | None = Field(None, gt=0, description="Memory of the GPUs a study on GPUs is planned for, "
+    gpu_memory_gb: float | None = Field(None, gt=0, allow_inf_nan=False, description="Memory of the GPUs a study on GPUs is planned for, "
                                         "GB: configurations whose predicted peak (config.memory) does not fit are "
                                         "dropped, saying why; null: none is dropped for memory.")
     model_sizes: dict[str, ModelShape] = Field({}, description="Sizes besides GPT-2's four that runs' `sizes` may "
