@@ -176,7 +176,8 @@ step_tests() {
 }
 
 step_memory() {
-  if ((dry)); then "$python" bench/memory_model.py --preset cpu --nproc 2 --steps 1; return; fi
+  # dry run: three strategies stand in for all (each one a torchrun start: a minute for all of them)
+  if ((dry)); then "$python" bench/memory_model.py --preset cpu --nproc 2 --steps 1 --strategies single,ddp,fsdp; return; fi
   "$python" bench/memory_model.py --nproc 1
 }
 

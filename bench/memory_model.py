@@ -2,6 +2,7 @@
 through the real `gpt2dist train`, its predicted bytes per rank (config.memory) beside what the run measured.
 
     python bench/memory_model.py [--preset paper] [--precision bf16] [--nproc N] [--steps 3] [--set key=value ...]
+                                [--strategies single,ddp,fsdp]
 
 On GPUs the peak is torch.cuda.max_memory_allocated on rank 0; target: predicted within 10% of it. On CPUs the
 peak is the process's resident set, which counts the Python and torch runtime too, so only the model state is
@@ -64,7 +65,12 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=max(gpus, 2), help="processes of every multi-process strategy")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="preset override key=value")
+    parser.add_argument("--strategies", type=lambda text: text.split(","), default=list(STRATEGY_NAMES),
+                        help="comma-separated; default: every strategy")
     args = parser.parse_args()
+    unknown = sorted(set(args.strategies) - set(STRATEGY_NAMES))
+    if unknown:
+        parser.error(f"no strategy {', '.join(unknown)}; choose from {', '.join(STRATEGY_NAMES)}")
     device = "cuda" if gpus else "cpu"
     vocab = resolve_preset(REPO / "params.yaml", args.preset, overrides=args.overrides)[1].model.vocab_size
     data, work = random_shards(vocab), Path(tempfile.mkdtemp(prefix="gpt2dist-memory-"))
@@ -73,7 +79,7 @@ def main() -> None:
     print(f"{'configuration':<18} {'state MiB: predicted':>21} {'measured':>9} "
           + (f"{'peak MiB: predicted':>20} {'measured':>9} {'ratio':>6}  verdict" if gpus else ""))
     misses = []
-    for strategy in STRATEGY_NAMES:
+    for strategy in args.strategies:
         nproc = 1 if strategy == REFERENCE else args.nproc
         why = runnable(strategy, nproc, args, device, gpus)
         if why:

@@ -361,3 +361,14 @@ def test_across_a_clusters_nodes_the_node_claims_use_those_runs_and_say_so(study
     assert findings(node_runs(1.2, 1.1), study)["bai-sublinear-nodes"]["verdict"] == CONTRADICTED
     # one-node claims still compare one-node runs only
     assert "2nodes" not in found["bai-ddp-fastest-fp32"]["statistic"]
+
+
+def test_the_same_loss_claim_reads_disturbed_runs_too(study):
+    # load slows a run, it does not change what it learns: with its one run starved, ddp still answers the claim
+    rates, losses = {"single-fp32-n1": [100.0], "ddp-fp32-n2": [190.0]}, {"single-fp32-n1": 3.0, "ddp-fp32-n2": 3.0}
+    starved = {"ddp-fp32-n2-r0": "other processes used 60% of its CPUs"}
+    same = findings(runs_table(rates, disturbed=starved, final_val_loss=losses), study)["patwardhan-same-loss"]
+    assert same["verdict"] == SUPPORTED and "ddp-fp32-n2 r0" in same["statistic"]
+    # the control: the starved run's loss is what is compared, so a loss 10% off there contradicts the claim
+    apart = runs_table(rates, disturbed=starved, final_val_loss={**losses, "ddp-fp32-n2": 3.3})
+    assert findings(apart, study)["patwardhan-same-loss"]["verdict"] == CONTRADICTED

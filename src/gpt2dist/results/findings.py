@@ -47,7 +47,8 @@ class Tables:
     def __init__(self, runs: pd.DataFrame, summary: pd.DataFrame, link_model: pd.DataFrame | None = None,
                  size: str | None = None):
         self.size = size  # the model size these tables hold, in a study of sizes (None: the preset's model)
-        self.runs = runs[runs["disturbed"].fillna("") == ""]
+        self.trained = runs  # every run: load slows a run, it does not change what it learns
+        self.runs = runs[runs["disturbed"].fillna("") == ""]  # the runs whose timings count
         self.everything = summary.set_index("config_id")
         nodes = self.everything["nodes"] if "nodes" in self.everything else pd.Series(1, index=self.everything.index)
         # summaries from before a cluster's nodes could be planned: every spread run was emulated
@@ -66,6 +67,10 @@ class Tables:
 
     def per_round(self, config: str, metric: str = "tokens_per_s") -> pd.Series:
         return self.runs[self.runs["config_id"] == config].set_index("repeat")[metric]
+
+    def final_losses(self, config: str) -> pd.Series:
+        """Per round, the final validation loss of every run, disturbed or not."""
+        return self.trained[self.trained["config_id"] == config].set_index("repeat")["final_val_loss"]
 
     def ratio(self, a: str, b: str) -> tuple[float, float, float, str]:
         """a's throughput over b's, paired by repeat round, and whether a is faster/slower/neither."""
@@ -306,7 +311,7 @@ def same_loss(t: Tables) -> Finding:
         reference = t.id(REFERENCE, row["precision"], 1)
         if config == reference or reference not in s.index:
             continue
-        mine, theirs = t.per_round(config, "final_val_loss"), t.per_round(reference, "final_val_loss")
+        mine, theirs = t.final_losses(config), t.final_losses(reference)
         rounds = mine.dropna().index.intersection(theirs.dropna().index)
         for r in rounds:  # the same round trains from the same seed and data order
             difference = abs(mine[r] - theirs[r]) / theirs[r]
