@@ -44,7 +44,12 @@ def test_snakemake_adds_rounds_for_the_undecided_until_the_budget_is_spent(tmp_p
     assert sorted(first["runs"]) == ["ddp-fp32-n1-r2", "single-fp32-n1-r2"], first
     added = [run_id for plan in plans for run_id in plan["runs"]]
     assert len(added) <= 4 and plans[-1]["runs"] == [] and plans[-1]["stopped"], plans  # stopped, and says why
-    assert plans[-1]["stopped"].startswith("the budget is spent") == (len(added) == 4)
+    # the budget is named only when it ran out with a configuration still undecided; with nothing undecided the
+    # rounds stop for that, the fourth added run included (it may place the last one)
+    if plans[-1]["undecided"]:
+        assert plans[-1]["stopped"].startswith("the budget is spent") and len(added) == 4, plans
+    else:
+        assert plans[-1]["stopped"] == "every configuration is placed or tied", plans
     table = pd.read_csv(work / "results" / "runs.csv").set_index("run_id")
     assert set(added) <= set(table.index) and {"ddp-fp32-n1-r0", HOGGED} <= set(table.index)
     assert "other processes used" in table.loc[HOGGED, "disturbed"]  # the premise: the hogged run was left out
