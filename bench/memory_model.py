@@ -24,7 +24,7 @@ from common import REPO, random_shards
 from gpt2dist.config.memory import predict
 from gpt2dist.config.presets import resolve_preset
 from gpt2dist.config.schema import STRATEGY_NAMES, RunSpec
-from gpt2dist.config.strategies import REFERENCE, check_run
+from gpt2dist.config.strategies import REFERENCE, check_run, describe
 from gpt2dist.errors import UsageError
 
 TARGET = 0.10
@@ -65,12 +65,13 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=max(gpus, 2), help="processes of every multi-process strategy")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="preset override key=value")
-    parser.add_argument("--strategies", type=lambda text: text.split(","), default=list(STRATEGY_NAMES),
-                        help="comma-separated; default: every strategy")
+    parser.add_argument("--strategies", default=",".join(STRATEGY_NAMES), help="comma-separated; default: every strategy")
     args = parser.parse_args()
-    unknown = sorted(set(args.strategies) - set(STRATEGY_NAMES))
-    if unknown:
-        parser.error(f"no strategy {', '.join(unknown)}; choose from {', '.join(STRATEGY_NAMES)}")
+    try:
+        strategies = [describe(name).name for name in args.strategies.split(",")]
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     device = "cuda" if gpus else "cpu"
     vocab = resolve_preset(REPO / "params.yaml", args.preset, overrides=args.overrides)[1].model.vocab_size
     data, work = random_shards(vocab), Path(tempfile.mkdtemp(prefix="gpt2dist-memory-"))
@@ -79,7 +80,7 @@ def main() -> None:
     print(f"{'configuration':<18} {'state MiB: predicted':>21} {'measured':>9} "
           + (f"{'peak MiB: predicted':>20} {'measured':>9} {'ratio':>6}  verdict" if gpus else ""))
     misses = []
-    for strategy in args.strategies:
+    for strategy in strategies:
         nproc = 1 if strategy == REFERENCE else args.nproc
         why = runnable(strategy, nproc, args, device, gpus)
         if why:

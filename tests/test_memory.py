@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import tarfile
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from gpt2dist.config.memory import model_state, predict
 from gpt2dist.config.presets import resolve_preset
@@ -17,7 +21,7 @@ from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import parameter_shapes
 from gpt2dist.config.strategies import STRATEGIES, Description, describe
 
-from conftest import REPO, run_record
+from conftest import REPO, assert_answer_or_one_error, run_record
 
 BUNDLES = ("cpu-study", "two-node-cpu")
 
@@ -82,3 +86,22 @@ def test_zero1s_busiest_rank_is_planned_and_rank_0_is_what_a_run_is_checked_agai
     assert describe("zero1").busiest_rank(eight) == 0 and predict(eight) == predict(eight, busiest=False)
     shares = describe("zero1").partition(four)
     assert sorted(shape for share in shares for shape in share) == sorted(parameter_shapes(preset.model).values())
+
+
+@pytest.mark.slow  # a start of the bench (torch's import) per example
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.text(max_size=8), min_size=1, max_size=3).map(",".join)
+       .filter(lambda text: not set(text.split(",")) <= set(STRATEGIES)))
+@example("")
+@example("NaN")
+@example("inf")
+@example("-1")
+@example("0")
+@example("ddp,,fsdp")
+@example("ddp,nope")
+def test_bench_memory_model_refuses_any_strategies_but_the_registrys_in_one_line(strategies):
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "memory_model.py"), "--strategies", strategies],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2  # nothing trained: the list is refused before the first run
+    assert_answer_or_one_error(done.returncode, done.stdout, done.stderr)
+    assert "unknown --strategy" in done.stderr

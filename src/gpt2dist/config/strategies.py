@@ -481,7 +481,7 @@ def describe(name: str) -> Description:
     try:
         return STRATEGIES[name]
     except KeyError:
-        raise UsageError(f"unknown --strategy '{name}' (allowed: {', '.join(STRATEGY_NAMES)})") from None
+        raise UsageError(f"unknown --strategy {name!r} (allowed: {', '.join(STRATEGY_NAMES)})") from None
 
 
 def degrees_of(spec: RunSpec) -> Degrees:

@@ -65,12 +65,13 @@ class Tables:
     def usable(self, config: str) -> bool:
         return config in self.everything.index and not bool(self.everything.loc[config, "from_disturbed"])
 
-    def per_round(self, config: str, metric: str = "tokens_per_s") -> pd.Series:
-        return self.runs[self.runs["config_id"] == config].set_index("repeat")[metric]
+    def per_round(self, config: str) -> pd.Series:
+        """Per round, the throughput of the undisturbed runs."""
+        return _by_round(self.runs, config, "tokens_per_s")
 
     def final_losses(self, config: str) -> pd.Series:
         """Per round, the final validation loss of every run, disturbed or not."""
-        return self.trained[self.trained["config_id"] == config].set_index("repeat")["final_val_loss"]
+        return _by_round(self.trained, config, "final_val_loss")
 
     def ratio(self, a: str, b: str) -> tuple[float, float, float, str]:
         """a's throughput over b's, paired by repeat round, and whether a is faster/slower/neither."""
@@ -79,6 +80,10 @@ class Tables:
 
     def one_node_max(self) -> int:
         return int(self.summary["nproc"].max())
+
+
+def _by_round(runs: pd.DataFrame, config: str, column: str) -> pd.Series:
+    return runs[runs["config_id"] == config].set_index("repeat")[column]
 
 
 def _untestable(why: str) -> Finding:
