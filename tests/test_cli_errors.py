@@ -144,3 +144,14 @@ def test_the_error_line_is_the_root_cause():
                "Traceback (most recent call last):\n"
                "RuntimeError: Horovod detected that one or more processes exited with non-zero status\n")
     assert failure_line(refused) == "error: --resume-from x: its single run keeps AdamW's state by parameter name"
+
+
+def test_a_gpu_study_planned_without_gpus_names_a_command_that_plans_it(tmp_path):
+    """The refusal's own suggestion, run as written, plans the study (it once named `gpt2dist --gpus 8`, no command)."""
+    params = Path(__file__).resolve().parent.parent / "params.yaml"
+    refused = gpt2dist("estimate", "--preset", "paper", "--params", params, check=False, cwd=tmp_path)
+    assert refused.returncode == 2 and "as in gpt2dist estimate --gpus 8," in refused.stderr, refused.stderr
+    suggested = ["estimate", "--gpus", "8"]
+    assert gpt2dist(*suggested, "--preset", "paper", "--params", params, cwd=tmp_path).stdout.startswith("estimate:")
+    # the control: the command it named before is not one
+    assert gpt2dist("--gpus", "8", check=False, cwd=tmp_path).returncode == 2

@@ -152,8 +152,8 @@ def plan_study(params: Path, preset: str | None, gpus: int, nodes: int = 1, *, g
     name, chosen = resolve_preset(params, preset, cuda=gpus > 0)
     if gpus == 0 and chosen.study.needs_gpus and not gpus_given:
         raise UsageError(f"preset '{name}' is a study for GPU nodes and this host has none: say how many GPUs a node "
-                         "has (snakemake --config gpus_per_node=8, gpt2dist --gpus 8, or gpus_per_node in params.yaml; "
-                         "0 plans it for CPUs on purpose)")
+                         "has (snakemake --config gpus_per_node=8, the command's --gpus as in gpt2dist estimate --gpus 8, or "
+                         "gpus_per_node in params.yaml; 0 plans it for CPUs on purpose)")
     device = "cuda" if gpus else "cpu"
     if len({bool(group.sizes) for group in chosen.study.runs}) > 1:
         raise UsageError(f"presets.{name}.study.runs: some groups name model sizes and some do not; give every group "
