@@ -11,7 +11,7 @@ import pytest
 from gpt2dist.errors import failure_line
 from gpt2dist.results.inputs import SUMMARY_KEYS
 
-from conftest import gpt2dist
+from conftest import REPO, gpt2dist
 
 CASES = {
     "prepare-missing-params": "params file",
@@ -148,7 +148,7 @@ def test_the_error_line_is_the_root_cause():
 
 def test_a_gpu_study_planned_without_gpus_names_a_command_that_plans_it(tmp_path):
     """The refusal's own suggestion, run as written, plans the study (it once named `gpt2dist --gpus 8`, no command)."""
-    params = Path(__file__).resolve().parent.parent / "params.yaml"
+    params = REPO / "params.yaml"
     refused = gpt2dist("estimate", "--preset", "paper", "--params", params, check=False, cwd=tmp_path)
     assert refused.returncode == 2 and "as in gpt2dist estimate --gpus 8," in refused.stderr, refused.stderr
     suggested = ["estimate", "--gpus", "8"]
