@@ -15,7 +15,8 @@
 #   study     the one-GPU study under Snakemake (the selftests above are its first jobs, done). Snakemake
 #             resumes it at run granularity, so it starts whenever a minute is left
 #   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz)
-#   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) with a profile of 3 steps
+#   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) with a profile of 3 steps, and beside
+#             today's engine the one with the chunked head loss (train.head_loss_chunk_tokens=4096)
 #   tests     pytest -m gpu
 #   memory    bench/memory_model.py: predicted against measured peak memory per strategy
 #   mfu_tf32  bench/mfu.py in tf32
@@ -141,7 +142,7 @@ PY
 
 step_mfu() {
   if ((dry)); then "$python" bench/mfu.py --help >/dev/null && echo "dry run: bench/mfu.py parses; it needs a GPU"; return; fi
-  "$python" bench/mfu.py --precision bf16 --profile-steps 3
+  "$python" bench/mfu.py --precision bf16 --profile-steps 3 --beside train.head_loss_chunk_tokens=4096
 }
 
 step_mfu_tf32() {
@@ -182,8 +183,9 @@ step_memory() {
 }
 
 # name and the seconds a step needs to be worth starting on one H100 or H200: the whole step (install 15 s,
-# selftest 120 s, mfu 75 s on an H200), except for the study, which resumes (24 runs of 20 steps; not yet timed)
-STEPS=(install:60 doctor:30 selftest:150 study:60 bundle:60 mfu:120 tests:300 memory:120 mfu_tf32:120)
+# selftest 120 s, mfu 75 s on an H200 with one engine; a second beside it adds its compile and rounds), except for
+# the study, which resumes (24 runs of 20 steps; not yet timed)
+STEPS=(install:60 doctor:30 selftest:150 study:60 bundle:60 mfu:180 tests:300 memory:120 mfu_tf32:120)
 
 copy_out() {
   [[ -n $out ]] || return 0

@@ -18,25 +18,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-from common import REPO, random_shards
-
 from gpt2dist.config.memory import predict
 from gpt2dist.config.presets import resolve_preset
 from gpt2dist.config.schema import STRATEGY_NAMES, RunSpec
 from gpt2dist.config.strategies import REFERENCE, check_run, describe
 from gpt2dist.errors import UsageError
+from gpt2dist.system.hardware import cuda_gpus
 
 TARGET = 0.10
 MIB = 2**20
 
 
-def trained(data: Path, out: Path, strategy: str, nproc: int, args) -> tuple[dict, int]:
+def trained(params: Path, data: Path, out: Path, strategy: str, nproc: int, args) -> tuple[dict, int]:
     """The run's record and its measured peak over the steps."""
     sets = [item for key in args.overrides for item in ("--set", key)]
     subprocess.run([sys.executable, "-m", "gpt2dist", "train", "--data", str(data), "--out", str(out),
                     "--strategy", strategy, "--nproc", str(nproc), "--precision", args.precision,
-                    "--preset", args.preset, "--params", str(REPO / "params.yaml"), "--max-steps", str(args.steps),
+                    "--preset", args.preset, "--params", str(params), "--max-steps", str(args.steps),
                     "--set", f"train.checkpoint_interval={args.steps}", "--set", f"train.eval_interval={args.steps}",
                     "--set", "train.ledger_steps=0", "--set", "train.compile=false", *sets],
                    check=True, stderr=subprocess.DEVNULL)
@@ -45,9 +43,9 @@ def trained(data: Path, out: Path, strategy: str, nproc: int, args) -> tuple[dic
     return json.loads((out / "run.json").read_text()), peak
 
 
-def runnable(strategy: str, nproc: int, args, device: str, gpus: int) -> str | None:
+def runnable(params: Path, strategy: str, nproc: int, args, device: str, gpus: int) -> str | None:
     """Why this node cannot run the strategy at nproc, or None."""
-    preset = resolve_preset(REPO / "params.yaml", args.preset, overrides=args.overrides)[1]
+    preset = resolve_preset(params, args.preset, overrides=args.overrides)[1]
     spec = RunSpec(data_dir="", out_dir="", preset=args.preset, strategy=strategy, precision=args.precision,
                    nproc=nproc, device=device, model=preset.model, train=preset.train)
     try:
@@ -58,7 +56,7 @@ def runnable(strategy: str, nproc: int, args, device: str, gpus: int) -> str | N
 
 
 def main() -> None:
-    gpus = torch.cuda.device_count()
+    gpus = cuda_gpus()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="paper" if gpus else "cpu")
     parser.add_argument("--precision", default="bf16")
@@ -72,8 +70,13 @@ def main() -> None:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    # only now: a refused list costs no import of torch (seconds of CPU, most of a refusal's time)
+    import torch
+    from common import REPO, random_shards
+
+    params = REPO / "params.yaml"
     device = "cuda" if gpus else "cpu"
-    vocab = resolve_preset(REPO / "params.yaml", args.preset, overrides=args.overrides)[1].model.vocab_size
+    vocab = resolve_preset(params, args.preset, overrides=args.overrides)[1].model.vocab_size
     data, work = random_shards(vocab), Path(tempfile.mkdtemp(prefix="gpt2dist-memory-"))
     print(f"preset={args.preset} precision={args.precision} device={device} "
           f"{torch.cuda.get_device_name(0) if gpus else ''}".rstrip())
@@ -82,11 +85,11 @@ def main() -> None:
     misses = []
     for strategy in strategies:
         nproc = 1 if strategy == REFERENCE else args.nproc
-        why = runnable(strategy, nproc, args, device, gpus)
+        why = runnable(params, strategy, nproc, args, device, gpus)
         if why:
             print(f"{strategy}-n{nproc}: not run here: {why}")
             continue
-        record, peak = trained(data, work / f"{strategy}-n{nproc}", strategy, nproc, args)
+        record, peak = trained(params, data, work / f"{strategy}-n{nproc}", strategy, nproc, args)
         predicted = predict(RunSpec.model_validate(record["config"]), busiest=False)  # rank 0, as measured
         line = (f"{f'{strategy}-n{nproc}':<18} {predicted.state / MIB:>21,.1f} "
                 f"{record['model_state_bytes']['total'] / MIB:>9,.1f}")

@@ -38,7 +38,9 @@ def reduce_params(path: Path, **study) -> None:
     cpu["data"] = {"source": {"kind": "files", "paths": ["corpus/*.jsonl"]},
                    "tokenizer": {"kind": "bpe", "vocab_size": 512}, "val_fraction": 0.2}
     cpu["model"].update(n_layer=1, n_head=2, n_embd=32, n_positions=32, vocab_size=512)
-    cpu["train"].update(max_steps=8, lr_warmup_steps=2, eval_interval=4, checkpoint_interval=4, global_batch_size=8,
+    # a checkpoint at the last step only, as the cpu preset keeps: its selftests then check no resume (two more
+    # launches per strategy, tested once in tests/test_selftest.py), and no reduced study needs to resume
+    cpu["train"].update(max_steps=8, lr_warmup_steps=2, eval_interval=4, checkpoint_interval=8, global_batch_size=8,
                         micro_batch_size=2)
     cpu["study"] = {"repeats": 2, "excluded_steps": 2, "runs": [
         {"strategies": ["single"], "precisions": ["fp32"], "nproc": [1]},

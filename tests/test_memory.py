@@ -88,7 +88,7 @@ def test_zero1s_busiest_rank_is_planned_and_rank_0_is_what_a_run_is_checked_agai
     assert sorted(shape for share in shares for shape in share) == sorted(parameter_shapes(preset.model).values())
 
 
-@pytest.mark.slow  # a start of the bench (torch's import) per example
+@pytest.mark.slow  # a start of the bench per example (it refuses before importing torch)
 @settings(max_examples=6, deadline=None)
 @given(st.lists(st.text(max_size=8), min_size=1, max_size=3).map(",".join)
        .filter(lambda text: not set(text.split(",")) <= set(STRATEGIES)))
@@ -105,3 +105,20 @@ def test_bench_memory_model_refuses_any_strategies_but_the_registrys_in_one_line
     assert done.returncode == 2  # nothing trained: the list is refused before the first run
     assert_answer_or_one_error(done.returncode, done.stdout, done.stderr)
     assert "unknown --strategy" in done.stderr
+
+
+def test_a_chunked_head_loss_is_planned_with_one_chunks_logits():
+    """GPT-2 small at micro-batch 16, context 1024, bf16: the whole loss's logits and their float32 softmax and
+    gradient are 16k tokens x 50257 x 10 bytes (7.7 GiB), which train.head_loss_chunk_tokens cuts to one chunk's
+    plus the two gradients the chunked loss keeps; the control: a chunk as large as the micro-batch plans no less."""
+    _, preset = resolve_preset(REPO / "params.yaml", "paper")
+
+    def activations(chunk: int) -> int:
+        train = preset.train.model_copy(update={"micro_batch_size": 16, "head_loss_chunk_tokens": chunk})
+        return predict(RunSpec(data_dir="", out_dir="", preset="paper", strategy="single", precision="bf16", nproc=1,
+                               device="cuda", model=preset.model, train=train)).activations
+
+    tokens, vocab, width = 16 * 1024, preset.model.vocab_size, preset.model.n_embd
+    saved = tokens * vocab * 10 - (4096 * vocab * 10 + tokens * width * 4 + vocab * width * 4)
+    assert activations(0) - activations(4096) == saved > 5 * 2**30
+    assert activations(tokens) >= activations(0)

@@ -208,11 +208,17 @@ def test_repository_schema_is_current(tmp_path):
     assert (tmp_path / "schema.json").read_text() == (REPO / "workflow/schemas/params.schema.json").read_text()
 
 
-def test_dvc_repro_push_pull_exp_run_and_metrics_diff(workdir, tmp_path_factory):
+TRAINS = {f"train@{config}-r{repeat}" for config in ("single-fp32-n1", "ddp-fp32-n2") for repeat in (0, 1)}
+
+
+def test_dvc_commit_push_pull_exp_run_and_metrics_diff(finished_study, tmp_path_factory):
+    # DVC's bookkeeping is under test, not the study: the finished one, recorded by `dvc commit` as if `dvc repro`
+    # had run it (the same commands: test_snakemake_and_dvc_declare_the_same_stages; `dvc repro` running stages:
+    # below, and test_resume_in_pipeline.py's)
+    workdir = tmp_path_factory.mktemp("dvc") / "study"
+    shutil.copytree(finished_study, workdir, symlinks=True)
     params_path = workdir / "params.yaml"
     params = yaml.safe_load(params_path.read_text())
-    params["presets"]["cpu"]["study"]["repeats"] = 1  # DVC's bookkeeping is under test, not the study
-    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
     run(["git", "init", "-q"], workdir)
     run(["git", "config", "user.email", "t@example.invalid"], workdir)
     run(["git", "config", "user.name", "test"], workdir)
@@ -221,7 +227,7 @@ def test_dvc_repro_push_pull_exp_run_and_metrics_diff(workdir, tmp_path_factory)
     run(["gpt2dist", "dvc-yaml"], workdir)
     run(["git", "add", "-A"], workdir)  # under the repository's .gitignore, as in a clone of it
     run(["git", "commit", "-qm", "study"], workdir)
-    run(["dvc", "repro"], workdir)
+    run(["dvc", "commit", "--force"], workdir)
     assert "up to date" in run(["dvc", "status"], workdir).stdout.lower() or not run(["dvc", "status"], workdir).stdout.strip()
     # every output is in DVC's cache or in git, none in neither: git holds only the two small views
     remote = tmp_path_factory.mktemp("remote")
@@ -259,21 +265,19 @@ def test_dvc_repro_push_pull_exp_run_and_metrics_diff(workdir, tmp_path_factory)
     stops = (code / "training" / "stops.py").read_text()
     (code / "training" / "stops.py").write_text(stops + "# a change to code only training runs\n")
     stale = set(re.findall(r"^(\S+):", run(["dvc", "status"], clone).stdout, re.M))
-    assert stale == {"selftest@single-fp32-n1", "selftest@ddp-fp32-n2", "train@single-fp32-n1-r0",
-                     "train@ddp-fp32-n2-r0"}, stale
+    assert stale == {"selftest@single-fp32-n1", "selftest@ddp-fp32-n2", *TRAINS}, stale
     (code / "training" / "stops.py").write_text(stops)
     with open(code / "config" / "schema.py", "a") as handle:
         handle.write("# a change to code every stage runs\n")
     stale = set(re.findall(r"^(\S+):", run(["dvc", "status"], clone).stdout, re.M))
-    assert stale >= {"prepare", "train@single-fp32-n1-r0", "train@ddp-fp32-n2-r0", "collect", "plot", "report"}, stale
+    assert stale >= {"prepare", *TRAINS, "collect", "plot", "report"}, stale
 
     # a training key changes every configuration's selftest and run (collect follows them); not prepare
     params["presets"]["cpu"]["train"]["lr"] = 1e-3
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
     stale = set(re.findall(r"^(\S+):", run(["dvc", "status"], workdir).stdout, re.M))
     run(["git", "checkout", "params.yaml"], workdir)
-    assert stale == {"selftest@single-fp32-n1", "selftest@ddp-fp32-n2", "train@single-fp32-n1-r0",
-                     "train@ddp-fp32-n2-r0"}, stale
+    assert stale == {"selftest@single-fp32-n1", "selftest@ddp-fp32-n2", *TRAINS}, stale
 
     # an experiment on a results key: collect and what follows re-run, no training
     before = json.loads((workdir / "results" / "summary.json").read_text())

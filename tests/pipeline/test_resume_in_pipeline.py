@@ -26,14 +26,14 @@ from reduced_study import BIN, REPO, copy_workflow, run
 pytestmark = pytest.mark.slow
 
 RUN_ID = "single-fp32-n1-r0"
-STEPS = 200  # ~50 ms a step here: 9 s after the first checkpoint (step 20) to kill the run
+STEPS = 80  # ~50 ms a step here: 3 s after the first checkpoint (step 20) to kill the run (polled every 50 ms)
 
 
 def long_single_run(work: Path) -> Path:
     """The reduced study cut to one run long enough to be killed between checkpoints."""
     params = yaml.safe_load((work / "params.yaml").read_text())
     cpu = params["presets"]["cpu"]
-    cpu["train"].update(max_steps=STEPS, checkpoint_interval=20, eval_interval=100)
+    cpu["train"].update(max_steps=STEPS, checkpoint_interval=20, eval_interval=40)
     cpu["study"].update(repeats=1, runs=[{"strategies": ["single"], "precisions": ["fp32"], "nproc": [1]}])
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     return work / RUNS_DIR / RUN_ID

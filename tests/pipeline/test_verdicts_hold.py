@@ -17,6 +17,7 @@ from reduced_study import copy_workflow, run
 pytestmark = pytest.mark.slow
 
 RUNS = [{"strategies": ["ddp", "tp"], "precisions": ["fp32"], "nproc": [2]}]
+SUMMARY = "results/summary.json"
 
 
 def tiers(results: Path) -> dict[str, list[tuple[str, int | None]]]:
@@ -39,12 +40,13 @@ def test_a_study_run_twice_gives_the_same_tiers_and_verdicts_or_says_which_are_u
     # Only other processes' load still disturbs a run.
     work = copy_workflow(tmp_path / "first", repeats=4, runs=RUNS, max_step_time_spread=1.0, min_cpu_share=0.0,
                          max_repeat_deviation=2.0)
-    run(["snakemake", "--cores", "2"], work)
+    # up to collect: tiers and verdicts are in summary.json, and the figures and report are other tests' subject
+    run(["snakemake", "--cores", "2", SUMMARY], work)
     # the second study trains every run again, on the first's tokenized data and after its selftests, which
     # measure nothing: a copy without the runs, where Snakemake re-runs train and all that follows it
     shutil.copytree(work, tmp_path / "second", symlinks=True, ignore=lambda folder, names: (
         ["runs"] if Path(folder) == work / "results" else []))
-    again = run(["snakemake", "--cores", "2", "--forcerun", "train"], tmp_path / "second")
+    again = run(["snakemake", "--cores", "2", "--forcerun", "train", SUMMARY], tmp_path / "second")
     jobs = set(re.findall(r"^localrule (\w+):", again.stdout + again.stderr, re.M))
     assert "train" in jobs and not jobs & {"prepare", "selftest"}, jobs
     first, second = work / "results", tmp_path / "second" / "results"

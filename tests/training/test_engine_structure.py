@@ -14,8 +14,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer
-from gpt2dist.training.model import VOCAB_MULTIPLE, compiled_head_loss, head_loss
+from gpt2dist.training.model import VOCAB_MULTIPLE, chunked_head_loss, compiled_head_loss, head_loss
 from gpt2dist.training.strategies import REGISTRY
+
+from conftest import gpt2dist, run_record, train_args
+from test_equivalence import assert_follows_reference
+from test_train_cli import RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, kill_after_checkpoint, kill_point
 
 # The ops through which the host waits for a value the device computed: .item(), float(t), bool(t), `if t`.
 READ_BACKS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default}
@@ -174,3 +178,68 @@ def test_compiled_blocks_are_whole_graphs_compiled_once(shards, params_file, tmp
     inputs, targets = next(engine.train_batches.micro_batches(3, 0, 1, engine.rows // 2 + 1))
     engine.loss(inputs, targets)
     assert counters["stats"]["unique_graphs"] > graphs
+
+
+def loss_and_grads(loss_fn, hidden, weight, targets) -> tuple[torch.Tensor, ...]:
+    hidden, weight = hidden.detach().requires_grad_(), weight.detach().requires_grad_()
+    loss = loss_fn(hidden, weight, targets)
+    loss.backward()
+    return loss.detach(), hidden.grad, weight.grad
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 1000])
+def test_the_chunked_loss_gives_the_whole_losss_value_and_gradients(chunk):
+    """Any chunk size (1 token, one that leaves a partial last chunk, an even split, more than the rows) gives
+    the loss and both gradients of the whole product, in fp32 to rounding (its softmax is the exponential of the
+    log-softmax, the whole loss's backward's own: gradients near 0 differ by about 1e-6)."""
+    torch.manual_seed(0)
+    hidden, weight, targets = torch.randn(2, 8, 16), torch.randn(500, 16), torch.randint(0, 500, (2, 8))
+    expected = loss_and_grads(head_loss, hidden, weight, targets)
+    for got, want in zip(loss_and_grads(chunked_head_loss(chunk), hidden, weight, targets), expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # evaluation takes the same chunks without computing gradients
+        torch.testing.assert_close(chunked_head_loss(chunk)(hidden, weight, targets), expected[0], rtol=1e-6, atol=0)
+    # the control: a loop that stops at the last whole chunk (a wrong boundary) loses the tail's tokens
+    whole = 16 // chunk * chunk
+    if whole < 16:
+        short = loss_and_grads(chunked_head_loss(chunk), hidden.reshape(16, 16)[:whole], weight,
+                               targets.reshape(16)[:whole])
+        assert not torch.allclose(short[0], expected[0], rtol=1e-6)
+
+
+def test_the_chunked_loss_computes_in_the_autocast_dtype_and_keeps_no_logits():
+    """Under bf16 autocast each chunk's product is bf16, as the whole loss's is (same value to bf16 rounding),
+    and what autograd keeps is two gradients, no tensor of logits' size: the point of chunking."""
+    torch.manual_seed(0)
+    hidden, weight, targets = torch.randn(4, 64, 32), torch.randn(1000, 32), torch.randint(0, 1000, (4, 64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        whole = head_loss(hidden, weight, targets)
+        chunked = chunked_head_loss(64)(hidden, weight, targets)
+        assert chunked.item() == pytest.approx(whole.item(), rel=1e-2)
+    rows, vocab = targets.numel(), weight.shape[0]
+    for loss_fn, logits_kept in ((head_loss, True), (chunked_head_loss(64), False)):
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel()) or t, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss_fn(hidden.requires_grad_(), weight.requires_grad_(), targets)
+        assert any(n >= rows * vocab for n in kept) == logits_kept, (loss_fn, kept)
+
+
+CHUNKED = ("--set", "train.head_loss_chunk_tokens=24")  # a micro-batch's 64 tokens: chunks of 24, 24 and 16
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_run_with_the_chunked_loss_follows_the_whole_loss_and_resumes_exactly(reference, trained, shards,
+                                                                                params_file, tmp_path):
+    """The engine's switch end to end: the single-process run's curve and final weights within the equivalence
+    tolerance of today's loss, and killed after a checkpoint, resumed bitwise to the uninterrupted chunked run."""
+    whole = trained("single", *CHUNKED)
+    assert run_record(whole)["config"]["train"]["head_loss_chunk_tokens"] == 24
+    assert_follows_reference(reference, whole)
+    killed = tmp_path / "killed"
+    args = train_args(shards, params_file, killed, "single", *CHUNKED, *RESUME_EXTRA)
+    kill_after_checkpoint(args, killed, kill_point("single-chunked-loss"))
+    gpt2dist(*args)
+    assert 0 < run_record(killed)["resumed_from_step"] < RESUME_STEPS
+    assert_resumed_exactly(killed, whole)

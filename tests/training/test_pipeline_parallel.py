@@ -175,3 +175,13 @@ def test_a_zero_bubble_pipeline_resumes_to_the_same_state(trained, shards, param
     record = run_record(killed)
     assert record["status"] == "completed" and 0 < record["resumed_from_step"] < RESUME_STEPS
     assert_resumed_exactly(killed, whole)
+
+
+@pytest.mark.timeout(400)
+def test_the_chunked_loss_on_the_last_stage_follows_single_under_zero_bubble(deeper_single, shards, params_file,
+                                                                             tmp_path):
+    """train.head_loss_chunk_tokens reaches the last stage's head, whose gradients the chunked loss computes in
+    its forward: zero-bubble's split backward (input gradients, then weight gradients) still gets both."""
+    gpt2dist(*train_args(shards, params_file, tmp_path, "pp", "--set", "model.n_layer=4", "--set",
+                         "train.pipeline_schedule=zero-bubble", "--set", "train.head_loss_chunk_tokens=24", nproc=2))
+    assert_follows_reference(deeper_single(4), tmp_path)

@@ -73,19 +73,29 @@ def activation_bytes_kept(spec: RunSpec) -> int:
     if spec.train.activation_checkpointing == "block":
         # each block keeps its float32 input; backward computes one block's activations again at a time
         per_layer, recomputed = m.n_positions * m.n_embd * FP32, per_layer
-    # per row: the head's logits in the compute dtype, their float32 log-softmax kept for backward, and their gradient
-    logits = m.n_positions * m.vocab_size * (element + 2 * FP32)
     stages = degrees.pp
     if stages == 1:
-        return round(rows * (m.n_layer * per_layer + recomputed + logits))
+        return round(rows * (m.n_layer * per_layer + recomputed) + head_bytes(spec, rows))
     in_flight, virtual = degrees.pipeline_micro_batches, degrees.pp_virtual
     if spec.train.pipeline_schedule != "gpipe":
         in_flight = min(in_flight, stages)  # the first rank runs one forward per rank ahead of its first backward
     # interleaving holds (stages - 1) / (stages x virtual) more (Narayanan et al. 2021, section 2.2)
     interleaving = 1 + (stages - 1) / (stages * virtual) if virtual > 1 else 1
     first = rows * (in_flight * len(rank_blocks(spec, 0)) * per_layer * interleaving + recomputed)
-    last = rows * (len(rank_blocks(spec, stages - 1)) * per_layer + recomputed + logits)
+    last = rows * (len(rank_blocks(spec, stages - 1)) * per_layer + recomputed) + head_bytes(spec, rows)
     return round(max(first, last))
+
+
+def head_bytes(spec: RunSpec, rows: int) -> int:
+    """The head's part of `rows` rows' peak: their logits in the compute dtype, the float32 log-softmax kept for
+    backward and its gradient; with train.head_loss_chunk_tokens, those of one chunk only, and the two gradients
+    the chunked loss keeps instead (the hidden states' in float32, the head weight's float32 sum)."""
+    m, element, chunk = spec.model, compute_bytes(spec.precision), spec.train.head_loss_chunk_tokens
+    per_token = m.vocab_size * (element + 2 * FP32)
+    tokens = rows * m.n_positions
+    if not chunk:
+        return tokens * per_token
+    return min(chunk, tokens) * per_token + tokens * m.n_embd * FP32 + m.vocab_size * m.n_embd * FP32
 
 
 def predict(spec: RunSpec, *, busiest: bool = True) -> Memory:

@@ -82,6 +82,10 @@ class TrainConfig(_Strict):
                                       "last (0: steps only), so a job stopped at a cluster's time limit loses at most "
                                       "that much whatever its speed.")
     compile: bool = Field(False, description="torch.compile each transformer block.")
+    head_loss_chunk_tokens: int = Field(0, ge=0, description="Compute the head's logits and their cross-entropy "
+                                        "this many tokens at a time, gradients included, so that a micro-batch's "
+                                        "full logits never exist (at GPT-2's vocabulary 65 times its hidden states); "
+                                        "0: all at once.")
     ledger_steps: int = Field(2, ge=0, description="The run's last steps traced with torch.profiler for the time "
                               "ledger (compute, hidden and exposed communication, data, idle); they are left out of "
                               "throughput statistics. 0: no ledger.")

@@ -11,6 +11,7 @@ and bad-input tests.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -245,12 +246,14 @@ class ZeRO1Description(DDPDescription):
         """Each rank's share of ZeroRedundancyOptimizer's partition: per parameter group, largest tensor first, each
         tensor whole to the rank holding the fewest elements so far."""
         shares: list[list[tuple[int, ...]]] = [[] for _ in range(spec.nproc)]
-        sizes = [0] * spec.nproc
+        # (elements held, rank): the heap's top is the emptiest rank, the lowest-numbered among equals, as
+        # torch's sizes.index(min(sizes)) picks it, in log time (a planner may ask about a million ranks)
+        emptiest = [(0, rank) for rank in range(spec.nproc)]
         shapes = list(parameter_shapes(spec.model).values())
         for decayed in (True, False):  # the loop's two groups, in its order
             for shape in sorted((s for s in shapes if weight_decayed(len(s)) == decayed), key=math.prod, reverse=True):
-                rank = sizes.index(min(sizes))
-                sizes[rank] += math.prod(shape)
+                held, rank = emptiest[0]
+                heapq.heapreplace(emptiest, (held + math.prod(shape), rank))
                 shares[rank].append(shape)
         return shares
 

@@ -33,7 +33,7 @@ from gpt2dist.training.metrics import (
     peak_memory_bytes,
     peak_reserved,
 )
-from gpt2dist.training.model import build_model, checkpoint_blocks, compile_blocks, compiled_head_loss, head_loss
+from gpt2dist.training.model import build_model, checkpoint_blocks, compile_blocks, head_loss_of
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
 from gpt2dist.training.run_record import METRICS, RankReport, now_iso
@@ -109,7 +109,7 @@ class Trainer:
                                            foreach=None if uniform else False)
         self.model, self.optimizer = strategy.prepare(model, make_optimizer, self.precision)
         self.loss = strategy.loss_module(self.model, self.precision,
-                                         compiled_head_loss() if self.compiled else head_loss)
+                                         head_loss_of(t, self.compiled))
         self.rows = self.strategy.degrees.rows_per_pass
         self.tokens_per_step = t.global_batch_size * spec.model.n_positions
         self.telemetry = GpuTelemetry(self.place.device) if self.rank0 else None

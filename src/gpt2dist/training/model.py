@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt2dist.config.schema import ModelConfig
+from gpt2dist.config.schema import ModelConfig, TrainConfig
 
 if TYPE_CHECKING:
     from gpt2dist.training.gpt2 import GPT2
@@ -58,6 +58,69 @@ def head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor)
         hidden = hidden.to(weight.dtype)
     logits = F.linear(hidden, F.pad(weight, (0, 0, 0, padding)) if padding else weight)[..., :vocab]
     return F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1), reduction="sum")
+
+
+class _ChunkedHeadLoss(torch.autograd.Function):
+    """head_loss over `chunk` tokens at a time, with its gradients computed in the forward pass, chunk by chunk:
+    only one chunk's logits exist at any time, and backward scales the two gradients kept (the hidden states'
+    and the head's) by the loss's. The arithmetic per token is head_loss's: the product in the compute dtype
+    over the padded vocabulary, the softmax in float32 over the real tokens only."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
+                dtype: torch.dtype) -> torch.Tensor:
+        vocab = weight.shape[0]
+        low = weight.to(dtype)
+        padded = F.pad(low, (0, 0, 0, -vocab % VOCAB_MULTIPLE))
+        rows, targets = hidden.reshape(-1, hidden.shape[-1]).to(dtype), targets.reshape(-1)
+        grad_rows = torch.empty_like(rows)
+        grad_weight = torch.zeros(vocab, weight.shape[1], dtype=torch.float32, device=weight.device)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, rows.shape[0], chunk):
+            part, wanted = rows[start:start + chunk], targets[start:start + chunk]
+            logits = (part @ padded.T)[:, :vocab].float()
+            log_probs = logits.log_softmax(dim=-1)
+            total += F.nll_loss(log_probs, wanted, reduction="sum")
+            grad_logits = log_probs.exp_()  # d(sum of -log p[target]) / d logits: softmax minus the one-hot target
+            grad_logits[torch.arange(len(wanted), device=wanted.device), wanted] -= 1
+            grad_logits = grad_logits.to(dtype)
+            grad_rows[start:start + chunk] = grad_logits @ low
+            grad_weight += grad_logits.T @ part  # the product in the compute dtype, the sum over chunks in float32
+        ctx.save_for_backward(grad_rows.reshape(hidden.shape).to(hidden.dtype), grad_weight.to(weight.dtype))
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total: torch.Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_total, grad_weight * grad_total, None, None, None
+
+
+def chunked_head_loss(chunk: int) -> Callable[..., torch.Tensor]:
+    """head_loss that never holds more than `chunk` tokens' logits (train.head_loss_chunk_tokens): at GPT-2's
+    vocabulary the full logits of a micro-batch are 65 times its hidden states, and their float32 softmax more."""
+
+    def loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        device = hidden.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+        else:  # Apex O2's float16 head, or no reduced precision at all: the head's own dtype
+            dtype = weight.dtype
+        with torch.autocast(device, enabled=False):
+            if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+                return _ChunkedHeadLoss.apply(hidden, weight, targets, chunk, dtype)
+            # evaluation: the same chunks, no gradients to compute
+            rows, targets = hidden.reshape(-1, hidden.shape[-1]).to(dtype), targets.reshape(-1)
+            return sum(head_loss(rows[start:start + chunk], weight.to(dtype), targets[start:start + chunk])
+                       for start in range(0, len(rows), chunk))
+
+    return loss
+
+
+def head_loss_of(train: TrainConfig, compiled: bool) -> Callable[..., torch.Tensor]:
+    """The run's head loss: chunked where train.head_loss_chunk_tokens says so, else whole (compiled or not)."""
+    if train.head_loss_chunk_tokens:
+        return chunked_head_loss(train.head_loss_chunk_tokens)
+    return compiled_head_loss() if compiled else head_loss
 
 
 def transformer_blocks(model: GPT2) -> list[nn.Module]:

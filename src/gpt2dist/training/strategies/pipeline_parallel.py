@@ -16,6 +16,8 @@ the original parameter names, the tied weight's optimizer state once, as `single
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -62,10 +64,12 @@ class RankPart(nn.Module):
             if not first:  # the head's own copy of the tied embedding
                 self.lm_head.weight = nn.Parameter(source.wte.weight.detach().clone())
 
+    head_loss: Callable[..., torch.Tensor] = staticmethod(head_loss)  # the run's (chunked or not): loss_module sets it
+
     def mean_loss(self, hidden: torch.Tensor, targets: torch.Tensor, autocast) -> torch.Tensor:
         """The last stage's head and mean next-token cross-entropy of these rows."""
         with autocast():
-            return head_loss(hidden, self.lm_head.weight, targets) / targets.numel()
+            return self.head_loss(hidden, self.lm_head.weight, targets) / targets.numel()
 
 
 class Stage(nn.Module):
@@ -132,6 +136,7 @@ class PipelineParallel(TorchDistributed):
         return self.part.mean_loss(hidden, targets, self.autocast) / self.micro_batches
 
     def loss_module(self, model, precision, loss):
+        self.part.head_loss = loss
         return model  # the schedule computes the loss on the last stage
 
     def _tied_copy(self) -> torch.Tensor | None:
