@@ -87,8 +87,8 @@ def main() -> None:
           f"micro-batch {trainer.spec.train.micro_batch_size}, accumulation {trainer.strategy.degrees.grad_accum_steps}; "
           f"{args.rounds} rounds x {args.steps} steps each; {per_token / 1e6:.0f} MFLOP/token, "
           f"{COMPUTE_DTYPE[args.precision]} peak {peak / 1e12:.1f} TFLOP/s")
-    contenders = [("engine   ", ours), ("bare loop", theirs)] + ([(f"engine with {', '.join(args.beside)}", beside)]
-                                                                   if changed else [])
+    switched = f"engine with {', '.join(args.beside)}"
+    contenders = [("engine   ", ours), ("bare loop", theirs)] + ([(switched, beside)] if changed else [])
     for label, rates in contenders:
         rate, low, high = log_interval(rates)
         utilisation = [mfu(x, per_token, 1, peak) for x in (rate, low, high)]
@@ -96,7 +96,7 @@ def main() -> None:
               f"({utilisation[1]:.1%} to {utilisation[2]:.1%}): {against_target(utilisation[1], utilisation[2], 0.5)}")
     print(verdict_line("engine/bare loop", ours, theirs, 0.97))
     if changed:  # above 1: the switch makes the engine faster
-        print(verdict_line(f"engine with {', '.join(args.beside)}/engine", beside, ours, 1.0))
+        print(verdict_line(f"{switched}/engine", beside, ours, 1.0))
     clocks = [line["sm_clock_mhz"] for line in lines if "sm_clock_mhz" in line]
     slowed = sum(bool(line.get("clock_event_reasons", 0) & DISTURBING_REASONS) for line in lines)
     if clocks:

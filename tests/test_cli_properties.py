@@ -10,7 +10,7 @@ import shutil
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, example, given, seed, settings
 from hypothesis import strategies as st
 
 from gpt2dist.cli import run
@@ -101,7 +101,8 @@ SETS = st.one_of(st.text(max_size=12), st.builds(lambda key, value: f"{key}={val
                                                                    "train.data_parallel_shard_size",
                                                                    "train.pipeline_virtual_stages",
                                                                    "train.pipeline_schedule",
-                                                                   "train.activation_checkpointing"]),
+                                                                   "train.activation_checkpointing",
+                                                                   "train.head_loss_chunk_tokens"]),
                                                   st.one_of(st.text(max_size=8), NUMBERS)))
 
 
@@ -126,6 +127,11 @@ def test_any_hosts_are_launch_commands_or_one_error_line(hosts, gpus, nproc, sha
 @seed(20261126)
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(assignment=SETS)
+@example(assignment="train.head_loss_chunk_tokens=nan")
+@example(assignment="train.head_loss_chunk_tokens=inf")
+@example(assignment="train.head_loss_chunk_tokens=-1")
+@example(assignment="train.head_loss_chunk_tokens=0")
+@example(assignment="train.head_loss_chunk_tokens=2.5")
 def test_any_set_is_a_launch_or_one_error_line(assignment, shards, params_file, tmp_path):
     args = ["--data", str(shards), "--out", str(tmp_path / "run"), "--params", str(params_file), "--strategy", "single",
             "--print-command", "--set", assignment]

@@ -109,8 +109,8 @@ def chunked_head_loss(chunk: int) -> Callable[..., torch.Tensor]:
             if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
                 return _ChunkedHeadLoss.apply(hidden, weight, targets, chunk, dtype)
             # evaluation: the same chunks, no gradients to compute
-            rows, targets = hidden.reshape(-1, hidden.shape[-1]).to(dtype), targets.reshape(-1)
-            return sum(head_loss(rows[start:start + chunk], weight.to(dtype), targets[start:start + chunk])
+            rows, low, targets = hidden.reshape(-1, hidden.shape[-1]).to(dtype), weight.to(dtype), targets.reshape(-1)
+            return sum(head_loss(rows[start:start + chunk], low, targets[start:start + chunk])
                        for start in range(0, len(rows), chunk))
 
     return loss
