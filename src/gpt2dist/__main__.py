@@ -1,5 +1,5 @@
 """`python -m gpt2dist` is the `gpt2dist` command."""
 
-from gpt2dist.cli import run
+from gpt2dist.cli import command_line
 
-run()
+command_line()

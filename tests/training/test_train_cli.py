@@ -159,14 +159,22 @@ BROKEN_RESTORES = {"none": lambda monkeypatch: None, "optimizer-state-dropped": 
                    "data-order-restarted": _data_order_restarted}
 
 
+@pytest.fixture(scope="module")
+def killed_single(shards, params_file, tmp_path_factory):
+    """single killed once its checkpoint of step 4 exists: every control resumes a copy of this one run."""
+    killed = tmp_path_factory.mktemp("killed-single") / "run"
+    kill_after_checkpoint(train_args(shards, params_file, killed, "single", *RESUME_EXTRA), killed, 4)
+    return killed
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("broken", BROKEN_RESTORES)
-def test_the_bitwise_check_catches_a_broken_restore(broken, shards, params_file, tmp_path, monkeypatch):
+def test_the_bitwise_check_catches_a_broken_restore(broken, trained, killed_single, shards, params_file, tmp_path,
+                                                    monkeypatch):
     """The control for the resume test: the same kill, then a resume with one classic fault planted (in this
     process, so the fault lives in the code that resumes), must leave the uninterrupted run."""
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    gpt2dist(*train_args(shards, params_file, whole, "single", *RESUME_EXTRA))
-    kill_after_checkpoint(train_args(shards, params_file, killed, "single", *RESUME_EXTRA), killed, 4)
+    whole, killed = trained("single", *RESUME_EXTRA), tmp_path / "killed"
+    shutil.copytree(killed_single, killed)
     BROKEN_RESTORES[broken](monkeypatch)
     spec = build_spec(data=shards, out=killed, strategy="single", precision="fp32", nproc=1, params=params_file,
                       preset=None, overrides=["train.max_steps=12", "train.checkpoint_interval=2"])

@@ -15,6 +15,7 @@ it on.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import select
 import signal
@@ -149,7 +150,10 @@ def stop_on_signals() -> None:
 
 
 def exit_now(code: int) -> None:
-    """End a stopped process without interpreter shutdown, which takes seconds with torch loaded."""
+    """End this process without interpreter shutdown, once what it writes is closed: unloading torch takes 0.6 s
+    and 1.1 to 1.4 s once torch._dynamo is loaded too (which torch's optimizers load), measured on a 2-core EPYC,
+    and every rank, run and pipeline job paid it; a stopped process could take seconds."""
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
