@@ -71,3 +71,13 @@ def test_selftests_resume_only_where_a_run_can_stop_between_checkpoints(tmp_path
     assert "--resume" in selftest_command(mid_run, ddp)
     resumed = selftest_seconds(mid_run, CALIBRATION, cores=2)[ddp.config_id]
     assert resumed == 3 * 2 * 6.0 == 3 * selftest_seconds(STUDY, CALIBRATION, cores=2)[ddp.config_id]
+
+
+def test_a_study_without_selftests_counts_none(tmp_path):
+    """`study.selftests: false`: the estimate counts no selftest (the pipeline tests check that none is planned)."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["presets"]["cpu"]["study"]["selftests"] = False
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    unchecked = plan_study(tmp_path / "params.yaml", "cpu", 0)
+    assert selftest_seconds(unchecked, CALIBRATION, cores=2) == {}
+    assert len(selftest_seconds(STUDY, CALIBRATION, cores=2)) == len(configurations(STUDY))  # control: on by default

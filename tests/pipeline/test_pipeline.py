@@ -159,7 +159,10 @@ def _snakemake_jobs(work: Path) -> dict[str, tuple[str, set[str]]]:
     return jobs
 
 
-def test_snakemake_and_dvc_declare_the_same_stages(workdir):
+@pytest.mark.parametrize("selftests", [True, False])
+def test_snakemake_and_dvc_declare_the_same_stages(selftests, tmp_path):
+    """With selftests and without (`study.selftests: false`: no selftest job, and no run waits for one)."""
+    workdir = copy_workflow(tmp_path, selftests=selftests)
     run(["gpt2dist", "dvc-yaml"], workdir)
     stages = yaml.safe_load((workdir / "dvc.yaml").read_text())["stages"]
     dvc = {}
@@ -173,6 +176,9 @@ def test_snakemake_and_dvc_declare_the_same_stages(workdir):
             dvc[name] = (stage["cmd"], {o if isinstance(o, str) else next(iter(o)) for o in declared})
     jobs = _snakemake_jobs(workdir)
     assert jobs.keys() == dvc.keys()
+    assert {key for key in jobs if key.startswith("selftest@")} == (
+        {"selftest@single-fp32-n1", "selftest@ddp-fp32-n2"} if selftests else set())
+    assert ("${item.selftest}" in stages["train"]["do"]["deps"]) == selftests
     for key, (command, outputs) in jobs.items():
         assert command == dvc[key][0], key
         assert outputs == dvc[key][1], key

@@ -82,7 +82,7 @@ def assert_resumed_to_the_same_end(run_dir: Path, whole: list[dict]) -> None:
 @pytest.mark.timeout(1500)
 def test_snakemake_rerun_incomplete_resumes_the_killed_job(tmp_path):
     (tmp_path / "work").mkdir()
-    work = copy_workflow(tmp_path / "work")
+    work = copy_workflow(tmp_path / "work", selftests=False)  # the job alone, resumed
     run_dir = long_single_run(work)
     target = f"{RUNS_DIR}/{RUN_ID}/run.json"
     kill_at_first_checkpoint(["snakemake", "--cores", "2", target], work, run_dir)
@@ -94,7 +94,7 @@ def test_snakemake_rerun_incomplete_resumes_the_killed_job(tmp_path):
 @pytest.mark.timeout(1500)
 def test_dvc_repro_resumes_the_killed_stage(tmp_path):
     (tmp_path / "work").mkdir()
-    work = copy_workflow(tmp_path / "work")
+    work = copy_workflow(tmp_path / "work", selftests=False)  # the job alone, resumed
     run_dir = long_single_run(work)
     for command in (["git", "init", "-q"], ["dvc", "init", "-q"], ["gpt2dist", "dvc-yaml"]):
         run(command, work)

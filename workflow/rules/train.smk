@@ -21,8 +21,8 @@ def run_pattern(across_nodes):
 rule train:
     input:
         rules.prepare.output,
-        # its configuration's selftest must pass first
-        lambda wildcards: gs.selftest_file(run_of(wildcards.run)),
+        # its configuration's selftest must pass first (where the preset has selftests)
+        lambda wildcards: gs.selftest_inputs(STUDY, run_of(wildcards.run)),
         # Repeats interleave: repeat k waits for round k-1 (rule round_done below), so a slow spell
         # of the machine hits all configurations alike. Order only: ancient() keeps a re-trained
         # earlier repeat from making every later one out of date.

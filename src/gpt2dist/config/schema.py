@@ -241,6 +241,9 @@ class StudyConfig(_Strict):
                          "intervals; at most 1000, a run each).")
     excluded_steps: int = Field(5, ge=0, description="Leading steps of each run left out of throughput statistics "
                                 "(compilation, allocator and cache warm-up).")
+    selftests: bool = Field(True, description="Check each configuration with `gpt2dist selftest` (a tiny model, a "
+                            "few steps) before its runs, so a node that cannot run it fails in minutes. false: the "
+                            "runs are their own check, where they take no longer than a selftest.")
     train_runtime_min: int = Field(60, gt=0, description="Time limit of one train job on a cluster (SLURM "
                                    "--time), minutes; a job that hits it is retried and resumes from its checkpoint.")
     max_foreign_cpu_share: float = Field(0.1, ge=0, le=1, description="A run is disturbed when other processes "

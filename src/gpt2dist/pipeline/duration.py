@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.io import atomic_write_json
-from gpt2dist.pipeline.study import ESTIMATE_FILE, RUNS_DIR, Run, Study, configurations, pipeline_resume_cases
+from gpt2dist.pipeline.study import ESTIMATE_FILE, RUNS_DIR, Run, Study, pipeline_resume_cases, selftested
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def selftest_seconds(study: Study, calibration: Calibration, cores: int) -> dict
     resumed = {run.config_id for run in pipeline_resume_cases(study)}
     return {run.config_id: (1 + 2 * (run.config_id in resumed)) * launch_seconds(study, calibration, study.processes(run))
             / (max(1, cores // study.processes(run)) if study.device == "cpu" else 1)
-            for run in configurations(study)}
+            for run in selftested(study)}
 
 
 def write_estimate(study: Study, calibration: Calibration, cores: int, out: Path | str = ESTIMATE_FILE) -> dict:

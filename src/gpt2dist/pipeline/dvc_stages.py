@@ -30,6 +30,7 @@ from gpt2dist.pipeline.study import (
     report_command,
     selftest_command,
     selftest_file,
+    selftested,
     stage_code,
     stage_outputs,
     train_command,
@@ -46,22 +47,25 @@ def dvc_stages(study: Study) -> dict:
     outs = stage_outputs(study)
     git_versioned = {f"{RESULTS_DIR}/loss_curves.csv", *(headline_file(run) for run in configurations(study))}
     run_files = [path for stage, paths in outs.items() if stage.startswith("train@") for path in paths]
+    # One per configuration, and each run depends on its configuration's: it re-runs only when the settings or
+    # code change, which re-train the run anyway. None where the preset turns selftests off.
+    selftests = {"selftest": {
+        "foreach": {run.config_id: {"cmd": selftest_command(study, run)} for run in selftested(study)},
+        "do": {"cmd": "${item.cmd}", "deps": stage_code("selftest"), "params": [*keys["model"], *keys["train"]],
+               "outs": [f"{SELFTEST_DIR}/${{key}}.json"]},
+    }} if selftested(study) else {}
+    waits = ["${item.selftest}"] if selftests else []
     return {"stages": {
-        # One per configuration, and each run depends on its configuration's: it re-runs only when
-        # the settings or code change, which re-train the run anyway.
-        "selftest": {
-            "foreach": {run.config_id: {"cmd": selftest_command(study, run)} for run in configurations(study)},
-            "do": {"cmd": "${item.cmd}", "deps": stage_code("selftest"), "params": [*keys["model"], *keys["train"]],
-                   "outs": [f"{SELFTEST_DIR}/${{key}}.json"]},
-        },
+        **selftests,
         "prepare": {"cmd": prepare_command(study), "deps": stage_code("prepare"), "params": keys["data"],
                     "outs": outs["prepare"]},
         "train": {
-            "foreach": {run.run_id: {"cmd": train_command(study, run), "selftest": selftest_file(run)}
+            "foreach": {run.run_id: {"cmd": train_command(study, run),
+                                     **({"selftest": selftest_file(run)} if selftests else {})}
                         for run in study.runs},
             "do": {
                 "cmd": "${item.cmd}",
-                "deps": ["${item.selftest}", f"{DATA_DIR}/meta.json", f"{DATA_DIR}/train.bin", f"{DATA_DIR}/val.bin",
+                "deps": [*waits, f"{DATA_DIR}/meta.json", f"{DATA_DIR}/train.bin", f"{DATA_DIR}/val.bin",
                          *stage_code("train")],
                 "params": [*keys["model"], *keys["train"]],
                 # no checkpoint.pt: DVC deletes outs before running a stage, and an interrupted run

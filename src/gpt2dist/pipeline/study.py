@@ -243,6 +243,16 @@ def configurations(study: Study) -> list[Run]:
     return [run for run in study.runs if run.repeat == 0]
 
 
+def selftested(study: Study) -> list[Run]:
+    """The configurations whose selftest job runs before their runs: all, unless the preset turns them off."""
+    return configurations(study) if study.preset.study.selftests else []
+
+
+def selftest_inputs(study: Study, run: Run) -> list[str]:
+    """What a run's job waits for besides the data: its configuration's selftest, where there is one."""
+    return [selftest_file(run)] if study.preset.study.selftests else []
+
+
 def preset_json(study: Study, *sections: str) -> str:
     """The preset sections a stage reads, as one string: a Snakemake rule's params, so that
     changing them re-runs exactly the rules that read them."""
@@ -429,7 +439,7 @@ def stage_outputs(study: Study) -> dict[str, list[str]]:
             for run in study.runs}
     return {
         "prepare": [f"{DATA_DIR}/{name}" for name in ("train.bin", "val.bin", "tokenizer.json", "meta.json")],
-        **{f"selftest@{run.config_id}": [selftest_file(run)] for run in configurations(study)},
+        **{f"selftest@{run.config_id}": [selftest_file(run)] for run in selftested(study)},
         **runs,
         "collect": [*(f"{RESULTS_DIR}/{name}" for name in ("metrics.csv", "runs.csv", "summary.csv", "summary.json",
                                                            "loss_curves.csv", "link_model.csv")),
