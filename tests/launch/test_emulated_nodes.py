@@ -109,7 +109,7 @@ def test_a_stopped_run_leaves_no_node_behind(shards, params_file, tmp_path):
     """SIGTERM to `gpt2dist train` during a slow-link run: the ranks stop, the run says so, the nodes go."""
     out = tmp_path / "stopped"
     argv = [sys.executable, "-m", "gpt2dist", *map(str, train_args(shards, params_file, out, "ddp", "--emulate-nodes",
-                                                                   "2", "--link-mbit", "5", "--max-steps", "200",
+                                                                   "2", "--link-mbit", "20", "--max-steps", "200",
                                                                    nproc=2))]
     train = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + TIMEOUT_S

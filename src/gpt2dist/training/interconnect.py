@@ -20,6 +20,9 @@ from gpt2dist.system.environment import cpu_model
 # on CPU (gloo over TCP) a smaller buffer keeps the probe well under a second.
 PROBE_BYTES = {"cuda": 64 << 20, "cpu": 4 << 20}
 PROBE_ITERATIONS = 5
+# Fewer timed iterations where one takes long: on an emulated node's 50 Mbit/s link one 4 MiB all-reduce
+# takes 0.7 s, and five of them were a fifth of a two-node-cpu run.
+PROBE_BUDGET_S = 1.0
 
 
 def this_node(device: torch.device) -> dict:
@@ -50,13 +53,23 @@ def probe_bandwidth(all_reduce_sum, barrier, device: torch.device, world_size: i
             torch.cuda.synchronize(device)
         barrier()
 
+    started = time.perf_counter()
     all_reduce_sum(buffer)  # warm-up: connections, buffers, NCCL's channels
     synchronised()
+    # every rank must run as many iterations: the ranks' mean warm-up, the same number on each, decides
+    warm_up_s = all_reduce_sum(torch.tensor([time.perf_counter() - started], device=device)).item() / world_size
+    iterations = iterations_within(warm_up_s)
     started = time.perf_counter()
-    for _ in range(PROBE_ITERATIONS):
+    for _ in range(iterations):
         all_reduce_sum(buffer)
     synchronised()
-    seconds = (time.perf_counter() - started) / PROBE_ITERATIONS
+    seconds = (time.perf_counter() - started) / iterations
     algbw = size / seconds
     return {"bytes": size, "seconds": seconds, "algbw_gb_s": algbw / 1e9,
-            "busbw_gb_s": algbw * 2 * (world_size - 1) / world_size / 1e9, "iterations": PROBE_ITERATIONS}
+            "busbw_gb_s": algbw * 2 * (world_size - 1) / world_size / 1e9, "iterations": iterations}
+
+
+def iterations_within(warm_up_s: float) -> int:
+    """PROBE_ITERATIONS, or as many as fit PROBE_BUDGET_S at the warm-up's pace (which includes connecting, so
+    errs low), at least one."""
+    return max(1, min(PROBE_ITERATIONS, int(PROBE_BUDGET_S / max(warm_up_s, 1e-9))))
