@@ -9,11 +9,13 @@
 #   install   the wheels containers/build_gpu_wheels.sh made (Apex, Horovod with NCCL/MPI/Gloo, PyPI's Open
 #             MPI, what the machine lacks of gpt2dist's dependencies) and gpt2dist, into --state/site, offline
 #   doctor    gpt2dist doctor for the one-GPU study
-#   selftest  the one-GPU study's selftests (preset gpu-1gpu: every configuration of preset paper that runs
-#             on one GPU, with a kill and resume per strategy; Apex O1/O2, apex-ddp and Horovod over NCCL
-#             included), the pipeline's own jobs, four at a time: they measure nothing, and one GPU holds them
-#   study     the one-GPU study under Snakemake (the selftests above are its first jobs, done). Snakemake
-#             resumes it at run granularity, so it starts whenever a minute is left
+#   selftest  the one-GPU study's selftests (preset gpu-1gpu: each strategy of preset paper on one GPU in bf16
+#             and with its Apex level, single in fp32 too; Apex O1/O2, apex-ddp and Horovod over NCCL included),
+#             the pipeline's own commands, four at a time: they measure nothing, and one GPU holds them
+#   study     the one-GPU study under Snakemake (no selftest jobs: the step above is their check, and the H200
+#             passed them all), after the planner's prediction of it for an H100 (a dry run fails when the
+#             prediction exceeds what is left of --budget-s). Snakemake resumes it at run granularity, so it
+#             starts whenever a minute is left
 #   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz)
 #   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) with a profile of 3 steps, and beside
 #             today's engine the one with the chunked head loss (train.head_loss_chunk_tokens=4096)
@@ -153,6 +155,12 @@ step_mfu_tf32() {
 study_config() { echo "preset=gpu-1gpu gpus_per_node=1"; }
 
 step_study() {
+  # The planner's prediction for one H100 (the slower memory of the two kinds lent), said before it starts; a dry
+  # run fails when it exceeds what this call has left for the study and the bundle after it
+  local budget_args=()
+  ((dry)) && budget_args=(--budget-s $((left - BUNDLE_S)))
+  gpt2dist plan --preset gpu-1gpu --gpus 1 --gpu H100 "${budget_args[@]}" \
+    | sed -n '/^The study, one job at a time/,/\.$/p'
   if ((dry)); then snakemake --cores all --dry-run --quiet rules --config $(study_config); return; fi
   # a call stopped by its budget leaves Snakemake's lock and the job it was running behind
   snakemake --unlock --quiet --config $(study_config)
@@ -184,8 +192,10 @@ step_memory() {
 
 # name and the seconds a step needs to be worth starting on one H100 or H200: the whole step (install 15 s,
 # selftest 120 s, mfu 75 s on an H200 with one engine; a second beside it adds its compile and rounds), except for
-# the study, which resumes (24 runs of 20 steps; not yet timed)
+# the study, which resumes (16 runs of 20 steps: about 440 s predicted, step_study)
 STEPS=(install:60 doctor:30 selftest:150 study:60 bundle:60 mfu:180 tests:300 memory:120 mfu_tf32:120)
+# what the study leaves the bundle in the same call: bundle and figures of the cpu study's 60 runs take 10-16 s
+BUNDLE_S=30
 
 copy_out() {
   [[ -n $out ]] || return 0
@@ -198,7 +208,7 @@ copy_out() {
 }
 trap copy_out EXIT
 # the steps run in child shells (below), which see these
-export dry state wheels site ompi python repo
+export dry state wheels site ompi python repo BUNDLE_S
 export -f gpu_slug study_config step_install step_doctor step_selftest step_mfu step_study step_bundle step_tests \
   step_memory step_mfu_tf32
 
@@ -206,7 +216,7 @@ for entry in "${STEPS[@]}"; do
   step=${entry%%:*} estimate=${entry#*:}
   [[ -z $only || ,$only, == *,$step,* ]] || continue
   [[ -f $state/done/$step ]] && { echo "campaign: $step done earlier ($(cat "$state/done/$step"))"; continue; }
-  left=$((budget - (SECONDS - start)))
+  export left=$((budget - (SECONDS - start)))
   ((dry)) && estimate=1  # the CPU stand-ins take seconds
   if ((estimate > left)); then
     echo "campaign: stopping before $step (about $estimate s; $left s left of $budget): run the same command again to go on"

@@ -20,7 +20,8 @@ from conftest import REPO, assert_answer_or_one_error
 PARAMS = str(REPO / "params.yaml")
 # each command with the arguments that make it valid, and its numeric options (a list option takes a list)
 COMMANDS = {
-    "plan": (["--params", PARAMS, "--preset", "paper", "--gpus", "8"], ["--mfu", "--gpus", "--nodes", "--memory-gb"]),
+    "plan": (["--params", PARAMS, "--preset", "paper", "--gpus", "8"], ["--mfu", "--gpus", "--nodes", "--memory-gb",
+                                                                        "--budget-s"]),
     "recommend": (["--params", PARAMS, "--gpus", "8"], ["--gpus", "--nodes", "--memory-gb", "--tokens", "--mfu"]),
     "project-scaling": (["--params", PARAMS, "--preset", "paper"], ["--mfu", "--gpus-per-node", "--nodes"]),
     "doctor": (["--params", PARAMS, "--preset", "paper", "--no-gpu"], ["--gpus", "--nodes"]),

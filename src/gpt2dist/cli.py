@@ -456,6 +456,9 @@ def plan(
     model_sizes: Annotated[Optional[str], typer.Option("--sizes", help="GPT-2 sizes to plan the study's "
                                                        "configurations at instead of their own, e.g. "
                                                        "small,medium,large,xl.")] = None,
+    budget_s: Annotated[Optional[float], typer.Option("--budget-s", help="Fail (one error line, status 2) when the "
+                                                      "study on GPUs is predicted to take longer than this many "
+                                                      "seconds: a job's or a lease's time limit.")] = None,
 ) -> None:
     """Before running: each configuration's predicted memory per rank and step time, the study's duration, and
     what will not fit a GPU's memory (at GPT-2's larger sizes too, with --sizes)."""
@@ -463,7 +466,7 @@ def plan(
 
     from gpt2dist.io import atomic_open
     from gpt2dist.config.memory import USABLE_SHARE
-    from gpt2dist.results.plan import fit_lines, plan_text
+    from gpt2dist.results.plan import duration_words, fit_lines, plan_text, study_seconds
     from gpt2dist.results.plan import plan as plan_table
 
     if output_format not in ("table", "csv", "json"):
@@ -474,8 +477,18 @@ def plan(
     if study.device != "cuda" and (gpu, mfu) != (None, None):
         raise UsageError(f"--gpu and --mfu set a GPU's step time, and preset '{study.preset_name}' is planned here for "
                          "CPUs; leave them out, or plan for GPUs with --gpus N")
+    if budget_s is not None and not 0 < budget_s < math.inf:
+        raise UsageError(f"--budget-s {budget_s:g}: give the seconds the study may take, above 0 (e.g. 540)")
+    if budget_s is not None and (study.device != "cuda" or models):
+        raise UsageError("--budget-s checks a study planned on GPUs at its own sizes: add --gpus N, and leave out "
+                         "--sizes")
     gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
     table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes, sizes=models)
+    duration = study_seconds(study, table) if study.device == "cuda" and not models else None
+    if budget_s is not None and duration["total"] > budget_s:
+        raise UsageError(f"preset '{study.preset_name}' is predicted to take {duration['total']:,.0f} s on "
+                         f"{study.gpus} {gpu} GPU(s), over --budget-s {budget_s:g}: cut its runs (study.runs, "
+                         "study.repeats, study.selftests) or steps (train.max_steps), or give it more time")
     if out:
         with atomic_open(out, "w") as handle:
             table.to_csv(handle, index=False)
@@ -511,11 +524,11 @@ def plan(
         + (f". Spare is what is left of {USABLE_SHARE:.0%} of the GPU's memory, in GiB (the CUDA context and the "
            "allocator take the rest)." if on_gpus else "."))
     if on_gpus:
-        hours = (table["run_min"] * table["repeats"]).sum() / 60
         say(f"Step time: single's FLOPs at an assumed MFU of {mfu:.0%} of the {gpu}'s peak, divided over the GPUs, "
             "a pipeline's bubble, and the traffic model's bytes over NVLink (450 GB/s) inside a node and InfiniBand "
-            "(50 GB/s per GPU) across nodes, without overlap. Training steps alone, one run at a time: "
-            f"{hours:,.1f} hours (start-up, evaluation and checkpoints come on top).")
+            "(50 GB/s per GPU) across nodes, without overlap.")
+        if duration is not None:
+            say(duration_words(study, duration, budget_s))
     else:
         say("Step time on CPUs: `gpt2dist estimate` times this machine.")
     for line in fit_lines(table, sizes) if on_gpus and not by_size else []:

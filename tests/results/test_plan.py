@@ -70,6 +70,9 @@ def test_the_plan_fits_100_columns_and_states_what_it_assumes():
     ("--gpu", "V100", "error: no peak FLOP/s known for GPU 'V100'"),
     ("--format", "yaml", "error: --format 'yaml': choose table, csv or json"),
     ("--sizes", "small,huge", "error: --sizes 'small,huge': name GPT-2 sizes from small, medium, large, xl"),
+    ("--budget-s", "0", "error: --budget-s 0: give the seconds the study may take, above 0 (e.g. 540)"),
+    ("--budget-s", "3600", "error: preset 'paper' is predicted to take 71,096 s on 8 H100 GPU(s), over --budget-s "
+                           "3600: cut its runs (study.runs, study.repeats, study.selftests) or steps"),
 ])
 def test_bad_plan_input_is_one_error_line_and_no_file(option, value, message, tmp_path):
     out = tmp_path / "plan.csv"
@@ -77,6 +80,27 @@ def test_bad_plan_input_is_one_error_line_and_no_file(option, value, message, tm
                       "--out", out, check=False)
     assert result.returncode != 0 and result.stderr.strip().startswith(message), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_studys_duration_counts_a_launch_per_run_and_selftest_beside_its_steps():
+    """What the GPU campaign sizes its one-call study by (tests/containers/test_gpu_campaign.py): gpu-1gpu has no
+    selftest jobs, so a launch per run; paper's selftests add theirs, three for one that kills and resumes."""
+    from gpt2dist.pipeline.study import pipeline_resume_cases, plan_study, selftested
+    from gpt2dist.results.plan import GPU_LAUNCH_S, STUDY_FIXED_S, plan, study_seconds
+
+    for preset, gpus in (("gpu-1gpu", 1), ("paper", 8)):
+        study = plan_study(REPO / "params.yaml", preset, gpus)
+        table = plan(study, gpu="H100", mfu=0.4, memory_gb=[80])
+        duration = study_seconds(study, table)
+        checked = selftested(study)
+        launches = len(study.runs) + len(checked) + 2 * len(set(pipeline_resume_cases(study)) & set(checked))
+        assert duration["launch_count"] == launches and (launches == len(study.runs)) == (preset == "gpu-1gpu")
+        steps = sum(row.step_ms / 1e3 * study.preset.train.max_steps * row.repeats for row in table.itertuples())
+        assert duration["steps"] == pytest.approx(steps)
+        assert duration["total"] == pytest.approx(steps + launches * GPU_LAUNCH_S + STUDY_FIXED_S)
+    shown = " ".join(gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "gpu-1gpu", "--gpus", "1",
+                              "--budget-s", "540").stdout.splitlines())
+    assert "16 launches, one per run, at about 20 s each" in shown and "; within --budget-s 540." in shown
 
 
 def test_a_plan_that_drops_configurations_says_how_many_and_why():

@@ -21,12 +21,19 @@ from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import flops_per_token, parameter_count
 from gpt2dist.config.strategies import check_run, traffic
 from gpt2dist.errors import UsageError
-from gpt2dist.pipeline.study import Study, configurations, planned_spec
+from gpt2dist.pipeline.study import Study, configurations, pipeline_resume_cases, planned_spec, selftested
 from gpt2dist.results.link_model import INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
 from gpt2dist.results.prediction import predicted_step_time
 from gpt2dist.system.hardware import peak_flops
 
 MIB = 2**20
+# What a run costs beside its steps on a GPU node: Python, torch, CUDA and the process group start, a checkpoint
+# and an evaluation at the end. Measured once: each of the H200's selftests (docs/reference/h200-first-gpu-runs:
+# a launch of a 2-layer model for 4 steps, four at a time on 16 cores) took 14 to 25 s, 20 s the median.
+GPU_LAUNCH_S = 20.0
+# Snakemake's own start, the estimate's timing of the preset's model, prepare, collect, plot and report: 43 s of
+# the cpu study on 2 cores (docs/results.md), rounded up for GPT-2 small's timing on a GPU.
+STUDY_FIXED_S = 60.0
 
 
 def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float) -> float:
@@ -85,6 +92,30 @@ def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float], sizes: l
         row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def study_seconds(study: Study, table: pd.DataFrame) -> dict[str, float]:
+    """The study's duration on its GPUs, job after job as the pipeline runs them there: every run's steps
+    (table's run_min), a launch per run and per selftest (three for one that kills and resumes), and the
+    fixed part; by part, and in all ("total")."""
+    resumed = {run.config_id for run in pipeline_resume_cases(study)}
+    launches = len(study.runs) + sum(1 + 2 * (run.config_id in resumed) for run in selftested(study))
+    parts = {"steps": float((table["run_min"] * table["repeats"]).sum() * 60), "launches": launches * GPU_LAUNCH_S,
+             "fixed": STUDY_FIXED_S}
+    return {**parts, "total": sum(parts.values()), "launch_count": launches}
+
+
+def duration_words(study: Study, duration: dict[str, float], budget_s: float | None = None) -> str:
+    """study_seconds said in one sentence, with the budget it is within, if one was given."""
+    runs = len(study.runs)
+    launches = (f"{runs} launches, one per run," if duration["launch_count"] == runs
+                else f"{duration['launch_count']:.0f} launches ({runs} for runs, the rest for selftests)")
+    within = f"; within --budget-s {budget_s:g}" if budget_s is not None else ""
+    total = duration["total"]
+    said = f"{total:,.0f} s" if total < 600 else f"{total / 60:,.0f} min" if total < 3 * 3600 else f"{total / 3600:,.1f} hours"
+    return (f"The study, one job at a time: about {said}: {duration['steps']:,.0f} s of training "
+            f"steps, {launches} at about {GPU_LAUNCH_S:.0f} s each (measured on an H200), and "
+            f"{duration['fixed']:.0f} s to time the model, prepare, collect, plot and report{within}.")
 
 
 def plan_text(table: pd.DataFrame, memory_gb: list[float]) -> str:
