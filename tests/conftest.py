@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from gpt2dist.cli import WARNING_CONTINUED
 from gpt2dist.data.shards import write_shards
 from gpt2dist.launch.lifetime import ended
 from gpt2dist.system.conditions import QUIET_WAIT_ENV
@@ -227,7 +228,7 @@ def assert_answer_or_one_error(code: int, out: str, err: str, answer: str = "") 
     """Any input gets an answer (exit 0, output starting with `answer`, no complaint but warnings) or one
     `error:` line with exit 2: never a traceback."""
     assert "Traceback" not in out + err
-    lines = [line for line in err.strip().splitlines() if not line.startswith("warning: ")]
+    lines = [line for line in err.strip().splitlines() if not line.startswith(("warning: ", WARNING_CONTINUED))]
     if code == 0:
         assert out.strip().startswith(answer) and out.strip() and not lines, (out[:300], err)
     else:

@@ -111,8 +111,23 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_print_vers
     """Which parallel strategy trains GPT-2 fastest on this hardware, measured reproducibly."""
 
 
-# Warnings a command's planning raised (configurations dropped), printed once the command has succeeded
+# Warnings a command's planning raised (configurations dropped), printed once the command has succeeded, each
+# wrapped to the terminal with its continuation lines indented by this
 _WARNINGS: list[str] = []
+WARNING_CONTINUED = "  "
+
+
+def say(text: str, err: bool = False, indent: str = "") -> None:
+    """Prose for a reader: each line wrapped to the terminal's width, 100 columns at most (also where there is no
+    terminal: a pipe, a file), its continuation lines indented by `indent`, blank lines kept. Tables are echoed as
+    they are."""
+    import shutil
+    import textwrap
+
+    width = min(100, shutil.get_terminal_size((100, 24)).columns)
+    lines = [textwrap.fill(line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+             if line else "" for line in text.split("\n")]  # names and paths stay whole
+    typer.echo("\n".join(lines), err=err)
 
 
 def one_line_errors(command: Callable) -> Callable:
@@ -125,7 +140,7 @@ def one_line_errors(command: Callable) -> Callable:
         try:
             result = command(*args, **kwargs)
             for line in _WARNINGS:  # said after the answer: a refusal stays the one line it is
-                typer.echo(line, err=True)
+                say(line, err=True, indent=WARNING_CONTINUED)
             return result
         except UsageError as exc:
             typer.echo(error_line(exc), err=True)
@@ -462,8 +477,6 @@ def plan(
 ) -> None:
     """Before running: each configuration's predicted memory per rank and step time, the study's duration, and
     what will not fit a GPU's memory (at GPT-2's larger sizes too, with --sizes)."""
-    import textwrap
-
     from gpt2dist.io import atomic_open
     from gpt2dist.config.memory import USABLE_SHARE
     from gpt2dist.results.plan import duration_words, fit_lines, plan_text, study_seconds
@@ -495,9 +508,6 @@ def plan(
     if output_format != "table":
         typer.echo(table.to_csv(index=False) if output_format == "csv" else table.to_json(orient="records", indent=1))
         return
-
-    def say(text: str) -> None:  # prose wrapped to the table's 100 columns
-        typer.echo("\n".join(textwrap.fill(line, 100) if line else "" for line in text.split("\n")))
 
     on_gpus = study.device == "cuda"
     t, m = study.preset.train, study.preset.model
@@ -570,29 +580,29 @@ def recommend(
     gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
     table, errors = ranked(name, chosen, stored, gpu=gpu, gpus_per_node=gpus, nodes=nodes, precision=precision,
                            mfu=mfu, tokens=tokens, memory_gb=memory_gb)
-    typer.echo(f"Recommendation (a prediction, not a measurement) for {nodes} node(s) of {gpus} {gpu} "
-               f"({memory_gb:g} GB), preset {name}'s model in {precision}, {tokens:,.0f} tokens, each GPU at the "
-               f"preset's micro-batch, compute at an assumed MFU of {mfu:.0%}:\n")
+    say(f"Recommendation (a prediction, not a measurement) for {nodes} node(s) of {gpus} {gpu} "
+        f"({memory_gb:g} GB), preset {name}'s model in {precision}, {tokens:,.0f} tokens, each GPU at the "
+        f"preset's micro-batch, compute at an assumed MFU of {mfu:.0%}:\n")
     runnable = table[table["note"] == ""]
     shown = runnable[["strategy", "gpus", "fits", "peak_gib", "step_ms", "hours", "hours_low", "hours_high"]].astype(
         {"gpus": int})
     typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
     for row in table[table["note"] != ""].itertuples():
-        typer.echo(f"{row.strategy}: {row.note}")
-    typer.echo("\n" + verdict_line(runnable[runnable["fits"]]))
+        say(f"{row.strategy}: {row.note}")
+    say("\n" + verdict_line(runnable[runnable["fits"]]))
     def spread(column: str) -> str:
         e = errors[column].dropna()
         return f"median |error| {e.abs().median():.0%}, {e.quantile(LOW):+.0%} to {e.quantile(HIGH):+.0%}"
 
     corrected = any(s.device == "cuda" for s in stored)
-    typer.echo(f"The step-time model's error (predicted / measured - 1, {LOW:.0%} to {HIGH:.0%} percentiles) on "
-               f"{len(errors)} configurations of the stored studies ({', '.join(s.name for s in stored)}): as it "
-               f"runs here, {spread('uncorrected_error')}; with each strategy's correction learned from its other "
-               f"configurations (left out one at a time), {spread('error')}. The hours' intervals span the "
-               f"{'corrected' if corrected else 'uncorrected'} errors' percentiles, the strategy's own where it "
-               "has three or more.")
+    say(f"The step-time model's error (predicted / measured - 1, {LOW:.0%} to {HIGH:.0%} percentiles) on "
+        f"{len(errors)} configurations of the stored studies ({', '.join(s.name for s in stored)}): as it "
+        f"runs here, {spread('uncorrected_error')}; with each strategy's correction learned from its other "
+        f"configurations (left out one at a time), {spread('error')}. The hours' intervals span the "
+        f"{'corrected' if corrected else 'uncorrected'} errors' percentiles, the strategy's own where it "
+        "has three or more.")
     for note in extrapolations(stored, gpus * nodes, nodes):
-        typer.echo(f"Extrapolating: {note}.")
+        say(f"Extrapolating: {note}.")
 
 
 @app.command("project-scaling")
@@ -621,12 +631,12 @@ def project_scaling(
     projected = table["note"] == "projection"
     shown = table.loc[projected, ["strategy", "nodes", "gpus", "compute_ms", "communication_ms", "step_ms",
                                   "tokens_per_s", "scaling_efficiency", "note"]]
-    typer.echo(f"Projection (not a measurement) of preset {name}: {gpu} {precision} at an assumed MFU of {mfu:.0%}, "
-               f"{gpus_per_node} GPUs per node on NVLink (450 GB/s), nodes on InfiniBand NDR (50 GB/s per GPU), "
-               "each GPU at the preset's micro-batch, no overlap of communication with compute.\n")
+    say(f"Projection (not a measurement) of preset {name}: {gpu} {precision} at an assumed MFU of {mfu:.0%}, "
+        f"{gpus_per_node} GPUs per node on NVLink (450 GB/s), nodes on InfiniBand NDR (50 GB/s per GPU), "
+        "each GPU at the preset's micro-batch, no overlap of communication with compute.\n")
     typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
     for strategy, note in table.loc[~projected].drop_duplicates("strategy")[["strategy", "note"]].itertuples(index=False):
-        typer.echo(f"\n{strategy}: {note}")
+        say(f"\n{strategy}: {note}")
 
 
 @app.command("dvc-yaml")

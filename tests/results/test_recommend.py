@@ -3,6 +3,7 @@ with the step-time model's leave-one-out error over the stored reference studies
 
 from __future__ import annotations
 
+import os
 import re
 
 import pandas as pd
@@ -65,7 +66,7 @@ def test_strategies_whose_intervals_overlap_the_fastests_are_a_tie():
 
 
 def test_the_stated_error_is_the_leave_one_out_over_the_stored_studies():
-    text = recommended("--gpus", "8", "--nodes", "2").stdout
+    text = " ".join(recommended("--gpus", "8", "--nodes", "2").stdout.splitlines())  # prose wraps at 100
     errors = leave_one_out(read_stored(REFERENCE_STUDIES))
     assert f"on {len(errors)} configurations of the stored studies (cpu-study, two-node-cpu)" in text
     stated = re.search(r"left out one at a time\), median \|error\| (\d+)%", text)
@@ -87,3 +88,22 @@ def test_bad_recommend_input_is_one_error_line(args, message):
     result = gpt2dist("recommend", "--params", REPO / "params.yaml", *args, check=False)
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and len(lines) == 1 and lines[0].startswith(message), result.stderr
+
+
+@pytest.mark.parametrize("command", [["recommend", "--gpus", "8"], ["plan", "--preset", "paper", "--gpus", "2"],
+                                     ["project-scaling"]])
+def test_prose_fits_the_terminal_and_tables_stay_whole(command):
+    """At 80 columns every line but a table's fits (plan's drop warning was one line of 191 characters, recommend's
+    prose lines up to 436); where there is no terminal, 100 columns. The control: with 200 columns some prose line
+    is longer than 80, so the width came from the terminal."""
+    def lines(columns: int) -> list[str]:
+        env = {**os.environ, "COLUMNS": str(columns)}
+        result = gpt2dist(*command, "--params", REPO / "params.yaml", env=env)
+        return (result.stdout + result.stderr).splitlines()
+
+    def prose(text: list[str]) -> list[str]:  # a table's rows are padded into columns: two spaces or a bar
+        return [line for line in text if "  " not in line.strip() and not line.startswith("|")]
+
+    narrow = prose(lines(80))
+    assert narrow and max(map(len, narrow)) <= 80, max(narrow, key=len)
+    assert max(map(len, prose(lines(200)))) > 80
