@@ -109,7 +109,7 @@ def test_a_plan_that_drops_configurations_says_how_many_and_why():
 
     study = plan_study(REPO / "params.yaml", "paper", 2)
     result = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper", "--gpus", "2")
-    planned, said = len(configurations(study)) + len(study.dropped), " ".join(result.stderr.splitlines())
+    planned, said = len(configurations(study)) + len(study.dropped), " ".join(result.stderr.split())  # unwrapped
     assert study.dropped and said.startswith(f"warning: {len(study.dropped)} of {planned} configurations dropped: ")
     assert "(4 processes per node, a node has 2 GPUs)" in said
 
