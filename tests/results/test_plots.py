@@ -15,7 +15,7 @@ from matplotlib.container import BarContainer
 from matplotlib.text import Text
 
 from gpt2dist.results.findings import SAME_LOSS_TOLERANCE
-from gpt2dist.results.plots import EXACT_FLOOR, FIGURES, WIDTH, links, ranked, strategy_style, use_theme
+from gpt2dist.results.plots import AXIS_ROOM, EXACT_FLOOR, FIGURES, WIDTH, links, ranked, strategy_style, use_theme
 
 MIN_POINTS = 8  # 8 pt at 150 dpi is 11 px on a figure shown 800 px wide
 
@@ -88,7 +88,8 @@ def test_the_throughput_bars_have_a_row_per_configuration_best_first(study):
         values = group[column].dropna().to_list()
         assert values == sorted(values, reverse=best_is_high), group[["config_id", column]]
     assert _rows(fig) == [f"{s} {p}" for s, p in zip(order["strategy"], order["precision"])]  # drawn in that order
-    assert [t.get_text() for t in fig.axes[0].texts] == list(dict.fromkeys(order["placement"]))  # each one headed
+    headings = [t.get_text() for t in fig.axes[0].texts if t.get_text()[:1] != "→"]  # not a cut interval's end
+    assert headings == list(dict.fromkeys(order["placement"]))  # each one headed
     assert run_dots(fig) == run_dots_expected(tables[0], order, fig)  # each run on its own configuration's row
     plt.close(fig)
     fig = FIGURES["throughput"](*tables, title)  # control: one dot moved to the next row is caught
@@ -251,3 +252,31 @@ def test_the_loss_deviation_shows_the_tolerance_and_names_what_equals_single(stu
         named = set(floor[0].removeprefix("equal to single's: ").split(", ")) - {"none at every step"}
         assert named == at_floor, (named, at_floor)
     plt.close(fig)
+
+
+def test_a_wide_interval_is_cut_at_the_axis_end_and_its_end_written_there(study):
+    """One configuration's disagreeing repeats (an interval of 2,208 to 48,414 tokens/s) once set the scale and
+    flattened every other bar and line: an axis ends AXIS_ROOM past the largest value drawn, and an interval
+    reaching further is cut there with its end written beside the cut. The control: an interval twenty times the
+    fastest planted on the slowest configuration is cut and named, and moves no axis."""
+    (runs, summary, metrics), title = study
+
+    def drawn(name: str, table: pd.DataFrame) -> tuple[float, list[str]]:
+        ax = FIGURES[name](runs, table, metrics, title).axes[0]
+        end = ax.get_xlim()[1] if name == "throughput" else ax.get_ylim()[1]
+        return end, sorted(value for t in ax.texts if t.get_text()[:1] in "→↑" for value in t.get_text()[2:].split(", "))
+
+    largest = max(summary["tokens_per_s"].max(), runs["tokens_per_s"].max()) / 1e3
+    end, cuts = drawn("throughput", summary)
+    assert end == pytest.approx(AXIS_ROOM * largest)
+    assert cuts == sorted(f"{high:,.3g}" for high in summary["tokens_per_s_ci_high"] / 1e3 if high > end)
+    wide = summary.assign(tokens_per_s_ci_high=summary["tokens_per_s_ci_high"].mask(
+        summary.index == summary["tokens_per_s"].idxmin(), 20 * summary["tokens_per_s"].max()))
+    assert drawn("throughput", wide) == (end, sorted([*cuts, f"{20 * summary['tokens_per_s'].max() / 1e3:,.3g}"]))
+
+    top, cut_lines = drawn("scaling", summary)
+    one_machine = summary[summary["nodes"] == 1] if "nodes" in summary else summary
+    assert top == pytest.approx(AXIS_ROOM * max(one_machine["speedup"].max(), summary["nproc"].max()))  # the ideal
+    slow = one_machine["speedup"].idxmin()
+    wide = summary.assign(speedup_ci_high=summary["speedup_ci_high"].mask(summary.index == slow, 50.0))
+    assert drawn("scaling", wide) == (top, sorted([*cut_lines, "50"]))

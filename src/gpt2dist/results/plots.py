@@ -7,7 +7,8 @@ precision one line style. Per-configuration bars run across, one row each, group
 (processes, nodes, link) and ranked within it, fastest on top: the answer at a glance. Bars and error
 bars show the same statistic as summary.csv (geometric mean over undisturbed repeats, 95% log-scale
 interval); each run is drawn over its bar, disturbed runs as red crosses, so nothing left out of a
-statistic is hidden.
+statistic is hidden. A value axis ends a quarter past the largest value drawn: an interval reaching further is
+cut there with its end written beside it, so that one wide interval does not flatten the rest.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ from gpt2dist.results.link_model import predicted_vs_measured  # noqa: E402
 from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns  # noqa: E402
 
 EXACT_FLOOR = 1e-9  # where the deviation figure draws an exact match (a log axis has no zero)
+# A value axis ends this far past the largest value drawn; an interval that reaches further is cut at the end
+# with its end written there: one configuration's two disagreeing repeats (an interval from 2,208 to 48,414
+# tokens/s in a study on 2 cores) otherwise set the scale and flattened every other bar and line.
+AXIS_ROOM = 1.25
 WIDTH = 8.0  # inches: 1200 pixels at the DPI written, so a figure shown 800 pixels wide keeps 2/3 of its type
 DPI = 150
 MARKERS = "osD^vPX*hpd<>"  # in the registry's order; one more than the colours, so (colour, marker) pairs differ
@@ -175,13 +180,47 @@ def _error(frame: pd.DataFrame, column: str, scale: float) -> np.ndarray:
     return np.vstack([low, high])
 
 
+def _axis_end(*drawn) -> float:
+    """Where a value axis ends: AXIS_ROOM past the largest value drawn (means, runs, the ideal line), whatever the
+    intervals reach."""
+    values = np.concatenate([np.asarray(v, dtype=float).ravel() for v in drawn])
+    largest = np.nanmax(values) if np.isfinite(values).any() else 1.0
+    return AXIS_ROOM * largest if largest > 0 else 1.0
+
+
+def _cut_at(positions, centres, error: np.ndarray, end: float, cuts: dict[float, list[float]]) -> np.ndarray:
+    """`error` with every interval that reaches past `end` cut there, so one wide interval cannot set the scale
+    of all the others; each cut interval's end is added to `cuts` at its position, for _write_cuts."""
+    centres = np.asarray(centres, dtype=float)
+    reach = centres + error[1]
+    cut = error.copy()
+    for i in np.flatnonzero(np.isfinite(reach) & (reach > end)):
+        cut[1, i] = max(0.0, end - centres[i])
+        cuts.setdefault(float(positions[i]), []).append(float(reach[i]))
+    return cut
+
+
+def _write_cuts(ax: plt.Axes, cuts: dict[float, list[float]], end: float, across: bool) -> None:
+    """Beside each cut, an arrow and where the intervals cut there end (one label per position, however many
+    intervals share it). `across`: values run along x."""
+    for position, reaches in cuts.items():
+        words = f"{'→' if across else '↑'} {', '.join(f'{r:,.3g}' for r in sorted(reaches))}"
+        where = (end, position) if across else (position, end)
+        ax.annotate(words, where, xytext=(-2, 2) if across else (2, -2), textcoords="offset points",
+                    ha="right" if across else "left", va="bottom" if across else "top", fontsize="x-small")
+
+
 def _config_bars(runs: pd.DataFrame, summary: pd.DataFrame, column: str, scale: float, xlabel: str, title: str,
                  best_is_high: bool) -> plt.Figure:
     data = ranked(summary, column, ascending=not best_is_high)
     fig, ax = _figure(_rows_height(data, 2.4))
     y = _rows(ax, data)
-    bars = _strategy_bars(ax, y, data, data[column] / scale, xerr=_error(data, column, scale), capsize=3,
-                          ecolor="black")
+    centres, cuts = data[column] / scale, {}
+    end = _axis_end(centres, runs.loc[runs["config_id"].isin(data["config_id"]), column] / scale)
+    bars = _strategy_bars(ax, y, data, centres, xerr=_cut_at(y, centres, _error(data, column, scale), end, cuts),
+                          capsize=3, ecolor="black")
+    _write_cuts(ax, cuts, end, across=True)
+    ax.set_xlim(0, end)
     for bar, from_disturbed in zip(bars, data["from_disturbed"]):
         if from_disturbed:
             bar.set(alpha=0.35, edgecolor="red")
@@ -220,8 +259,12 @@ def memory(runs, summary, metrics, title):
         handles.append(Patch(color=colour, label=part.removesuffix("_bytes") + " (model state)"))
         left += values
     state.set(xlabel="MiB per rank", title="Model state held per rank")
-    _strategy_bars(peak, y, data, data["peak_mem_bytes"] / 2**20, xerr=_error(data, "peak_mem_bytes", 2**20),
+    peaks, cuts = data["peak_mem_bytes"] / 2**20, {}
+    end = _axis_end(peaks)
+    _strategy_bars(peak, y, data, peaks, xerr=_cut_at(y, peaks, _error(data, "peak_mem_bytes", 2**20), end, cuts),
                    capsize=3)
+    _write_cuts(peak, cuts, end, across=True)
+    peak.set_xlim(0, end)
     handles += _bar_keys(data)
     peak.set(xlabel="MiB per process", title="Peak memory\n(CUDA allocated; resident set on CPU)")
     _legend_below(fig, handles)
@@ -242,12 +285,16 @@ def scaling(runs, summary, metrics, title):
     panels = ((fast, "speedup", float, "speedup over the baseline (x), paired by repeat"),
               (efficient, "scaling_efficiency", lambda n: 1.0, "efficiency (speedup / processes)"))
     for ax, column, ideal, label in panels:
+        end, cuts = _axis_end(data[column], [ideal(n) for n in counts]), {}
         for keys, group in data.groupby(_sized(data, "strategy", "precision"), sort=False):
             strategy, precision = keys[:2]
             group = group.sort_values("nproc")
-            ax.errorbar(group["nproc"], group[column], yerr=_error(group, column, 1.0), capsize=4,
+            error = _cut_at(group["nproc"].to_numpy(), group[column], _error(group, column, 1.0), end, cuts)
+            ax.errorbar(group["nproc"], group[column], yerr=error, capsize=4,
                         linestyle=LINES.get(precision, "-"), label=_words(keys), **style[strategy])
+        _write_cuts(ax, cuts, end, across=False)
         ax.plot(counts, [ideal(n) for n in counts], color="grey", linestyle=":", label="ideal")
+        ax.set_ylim(0, end)
         ax.set(xlabel="processes (GPUs on CUDA machines)", ylabel=label, xticks=counts)
     fast.set_title("Speedup")
     efficient.set_title("Efficiency")
