@@ -301,6 +301,15 @@ def test_ratios_without_an_interval_are_said_in_words():
                                                         "disturbed ones)")
 
 
+def test_a_bound_that_excludes_1_never_prints_as_1():
+    """'0.94 (0.89 to 1.00) ... slower, beyond the noise' hid that the interval ends at 0.996: more decimals where
+    two round a bound that excludes 1 to 1.00, either side; the control: a bound of exactly 1, and bounds two
+    decimals keep apart from 1, stay at two."""
+    assert ratio_text(0.944, 0.894, 0.996) == "0.944 (0.894 to 0.996)"
+    assert ratio_text(1.08, 1.0004, 1.2) == "1.0800 (1.0004 to 1.2000)"
+    assert ratio_text(0.9, 0.8, 1.0) == "0.90 (0.80 to 1.00)" and ratio_text(0.9, 0.8, 0.99) == "0.90 (0.80 to 0.99)"
+
+
 def test_a_cpu_label_without_the_cpu_identity_says_what_was_recorded():
     """Runs from before gpt2dist recorded family, model and flags: whether bf16 ran in hardware still tells the
     reference machine (AVX512-BF16) from an AVX2-only one, and the label says what is missing."""

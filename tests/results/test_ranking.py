@@ -161,5 +161,7 @@ def test_two_pairs_give_no_interval_in_numbers_but_in_words():
     runs, summary = study({"ddp-fp32-n2": [100, 110], "fsdp-fp32-n2": [98, 111], "tp-fp32-n2": [97, 108]})
     text = answer_markdown(rank(runs, summary))
     assert text.count("(2 pairs of runs: too few for a useful interval at this level)") == 2, text
+    assert "the interval includes 1" not in text  # the interval it has just said it lacks
+    assert text.count("not distinguishable from it with 2 pairs (run more repeats to tell)") == 2, text
     runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [98, 111, 104]})
     assert "too few for a useful interval" not in answer_markdown(rank(runs, summary))

@@ -162,7 +162,10 @@ def _line(row: dict, best: dict) -> str:
               "in the noise)"
     elif why:
         why = f"; per step it spends {why} more than {_name(best)}"
-    return f"- {_name(row)}{twin}: {_ratio(row)} of {_name(best)}, {GAP_WORDS[row['gap']]}{why}"
+    words = GAP_WORDS[row["gap"]]
+    if row.get("pairs") == 2 and row["gap"] == "not distinguishable":  # _ratio said there is no useful interval
+        words = "not distinguishable from it with 2 pairs (run more repeats to tell)"
+    return f"- {_name(row)}{twin}: {_ratio(row)} of {_name(best)}, {words}{why}"
 
 
 def _fastest_words(group: dict) -> str:

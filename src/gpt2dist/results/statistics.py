@@ -51,12 +51,15 @@ def paired_ratio(numerator: pd.Series, denominator: pd.Series, level: float = LE
 
 
 def ratio_text(value: float, low: float, high: float) -> str:
-    """A ratio with its interval, in words where the data gives no number: a reader never sees 'nan'."""
+    """A ratio with its interval, in words where the data gives no number: a reader never sees 'nan'. Two
+    decimals, or three or four where two would print a bound that excludes 1 as 1.00 (0.996 is below 1: the
+    interval then does not include 1, and its words say so)."""
     if math.isnan(value):
         return "not measured (no undisturbed pair of runs; re-run the disturbed ones)"
     if math.isnan(low) or math.isnan(high):
         return f"{value:.2f} (one undisturbed pair, so no interval; run more repeats)"
-    return f"{value:.2f} ({low:.2f} to {high:.2f})"
+    digits = next((d for d in (2, 3) if all(b == 1 or round(b, d) != 1 for b in (low, high))), 4)
+    return f"{value:.{digits}f} ({low:.{digits}f} to {high:.{digits}f})"
 
 
 def verdict(low: float, high: float, pairs: int) -> str:
