@@ -79,9 +79,14 @@ def test_dataparallel_over_one_device_is_said_to_be_singles_computation():
     (group,) = rank(runs, summary)
     assert {row["config_id"]: row["same_as"] for row in group["ranked"]} == {"single-n1": None, "dp-n1": "single-n1"}
     assert "- dp fp32 (single fp32's computation, in DataParallel over one device): " in answer_markdown([group])
+    # where it is the highest on average it is named so too, not as single's rival
+    (ahead,) = rank(*study({"single-n1": [97, 99, 101], "dp-n1": [100, 101, 102]}))
+    assert ("Highest on average: dp fp32 (single fp32's computation, in DataParallel over one device) at "
+            in answer_markdown([ahead]))
     # the control: at two processes DataParallel is a rival of its own
     (two,) = rank(*study({"ddp-n2": [100, 101, 102], "dp-n2": [97, 99, 101]}))
     assert all(row["same_as"] is None for row in two["ranked"])
+    assert "computation, in DataParallel" not in answer_markdown([two])
 
 
 def test_too_few_or_only_disturbed_repeats_are_said_in_words_never_nan():

@@ -153,8 +153,13 @@ def _name(row: dict) -> str:
     return f"{row['strategy']} {row['precision']}"
 
 
+def _twin(row: dict) -> str:
+    """What a configuration that computes as single does is, said wherever it is named: no rival of single's."""
+    return f" ({REFERENCE} {row['precision']}'s computation, in DataParallel over one device)" if row.get("same_as") else ""
+
+
 def _line(row: dict, best: dict) -> str:
-    twin = f" ({REFERENCE} {row['precision']}'s computation, in DataParallel over one device)" if row.get("same_as") else ""
+    twin = _twin(row)
     gap = row.get("ledger_gap_s") or {}
     why = why_text(gap)
     if gap and not why:  # the ledger must not explain a gap its own steps do not show
@@ -189,12 +194,13 @@ def answer_markdown(answer: list[dict]) -> str:
             lines.append(f"**{group['placement']}**: {_name(best)} at {_tokens(best)}, the only configuration "
                          f"here.{beside}")
         elif len(top) == 1 and len(placed) > 1:
-            lines.append(f"**{group['placement']}**: fastest is **{_name(best)}** at {_tokens(best)}, beyond the "
-                         f"noise of every other configuration here.{beside}")
+            lines.append(f"**{group['placement']}**: fastest is **{_name(best)}**{_twin(best)} at {_tokens(best)}, "
+                         f"beyond the noise of every other configuration here.{beside}")
         elif len(top) > 1:
             names = ", ".join(_name(row) for row in top)
             lines.append(f"**{group['placement']}**: the top tier holds {len(top)} configurations that cannot be "
-                         f"told apart: {names}. Highest on average: {_name(best)} at {_tokens(best)}.{beside}")
+                         f"told apart: {names}. Highest on average: {_name(best)}{_twin(best)} at {_tokens(best)}."
+                         f"{beside}")
         else:
             lines.append(f"**{group['placement']}**: {_name(best)} at {_tokens(best)}; nothing here can be placed "
                          f"against it.{beside}")
