@@ -49,3 +49,12 @@ def test_a_claim_judged_otherwise_in_another_stored_study_is_marked_unstable(tmp
     # and without other studies, no column at all (the reference's own findings.md, rebuilt from its bundle)
     gpt2dist("report", "--results", own)
     assert "other stored" not in (own / "findings.md").read_text() and len(claim_row(own)) == 3
+
+
+def test_findings_say_why_their_intervals_are_narrower_than_the_answers(reference_study):
+    """tp/ddp read 0.37 (0.28 to 0.47) in summary.md and 0.37 (0.34 to 0.40) in findings.md with no word on why:
+    the answer's intervals are widened for a placement's comparisons, a claim's are not, and findings.md says so."""
+    findings = (reference_study("cpu-study") / "findings.md").read_text()
+    assert "Each interval here is 95% for its own comparison; the answer in summary.md widens its intervals" in findings
+    summary = (reference_study("cpu-study") / "summary.md").read_text()
+    assert "(Bonferroni: " in summary  # what the answer's own note calls the widening

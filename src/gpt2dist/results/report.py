@@ -387,7 +387,7 @@ def report(results: Path, against: list[Path] = ()) -> Path:
                 "share is marked unstable." if others else "")
     atomic_write_text(results / "findings.md", f"""# The seed studies' claims, checked: preset `{summary['preset']}`{uncommitted(summary)}
 
-Hardware: {summary['hardware']}. Verdicts use undisturbed runs only; see summary.md for the numbers.{compared}
+Hardware: {summary['hardware']}. Verdicts use undisturbed runs only; see summary.md for the numbers. Each interval here is 95% for its own comparison; the answer in summary.md widens its intervals for the number of comparisons in a placement, so the same ratio can show a wider interval there.{compared}
 
 {findings_markdown(summary, others)}
 """)
