@@ -49,11 +49,12 @@ def dvc_stages(study: Study) -> dict:
     run_files = [path for stage, paths in outs.items() if stage.startswith("train@") for path in paths]
     # One per configuration, and each run depends on its configuration's: it re-runs only when the settings or
     # code change, which re-train the run anyway. None where the preset turns selftests off.
+    checked = selftested(study)
     selftests = {"selftest": {
-        "foreach": {run.config_id: {"cmd": selftest_command(study, run)} for run in selftested(study)},
+        "foreach": {run.config_id: {"cmd": selftest_command(study, run)} for run in checked},
         "do": {"cmd": "${item.cmd}", "deps": stage_code("selftest"), "params": [*keys["model"], *keys["train"]],
                "outs": [f"{SELFTEST_DIR}/${{key}}.json"]},
-    }} if selftested(study) else {}
+    }} if checked else {}
     waits = ["${item.selftest}"] if selftests else []
     return {"stages": {
         **selftests,
