@@ -180,8 +180,8 @@ step_tests() {
   # only the files that hold GPU tests: collecting the rest would import what this machine need not have
   local files
   files=$(grep -rlE "pytest\.mark\.gpu\b" tests | grep -v gpu_image | sort)
-  if ((dry)); then "$python" -m pytest -m gpu --collect-only -q -p no:cacheprovider $files | tail -n 1; return; fi
-  "$python" -m pytest -m gpu -q -p no:cacheprovider --timeout 300 $files
+  if ((dry)); then "$python" -m pytest -n 0 -m gpu --collect-only -q -p no:cacheprovider $files | tail -n 1; return; fi
+  "$python" -m pytest -n 0 -m gpu -q -p no:cacheprovider --timeout 300 $files
 }
 
 step_memory() {

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +41,103 @@ STUDY_REFUSES = "the study refuses this combination: "
 os.environ[QUIET_WAIT_ENV] = "0"
 
 
+# Tests run in two pytest-xdist workers (pyproject's addopts), each handed whole modules: a module's fixtures (a
+# SLURM cluster, network namespaces, an image) live in one worker. The modules that start SLURM clusters or network
+# namespaces share one group, so that no two of those run at once.
+SHARED_GROUPS = {"tests/launch/test_slurm_cluster.py": "nodes", "tests/launch/test_two_node_slurm.py": "nodes",
+                 "tests/launch/test_emulated_nodes.py": "nodes"}
+# Modules that take minutes (docs/development.md's table), handed out first, the longest first, so that no worker is
+# left alone with one of them at the end; the rest follow in the order they are collected.
+LONGEST_FIRST = ["tests/launch/test_two_node_slurm.py", "tests/launch/test_emulated_nodes.py",
+                 "tests/launch/test_slurm_cluster.py", "tests/training/test_train_cli.py", "tests/containers/test_image.py",
+                 "tests/pipeline/test_verdicts_hold.py", "tests/training/test_resume_across_strategies.py",
+                 "tests/launch/test_signals.py", "tests/training/test_pipeline_parallel.py",
+                 "tests/pipeline/test_pipeline.py", "tests/pipeline/test_added_repeats_in_pipeline.py",
+                 "tests/results/test_bundle.py", "tests/training/test_zero_and_hsdp.py", "tests/test_memory.py",
+                 "tests/pipeline/test_sizes_in_pipeline.py", "tests/pipeline/test_resume_in_pipeline.py"]
+# A test that judges how busy the machine was (a study's disturbance flags and tiers, the load monitor) or works
+# inside the finished study runs while no other test does: marked `alone` or `gpu` (a GPU test has the device to
+# itself), or the first to ask for the finished
+# study, whose runs' flags the pipeline tests check. The name is made_once's.
+ALONE_FIXTURES = {"pipeline": "finished_study"}
+@pytest.hookimpl(optionalhook=True)  # a pytest without xdist (the image's) has no such hook
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's default scheduling, by test, made to hand out whole modules and SHARED_GROUPS, in collection order."""
+    if config.getvalue("dist") != "load":
+        return None
+    config.option.loadscopereorder = False  # the order pytest_collection_modifyitems gave
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return SHARED_GROUPS.get(module, module)
+
+    return ModuleGroups(config, log)
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    """Whether this pytest is an xdist worker (not the controller, nor a run without workers). Not by the
+    environment: a pytest that a test starts inherits its worker's."""
+    return hasattr(config, "workerinput")
+
+
+def _run_dir(config: pytest.Config) -> Path:
+    """The directory every worker of this run shares: each worker's own is below the run's (pytest keeps the
+    TempPathFactory that the tmp_path fixtures use on the config)."""
+    base = config._tmp_path_factory.getbasetemp()
+    return base.parent if _is_worker(config) else base
+
+
+def pytest_configure(config):
+    """An xdist worker starts with COLUMNS=80 where a pytest without workers has none: the commands the tests run
+    (their prose wraps to the terminal's width, 100 columns where there is none) see what they would see alone."""
+    if _is_worker(config):
+        os.environ.pop("COLUMNS", None)
+
+
+@contextlib.contextmanager
+def _flocked(path: str | Path, mode: int):
+    with open(path, "a") as handle:
+        fcntl.flock(handle, mode)
+        yield
+
+
+def runs_alone(item: pytest.Item) -> bool:
+    """Marked `alone` or `gpu`, or the first to ask for a fixture whose making must be."""
+    return any(item.get_closest_marker(mark) is not None for mark in ("alone", "gpu")) or any(
+        not (_run_dir(item.config) / "made-once" / f"{name}.made").exists()
+        for name, fixture in ALONE_FIXTURES.items() if fixture in item.fixturenames)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Every test holds the machine shared, an `alone` test exclusively, from before its fixtures are set up
+    until after they are torn down (outside pytest-timeout's clock). A waiting `alone` test holds the turnstile,
+    so that the other worker's next test waits behind it instead of keeping the machine shared for ever."""
+    if not _is_worker(item.config):
+        yield
+        return
+    base = _run_dir(item.config)
+    with open(base / "machine.lock", "a") as machine:  # closing it releases the lock
+        with _flocked(base / "turnstile.lock", fcntl.LOCK_EX):
+            fcntl.flock(machine, fcntl.LOCK_EX if runs_alone(item) else fcntl.LOCK_SH)
+        yield
+
+
+def made_once(config: pytest.Config, name: str, make) -> Path:
+    """The directory `name`, filled by `make(directory)` once in the whole run: each xdist worker has session
+    fixtures of its own, so the first worker that asks makes it and the other waits for it and reads it."""
+    path = _run_dir(config) / "made-once" / name
+    path.parent.mkdir(exist_ok=True)
+    with _flocked(f"{path}.lock", fcntl.LOCK_EX):
+        if not Path(f"{path}.made").exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir()
+            make(path)
+            Path(f"{path}.made").touch()
+    return path
+
 def require(*variables: str, missing: str | None) -> None:
     """Skip naming the missing piece, or fail where one of `variables` is 1 (CI, which installs it)."""
     if not missing:
@@ -60,7 +160,13 @@ _skip_reasons: list[str] = []
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked gpu_image run only when the -m expression names that marker: they take an hour."""
+    """The longest modules first (LONGEST_FIRST). Tests marked gpu_image run only when the -m expression names that
+    marker: they take an hour."""
+    def rank(item: pytest.Item) -> int:
+        module = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each module's tests keep their order
     if "gpu_image" in (config.option.markexpr or ""):
         return
     kept = [item for item in items if item.get_closest_marker("gpu_image") is None]
@@ -81,6 +187,8 @@ def pytest_collectreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _is_worker(session.config):  # its reports reach the controller, which counts the skips
+        return
     unchosen = unchosen_skips(_skip_reasons)
     if unchosen:
         session.config.pluginmanager.get_plugin("terminalreporter").write_line(
@@ -130,10 +238,9 @@ def synthetic_tokens(n_tokens: int, vocab: int, seed: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="session")
-def params_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("params") / "params.yaml"
-    path.write_text(yaml.safe_dump({"preset": "tiny", "container": "unused.sif", "presets": {"tiny": TINY_PRESET}}))
-    return path
+def params_file(pytestconfig) -> Path:
+    preset = yaml.safe_dump({"preset": "tiny", "container": "unused.sif", "presets": {"tiny": TINY_PRESET}})
+    return made_once(pytestconfig, "params", lambda made: (made / "params.yaml").write_text(preset)) / "params.yaml"
 
 
 def make_shards(directory: Path, vocab: int = 500, train_tokens: int = 40_000, val_tokens: int = 4_000) -> Path:
@@ -149,24 +256,25 @@ def make_shards(directory: Path, vocab: int = 500, train_tokens: int = 40_000, v
 
 
 @pytest.fixture(scope="session")
-def finished_study(tmp_path_factory) -> Path:
+def finished_study(pytestconfig) -> Path:
     """One complete local Snakemake run of the reduced study, shared by the pipeline's checks (which
     leave it as they found it) and the cluster test's comparison."""
     from reduced_study import copy_workflow, run
 
-    work = copy_workflow(tmp_path_factory.mktemp("pipeline"))
-    done = run(["snakemake", "--cores", "2"], work)
-    (work / "snakemake.out").write_text(done.stdout + done.stderr)  # what the user saw, for the progress checks
-    return work
+    def make(work: Path) -> None:
+        done = run(["snakemake", "--cores", "2"], copy_workflow(work))
+        (work / "snakemake.out").write_text(done.stdout + done.stderr)  # what the user saw, for the progress checks
+
+    return made_once(pytestconfig, "pipeline", make)
 
 
 @pytest.fixture(scope="session")
-def shards(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("shards"))
+def shards(pytestconfig) -> Path:
+    return made_once(pytestconfig, "shards", make_shards)
 
 
 @pytest.fixture(scope="session")
-def trained(shards, params_file, tmp_path_factory):
+def trained(shards, params_file, pytestconfig):
     """`gpt2dist train` of a (strategy, extra arguments, process count, precision), made once a session: the
     equivalence, multi-node and resume tests compare against the same runs instead of each training its own.
     The tests only read these runs."""
@@ -175,25 +283,24 @@ def trained(shards, params_file, tmp_path_factory):
     def run(strategy: str, *extra: str, nproc: int = 1, precision: str = "fp32") -> Path:
         key = (strategy, nproc, precision, *extra)
         if key not in runs:
-            out = tmp_path_factory.mktemp(f"{strategy}-n{nproc}-{precision}")
-            gpt2dist(*train_args(shards, params_file, out, strategy, *extra, nproc=nproc, precision=precision))
-            runs[key] = out
+            digest = hashlib.sha1(repr(key).encode()).hexdigest()[:8]
+            runs[key] = made_once(pytestconfig, f"{strategy}-n{nproc}-{precision}-{digest}", lambda out: gpt2dist(
+                *train_args(shards, params_file, out, strategy, *extra, nproc=nproc, precision=precision)))
         return runs[key]
 
     return run
 
 
 @pytest.fixture(scope="session")
-def reference_study(tmp_path_factory):
+def reference_study(pytestconfig):
     """docs/reference/<study> rebuilt from its bundle by `gpt2dist figures`, once a session: the tests of the
     tables, figures and predictions read it; none writes to it."""
     built: dict[str, Path] = {}
 
     def rebuilt(study: str) -> Path:
         if study not in built:
-            out = tmp_path_factory.mktemp(f"reference-{study}") / "rebuilt"
-            gpt2dist("figures", "--from", REPO / "docs" / "reference" / f"{study}.tar.gz", "--out", out)
-            built[study] = out
+            built[study] = made_once(pytestconfig, f"reference-{study}", lambda made: gpt2dist(
+                "figures", "--from", REPO / "docs" / "reference" / f"{study}.tar.gz", "--out", made / "rebuilt")) / "rebuilt"
         return built[study]
 
     return rebuilt

@@ -172,7 +172,7 @@ def test_the_torch_distributed_tests_pass_on_the_images_torch(cpu_image):
         # only the test runner: every library the tests import is the image's own
         PIP_CONSTRAINT="" python -m pip install --quiet --no-deps --target /tmp/test-tools \
           pytest pytest-timeout pluggy iniconfig
-        cd /src && PYTHONPATH=/tmp/test-tools python -m pytest -q -p no:cacheprovider --durations=0 \
+        cd /src && PYTHONPATH=/tmp/test-tools python -m pytest -o addopts= -q -p no:cacheprovider --durations=0 \
           {" ".join(map(shlex.quote, ON_THE_IMAGES_TORCH))}
     """, mounts={REPO: "/src:ro"}, check=False)
     print(result.stdout[-3000:])

@@ -15,7 +15,7 @@ from gpt2dist.pipeline.study import plan_study, train_command
 
 from reduced_study import copy_workflow, hog, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its runs' disturbance flags count
 
 HOGGED = "ddp-fp32-n1-r1"
 

@@ -17,7 +17,7 @@ from gpt2dist.pipeline.study import collect_command, plan_study, report_command,
 
 from reduced_study import QUIET_WAIT_S, hog, run as run_in
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its runs' disturbance flags count
 
 HOGGED = "single-fp32-n1-r1"
 

@@ -32,6 +32,7 @@ def workdir(tmp_path) -> Path:
     return copy_workflow(tmp_path)
 
 
+@pytest.mark.alone  # works in the finished study itself
 def test_snakemake_produces_everything_then_does_nothing(finished_study):
     for name in ("throughput", "scaling", "loss_deviation", "loss_vs_time", "memory", "time_ledger"):
         for ext in ("png", "svg"):
@@ -52,6 +53,7 @@ def test_snakemake_produces_everything_then_does_nothing(finished_study):
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
+@pytest.mark.alone  # works in the finished study itself
 def test_the_study_prints_its_estimate_first_and_the_time_left_after_each_run(finished_study):
     shown = (finished_study / "snakemake.out").read_text()
     estimate = json.loads((finished_study / "results" / "estimate.json").read_text())
@@ -68,6 +70,7 @@ def test_the_study_prints_its_estimate_first_and_the_time_left_after_each_run(fi
     assert json.loads((finished_study / "results" / "estimate.json").read_text()) == estimate
 
 
+@pytest.mark.alone  # works in the finished study itself
 def test_changing_a_training_key_reruns_train_collect_plot_not_prepare(finished_study):
     params = yaml.safe_load((finished_study / "params.yaml").read_text())
     params["presets"]["cpu"]["train"]["lr"] = 1e-3
@@ -81,6 +84,7 @@ def test_changing_a_training_key_reruns_train_collect_plot_not_prepare(finished_
     assert counts == {"selftest": 2, "train": 4, "round_done": 1, "collect": 1, "plot": 1, "report": 1, "all": 1}
 
 
+@pytest.mark.alone  # works in the finished study itself
 def test_adding_a_configuration_checks_and_trains_only_the_new_one(finished_study):
     params = yaml.safe_load((finished_study / "params.yaml").read_text())
     runs = params["presets"]["cpu"]["study"]["runs"]
@@ -95,6 +99,7 @@ def test_adding_a_configuration_checks_and_trains_only_the_new_one(finished_stud
     assert counts == {"selftest": 1, "train": 2, "round_done": 1, "collect": 1, "plot": 1, "report": 1, "all": 1}
 
 
+@pytest.mark.alone  # works in the finished study itself
 def test_report_html_has_every_figure(finished_study):
     run(["snakemake", "--report", "results/report.html"], finished_study)
     html = (finished_study / "results" / "report.html").read_text(errors="ignore")

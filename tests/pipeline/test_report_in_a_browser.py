@@ -20,7 +20,7 @@ from gpt2dist.results.plots import DPI, WIDTH
 from conftest import require
 from reduced_study import run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # snakemake --report works in the finished study
 # Chromium as root in a container, with nothing that calls out: this machine has no network beyond registries
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]

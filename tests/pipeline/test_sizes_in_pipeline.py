@@ -14,7 +14,7 @@ from gpt2dist.results.ranking import rank
 
 from reduced_study import copy_workflow, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its runs' disturbance flags count
 
 SIZES = {"narrow": {"n_layer": 1, "n_head": 2, "n_embd": 32}, "wide": {"n_layer": 1, "n_head": 2, "n_embd": 64}}
 GROUPS = [{"strategies": ["single"], "precisions": ["fp32"], "nproc": [1], "sizes": list(SIZES)},

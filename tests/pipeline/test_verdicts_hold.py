@@ -14,7 +14,7 @@ import pytest
 
 from reduced_study import copy_workflow, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its runs' disturbance flags count
 
 RUNS = [{"strategies": ["ddp", "tp"], "precisions": ["fp32"], "nproc": [2]}]
 SUMMARY = "results/summary.json"

@@ -54,6 +54,7 @@ def test_another_process_busy_on_our_cpus_is_foreign(tmp_path):
 
 
 @pytest.mark.slow  # seconds of the run's own busy processes
+@pytest.mark.alone  # another test's processes are foreign
 @pytest.mark.timeout(60)
 def test_the_runs_own_processes_are_not_foreign(tmp_path):
     spec = str(tmp_path / "spec.json")

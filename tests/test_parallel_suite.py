@@ -1,0 +1,77 @@
+"""The suite's two pytest-xdist workers (tests/conftest.py), run on small suites of their own: a test marked
+`alone` runs while the other worker runs nothing, and made_once makes a directory once for both workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.slow  # pytest sessions of their own, two workers each
+
+SHARED = """
+import json, os, time, pytest
+
+@pytest.mark.parametrize("i", range(8))
+def test_shared(i, shared_dir):
+    start = time.time(); time.sleep(0.5)
+    with open(os.environ["INTERVALS"], "a") as log:
+        log.write(json.dumps(["shared", start, time.time(), str(shared_dir)]) + "\\n")
+"""
+ALONE = """
+import json, os, time, pytest
+
+{mark}
+def test_judges_the_machine(shared_dir):
+    start = time.time(); time.sleep(2.0)
+    with open(os.environ["INTERVALS"], "a") as log:
+        log.write(json.dumps(["alone", start, time.time(), str(shared_dir)]) + "\\n")
+"""
+FIXTURE = """
+import os, pytest
+from conftest import made_once
+
+@pytest.fixture(scope="session")
+def shared_dir(tmp_path_factory, request):
+    def make(path):
+        with open(os.environ["MAKES"], "a") as log:
+            log.write("made\\n")
+    return {make_it}
+"""
+
+
+def run_suite(tmp_path, mark: str, make_it: str) -> tuple[list, int]:
+    """The two modules in two workers, and the intervals each test slept in and how often the directory was made."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_a_shared.py").write_text(SHARED)
+    (suite / "test_b_alone.py").write_text(ALONE.format(mark=mark))
+    (suite / "made_fixture.py").write_text(FIXTURE.format(make_it=make_it))
+    intervals, makes = tmp_path / "intervals.jsonl", tmp_path / "makes"
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}:{suite}", "INTERVALS": str(intervals), "MAKES": str(makes)}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "made_fixture", "-p",
+                             "no:cacheprovider", "-q", "-n", "2",
+                             "--rootdir", str(suite), str(suite)], cwd=suite, env=env, capture_output=True, text=True,
+                            timeout=180)
+    assert result.returncode == 0 and "9 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
+    return [json.loads(line) for line in intervals.read_text().splitlines()], len(makes.read_text().splitlines())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("shared", [True, False])
+def test_an_alone_test_has_the_machine_and_made_once_makes_once(tmp_path, shared):
+    """The control (not marked, and a directory of each worker's own from mktemp): the other worker's tests run
+    beside the test, and each worker makes its directory."""
+    if shared:
+        intervals, makes = run_suite(tmp_path, "@pytest.mark.alone", "made_once(request.config, 'x', make)")
+    else:
+        intervals, makes = run_suite(tmp_path, "", "(make(own := tmp_path_factory.mktemp('x')), own)[1]")
+    (_, start, end, _), = [i for i in intervals if i[0] == "alone"]
+    beside = [i for i in intervals if i[0] == "shared" and i[1] < end and i[2] > start]
+    assert (beside == []) is shared, (start, end, intervals)
+    assert makes == (1 if shared else 2)
+    assert (len({i[3] for i in intervals}) == 1) is shared  # every test got the one directory
