@@ -85,6 +85,14 @@ AssumedMfu = Annotated[Optional[float], typer.Option(
     help="Assumed model FLOP utilisation of the compute (llm.c on 8x H100: about 0.4) [default: 0.4].",
     callback=Number(float, 0, 1, above=True).callback)]
 DEFAULT_GPU, DEFAULT_MFU = "H100", 0.4
+LinkInside = Annotated[Optional[str], typer.Option(
+    help="The link between a node's GPUs: nvlink4, nvlink3, nvlink2, nvlink-bridge, pcie5, pcie4 or pcie3 "
+         "[default: the GPU's usual node's].")]
+LinkAcross = Annotated[Optional[str], typer.Option(
+    help="The nodes' NICs: ndr, hdr or edr (InfiniBand), roce400, roce200, roce100, eth25 or eth10 [default: the "
+         "GPU's usual node's].")]
+Nics = Annotated[Optional[int], typer.Option(help="NICs per node [default: the GPU's usual node's].",
+                                             callback=COUNT.callback)]
 PresetName = Annotated[Optional[str], typer.Option(help="Preset; default: params.yaml's 'preset' (auto).")]
 Gpus = Annotated[Optional[int], typer.Option(
     help="Plan the study for this many GPUs per node (default: params.yaml's gpus_per_node, else the visible ones).",
@@ -464,6 +472,9 @@ def plan(
     nodes: Nodes = None,
     gpu: GpuModel = None,
     mfu: AssumedMfu = None,
+    link_inside: LinkInside = None,
+    link_across: LinkAcross = None,
+    nics: Nics = None,
     memory_gb: Annotated[str, typer.Option(help="GPU memory sizes to check the fit against, in GB.")] = "80,40",
     out: Annotated[Optional[Path], typer.Option(help="Also write the plan as CSV here.")] = None,
     output_format: Annotated[str, typer.Option("--format", help="table (for a terminal, 100 columns), or csv or "
@@ -481,22 +492,25 @@ def plan(
     from gpt2dist.config.memory import USABLE_SHARE
     from gpt2dist.results.plan import duration_words, fit_lines, plan_text, study_seconds
     from gpt2dist.results.plan import plan as plan_table
+    from gpt2dist.results.published import published_summary, summary_words
+    from gpt2dist.system.links import links_of
 
     if output_format not in ("table", "csv", "json"):
         raise UsageError(f"--format {output_format!r}: choose table, csv or json")
     sizes = numbers(memory_gb, "--memory-gb", POSITIVE, "80,40")
     models = _model_sizes(model_sizes)
     study = _study(params, preset, gpus, nodes)
-    if study.device != "cuda" and (gpu, mfu) != (None, None):
-        raise UsageError(f"--gpu and --mfu set a GPU's step time, and preset '{study.preset_name}' is planned here for "
-                         "CPUs; leave them out, or plan for GPUs with --gpus N")
+    if study.device != "cuda" and (gpu, mfu, link_inside, link_across, nics) != (None,) * 5:
+        raise UsageError(f"--gpu, --mfu and the links set a GPU's step time, and preset '{study.preset_name}' is "
+                         "planned here for CPUs; leave them out, or plan for GPUs with --gpus N")
     if budget_s is not None and not 0 < budget_s < math.inf:
         raise UsageError(f"--budget-s {budget_s:g}: give the seconds the study may take, above 0 (e.g. 540)")
     if budget_s is not None and (study.device != "cuda" or models):
         raise UsageError("--budget-s checks a study planned on GPUs at its own sizes: add --gpus N, and leave out "
                          "--sizes")
     gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
-    table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes, sizes=models)
+    links = links_of(gpu, link_inside, link_across, nics)
+    table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes, links=links, sizes=models)
     duration = study_seconds(study, table) if study.device == "cuda" and not models else None
     if budget_s is not None and duration["total"] > budget_s:
         raise UsageError(f"preset '{study.preset_name}' is predicted to take {duration['total']:,.0f} s on "
@@ -535,8 +549,8 @@ def plan(
            "allocator take the rest)." if on_gpus else "."))
     if on_gpus:
         say(f"Step time: single's FLOPs at an assumed MFU of {mfu:.0%} of the {gpu}'s peak, divided over the GPUs, "
-            "a pipeline's bubble, and the traffic model's bytes over NVLink (450 GB/s) inside a node and InfiniBand "
-            "(50 GB/s per GPU) across nodes, without overlap.")
+            f"a pipeline's bubble, and the traffic model's bytes over {links.words(study.nodes)}, without overlap; "
+            f"{summary_words(published_summary(mfu))}.")
         if duration is not None:
             say(duration_words(study, duration, budget_s))
     else:
@@ -559,6 +573,9 @@ def recommend(
     precision: Annotated[str, typer.Option(help="Arithmetic of the runs.")] = "bf16",
     tokens: Annotated[float, typer.Option(help="Tokens to train.", callback=POSITIVE.callback)] = 1e10,
     mfu: AssumedMfu = None,
+    link_inside: LinkInside = None,
+    link_across: LinkAcross = None,
+    nics: Nics = None,
     studies: Annotated[Optional[list[Path]], typer.Option(
         "--study", help="A collected study (results directory) whose runs measure the model's error; repeatable. "
         "Default: the reference studies under docs/reference.")] = None,
@@ -570,6 +587,8 @@ def recommend(
     from gpt2dist.config.presets import resolve_preset
     from gpt2dist.results.recommend import HIGH, LOW, extrapolations, read_stored, verdict_line
     from gpt2dist.results.recommend import recommend as ranked
+    from gpt2dist.results.published import published_summary, summary_words
+    from gpt2dist.system.links import links_of
 
     directories = studies or sorted(p.parent / p.name.removesuffix(".tar.gz")
                                     for p in (params.parent / "docs" / "reference").glob("*.tar.gz"))
@@ -578,11 +597,12 @@ def recommend(
     stored = read_stored(directories)
     name, chosen = resolve_preset(params, preset, cuda=True)
     gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
+    links = links_of(gpu, link_inside, link_across, nics)
     table, errors = ranked(name, chosen, stored, gpu=gpu, gpus_per_node=gpus, nodes=nodes, precision=precision,
-                           mfu=mfu, tokens=tokens, memory_gb=memory_gb)
+                           mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links)
     say(f"Recommendation (a prediction, not a measurement) for {nodes} node(s) of {gpus} {gpu} "
-        f"({memory_gb:g} GB), preset {name}'s model in {precision}, {tokens:,.0f} tokens, each GPU at the "
-        f"preset's micro-batch, compute at an assumed MFU of {mfu:.0%}:\n")
+        f"({memory_gb:g} GB) linked by {links.words(nodes)}, preset {name}'s model in {precision}, {tokens:,.0f} "
+        f"tokens, each GPU at the preset's micro-batch, compute at an assumed MFU of {mfu:.0%}:\n")
     runnable = table[table["note"] == ""]
     shown = runnable[["strategy", "gpus", "fits", "peak_gib", "step_ms", "hours", "hours_low", "hours_high"]].astype(
         {"gpus": int})
@@ -603,6 +623,7 @@ def recommend(
         "has three or more.")
     for note in extrapolations(stored, gpus * nodes, nodes):
         say(f"Extrapolating: {note}.")
+    say(f"On GPUs others measured: {summary_words(published_summary(mfu))}.")
 
 
 @app.command("project-scaling")
@@ -613,8 +634,11 @@ def project_scaling(
     gpu: GpuModel = None,
     precision: Annotated[str, typer.Option(help="Arithmetic of the projected runs.")] = "bf16",
     mfu: AssumedMfu = None,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node, joined by NVLink.", callback=COUNT.callback)] = 8,
-    nodes: Annotated[str, typer.Option(help="Node counts, joined by InfiniBand, e.g. 1,2,4,8.")] = "1,2,4,8",
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.", callback=COUNT.callback)] = 8,
+    nodes: Annotated[str, typer.Option(help="Node counts, e.g. 1,2,4,8.")] = "1,2,4,8",
+    link_inside: LinkInside = None,
+    link_across: LinkAcross = None,
+    nics: Nics = None,
 ) -> None:
     """Project a preset's data-parallel strategies to GPU clusters with the link model (a projection, not a
     measurement: compute from FLOPs at an assumed MFU, communication from the traffic model)."""
@@ -622,21 +646,77 @@ def project_scaling(
 
     from gpt2dist.config.presets import resolve_preset
     from gpt2dist.results.link_model import projection
+    from gpt2dist.system.links import links_of
 
     counts = numbers(nodes, "--nodes", COUNT, "1,2,4,8")
     name, chosen = resolve_preset(params, preset, cuda=_cuda_visible())
     gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
+    links = links_of(gpu, link_inside, link_across, nics)
     table = projection(name, chosen, gpu=gpu, precision=precision, mfu=mfu, gpus_per_node=gpus_per_node,
-                       node_counts=counts)
+                       node_counts=counts, links=links)
     projected = table["note"] == "projection"
     shown = table.loc[projected, ["strategy", "nodes", "gpus", "compute_ms", "communication_ms", "step_ms",
                                   "tokens_per_s", "scaling_efficiency", "note"]]
     say(f"Projection (not a measurement) of preset {name}: {gpu} {precision} at an assumed MFU of {mfu:.0%}, "
-        f"{gpus_per_node} GPUs per node on NVLink (450 GB/s), nodes on InfiniBand NDR (50 GB/s per GPU), "
-        "each GPU at the preset's micro-batch, no overlap of communication with compute.\n")
+        f"{gpus_per_node} GPUs per node, {links.words(max(counts))}, each GPU at the preset's micro-batch, no overlap "
+        "of communication with compute.\n")
     typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
     for strategy, note in table.loc[~projected].drop_duplicates("strategy")[["strategy", "note"]].itertuples(index=False):
         say(f"\n{strategy}: {note}")
+
+
+@app.command("validate-published")
+@one_line_errors
+def validate_published(
+    mfu: AssumedMfu = None,
+    table: Annotated[Optional[Path], typer.Option(help="A table of measurements in published_gpt2.csv's columns "
+                                                   "[default: the one gpt2dist ships].")] = None,
+    output_format: Annotated[str, typer.Option("--format", help="table (for a terminal), or csv or json: every row "
+                                               "with its prediction, nothing else.")] = "table",
+) -> None:
+    """Hold the planner to GPT-2 training that others measured on GPUs and published: each row's throughput and
+    memory predicted beside the published ones, and within each source's machine whether the planner orders every
+    two rows as they were measured."""
+    import pandas as pd
+    from tabulate import tabulate
+
+    from gpt2dist.results.published import TABLE, TIE, error_summary, pairs, predictions, read_table, summary_words
+
+    if output_format not in ("table", "csv", "json"):
+        raise UsageError(f"--format {output_format!r}: choose table, csv or json")
+    mfu = mfu or DEFAULT_MFU
+    predicted = predictions(read_table(table or TABLE), mfu)
+    if output_format != "table":
+        typer.echo(predicted.to_csv(index=False) if output_format == "csv" else predicted.to_json(orient="records",
+                                                                                                  indent=1))
+        return
+    ordered = pairs(predicted)
+    say(f"Published GPU measurements of GPT-2-family training against the planner (compute at an assumed MFU of "
+        f"{mfu:.0%}; each row's links as its source describes them):\n")
+    def shown(values, form: str) -> list[str]:
+        return ["" if pd.isna(value) else format(value, form) for value in values]
+
+    rows = predicted[predicted["left_out"] == ""]
+    typer.echo(tabulate(
+        {"row": rows["row"], "group": rows["group"], "strategy": rows["strategy"], "precision": rows["precision"],
+         "GPUs": rows["gpus"], "nodes": rows["nodes"],
+         "published ktok/s": shown(rows["published_tokens_per_s"] / 1e3, ",.1f"),
+         "predicted ktok/s": shown(rows["predicted_tokens_per_s"] / 1e3, ",.1f"),
+         "error": shown(rows["throughput_error"], "+.0%"), "published GiB": shown(rows["memory_gib"], ".1f"),
+         "predicted GiB": shown(rows["predicted_memory_gib"], ".1f"), "memory error": shown(rows["memory_error"], "+.0%")},
+        headers="keys", tablefmt="github", disable_numparse=True, colalign=("left",) * 4 + ("right",) * 8))
+    typer.echo("")
+    for group, part in ordered.groupby("group", sort=False):
+        wrong = part[~part["ordered"]]
+        say(f"{group}: {int(part['ordered'].sum())} of {len(part)} pairs ordered as published"
+            + ("" if wrong.empty else "; not: " + ", ".join(
+                f"{r.first} / {r.second} published {r.published_ratio:.2f}, predicted {r.predicted_ratio:.2f}"
+                for r in wrong.itertuples())))
+    for row in predicted[predicted["left_out"] != ""].itertuples():
+        say(f"{row.row} ({row.group}) left out: {row.left_out}")
+    say(f"\nIn all: {summary_words(error_summary(predicted, ordered))}. Pairs whose published throughputs are within "
+        f"{TIE:.0%} of each other are ties, not counted. The table, with each row's source and what is unclear "
+        f"about it: {table or 'src/gpt2dist/results/published_gpt2.csv'}.")
 
 
 @app.command("dvc-yaml")

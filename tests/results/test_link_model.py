@@ -12,13 +12,9 @@ from conftest import REPO
 
 from gpt2dist.config.presets import resolve_preset
 from gpt2dist.errors import UsageError
-from gpt2dist.results.link_model import (
-    INFINIBAND_BYTES_PER_S,
-    NVLINK_BYTES_PER_S,
-    predicted_vs_measured,
-    projection,
-)
+from gpt2dist.results.link_model import predicted_vs_measured, projection
 from gpt2dist.system.hardware import peak_flops
+from gpt2dist.system.links import Links, links_of
 
 
 def summary_row(config: str, strategy: str, nodes: int, link: float, step: float, sent: float) -> dict:
@@ -48,13 +44,14 @@ def test_a_study_without_emulated_nodes_has_an_empty_model():
     assert predicted_vs_measured(summary.drop(columns=["nodes", "link_mbit"])).empty  # an older study's summary
 
 
-def test_projection_crosses_infiniband_only_between_nodes():
+def test_projection_crosses_the_nics_only_between_nodes():
     name, preset = resolve_preset(REPO / "params.yaml", "bai2022")
+    one_nic = Links("nvlink4", "ndr", 1)  # 50 GB/s across nodes, far below NVLink's 450
     table = projection(name, preset, gpu="NVIDIA H100 80GB HBM3", precision="bf16", mfu=0.4, gpus_per_node=8,
-                       node_counts=[1, 2, 4]).set_index(["strategy", "nodes"])
+                       node_counts=[1, 2, 4], links=one_nic).set_index(["strategy", "nodes"])
     ddp = table.loc["ddp"]
-    gradient_bytes = ddp.loc[1, "communication_ms"] / 1e3 * NVLINK_BYTES_PER_S / (2 * 7 / 8)  # ring over 8 GPUs
-    assert ddp.loc[2, "communication_ms"] / 1e3 == pytest.approx(2 * 15 / 16 * gradient_bytes / INFINIBAND_BYTES_PER_S)
+    gradient_bytes = ddp.loc[1, "communication_ms"] / 1e3 * 450e9 / (2 * 7 / 8)  # ring over 8 GPUs
+    assert ddp.loc[2, "communication_ms"] / 1e3 == pytest.approx(2 * 15 / 16 * gradient_bytes / 50e9)
     assert (ddp["compute_ms"] == ddp.loc[1, "compute_ms"]).all()  # weak scaling: each GPU's work is the same
     assert ddp.loc[1, "scaling_efficiency"] > ddp.loc[2, "scaling_efficiency"] > ddp.loc[4, "scaling_efficiency"]
     assert (table.loc["fsdp", "communication_ms"] > ddp["communication_ms"]).all()  # gathers in forward and backward
@@ -71,7 +68,8 @@ def test_projection_crosses_infiniband_only_between_nodes():
 ])
 def test_projection_refuses_what_it_cannot_know(kwargs, message):
     name, preset = resolve_preset(REPO / "params.yaml", "bai2022")
-    settings = {"gpu": "H100", "precision": "bf16", "mfu": 0.4, "gpus_per_node": 8, "node_counts": [1]} | kwargs
+    settings = {"gpu": "H100", "precision": "bf16", "mfu": 0.4, "gpus_per_node": 8, "node_counts": [1],
+                "links": links_of("H100")} | kwargs
     with pytest.raises(UsageError, match=re.escape(message)):
         projection(name, preset, **settings)
 

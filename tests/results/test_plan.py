@@ -67,7 +67,8 @@ def test_the_plan_fits_100_columns_and_states_what_it_assumes():
     ("--memory-gb", "80,forty", "error: --memory-gb '80,forty': 'forty' is not a number; give a comma-separated "
                                 "list, e.g. 80,40"),
     ("--mfu", "1.5", "error: Invalid value for '--mfu': 1.5 is above 1"),
-    ("--gpu", "V100", "error: no peak FLOP/s known for GPU 'V100'"),
+    ("--gpu", "a toaster", "error: no usual links known for GPU 'a toaster'"),
+    ("--link-across", "ib", "error: --link-across 'ib': choose one of ndr, hdr, edr"),
     ("--format", "yaml", "error: --format 'yaml': choose table, csv or json"),
     ("--sizes", "small,huge", "error: --sizes 'small,huge': name GPT-2 sizes from small, medium, large, xl"),
     ("--budget-s", "0", "error: --budget-s 0: give the seconds the study may take, above 0 (e.g. 540)"),
@@ -87,10 +88,11 @@ def test_the_studys_duration_counts_a_launch_per_run_and_selftest_beside_its_ste
     selftest jobs, so a launch per run; paper's selftests add theirs, three for one that kills and resumes."""
     from gpt2dist.pipeline.study import pipeline_resume_cases, plan_study, selftested
     from gpt2dist.results.plan import GPU_LAUNCH_S, STUDY_FIXED_S, plan, study_seconds
+    from gpt2dist.system.links import links_of
 
     for preset, gpus in (("gpu-1gpu", 1), ("paper", 8)):
         study = plan_study(REPO / "params.yaml", preset, gpus)
-        table = plan(study, gpu="H100", mfu=0.4, memory_gb=[80])
+        table = plan(study, gpu="H100", mfu=0.4, memory_gb=[80], links=links_of("H100"))
         duration = study_seconds(study, table)
         checked = selftested(study)
         launches = len(study.runs) + len(checked) + 2 * len(set(pipeline_resume_cases(study)) & set(checked))
@@ -186,13 +188,15 @@ def test_an_interleaved_pipeline_waits_a_smaller_bubble_and_holds_more_activatio
     from gpt2dist.config.strategies import check_run, rank_blocks, traffic
     from gpt2dist.pipeline.study import Run, plan_study, planned_spec
     from gpt2dist.results.plan import gpu_step_seconds
+    from gpt2dist.system.links import links_of
 
     study = plan_study(REPO / "params.yaml", "paper", 8)
     plain = planned_spec("paper", study.preset, Run("pp", "bf16", 4, 0), "cuda")
     interleaved = plain.model_copy(update={"train": plain.train.model_copy(
         update={"pipeline_schedule": "interleaved-1f1b"})})
     check_run(interleaved, 8)
-    assert gpu_step_seconds(interleaved, "H100", 0.4) < gpu_step_seconds(plain, "H100", 0.4)
+    links = links_of("H100")
+    assert gpu_step_seconds(interleaved, "H100", 0.4, links) < gpu_step_seconds(plain, "H100", 0.4, links)
     # the first rank's activations, where the last rank's logits do not dwarf them (a vocabulary of 512)
     small_vocabulary = {"model": plain.model.model_copy(update={"vocab_size": 512})}
     first_plain, first_interleaved = (predict(spec.model_copy(update=small_vocabulary)).activations

@@ -19,10 +19,8 @@ from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.config.strategies import STRATEGIES, check_run, traffic
 from gpt2dist.errors import UsageError
 from gpt2dist.system.hardware import COMPUTE_DTYPE, peak_flops
+from gpt2dist.system.links import Links
 
-# Per GPU and direction (reference facts): NVLink 4 inside a node; one InfiniBand NDR port per GPU across nodes
-NVLINK_BYTES_PER_S = 450e9
-INFINIBAND_BYTES_PER_S = 50e9
 # Data-parallel strategies of a process per GPU, whose collectives span every GPU, so nodes' links carry them
 PROJECTED_STRATEGIES = tuple(name for name, d in STRATEGIES.items() if d.data_parallel and not d.one_process)
 
@@ -56,10 +54,10 @@ def predicted_vs_measured(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mfu: float, gpus_per_node: int,
-               node_counts: list[int]) -> pd.DataFrame:
+               node_counts: list[int], links: Links) -> pd.DataFrame:
     """Projected tokens/s of the data-parallel strategies at `gpus_per_node` x each node count, weak
     scaling (each GPU keeps the preset's micro-batch, no accumulation): compute at `mfu` of the GPU's
-    peak, the ring over NVLink inside one node and over InfiniBand across nodes, no overlap."""
+    peak, the ring at the bus bandwidth of the cluster's `links`, no overlap."""
     if precision not in COMPUTE_DTYPE:
         raise UsageError(f"--precision '{precision}' is not one of {', '.join(COMPUTE_DTYPE)}")
     if gpus_per_node < 1 or not node_counts or min(node_counts) < 1:
@@ -85,8 +83,7 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mf
             except UsageError as exc:
                 rows.append({"strategy": strategy, "nodes": nodes, "gpus": n, "note": f"not projected: {exc}"})
                 continue
-            bandwidth = NVLINK_BYTES_PER_S if nodes == 1 else INFINIBAND_BYTES_PER_S
-            comm_s = traffic(spec).bytes_per_step / bandwidth
+            comm_s = traffic(spec).bytes_per_step / links.bus_bytes_per_s(nodes)
             step_s = compute_s + comm_s
             rows.append({"strategy": strategy, "nodes": nodes, "gpus": n, "compute_ms": compute_s * 1e3,
                          "communication_ms": comm_s * 1e3, "step_ms": step_s * 1e3,

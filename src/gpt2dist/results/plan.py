@@ -3,8 +3,8 @@ duration, and what will not fit a GPU's memory.
 
 The model state is counted as collect checks it, to the byte, on every run (results/prediction.py);
 activations, buffers and GPU step times are estimates (config/memory.py; compute at an assumed MFU of the
-GPU's peak, the traffic model's bytes over NVLink inside a node and InfiniBand across nodes, no overlap) that
-no GPU run has checked yet, and the plan says so.
+GPU's peak, the traffic model's bytes at the bus bandwidth of the cluster's links, no overlap) that no GPU run
+of ours has checked yet (results/published.py holds them to others' measurements), and the plan says so.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from gpt2dist.config.sizes import flops_per_token, parameter_count
 from gpt2dist.config.strategies import check_run, traffic
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import Study, configurations, pipeline_resume_cases, planned_spec, selftested
-from gpt2dist.results.link_model import INFINIBAND_BYTES_PER_S, NVLINK_BYTES_PER_S
 from gpt2dist.results.prediction import predicted_step_time
-from gpt2dist.system.hardware import peak_flops
+from gpt2dist.system.hardware import PEAK_FLOPS, peak_flops
+from gpt2dist.system.links import Links
 
 MIB = 2**20
 # What a run costs beside its steps on a GPU node: Python, torch, CUDA and the process group start, a checkpoint
@@ -36,24 +36,31 @@ GPU_LAUNCH_S = 20.0
 STUDY_FIXED_S = 60.0
 
 
-def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float) -> float:
+# Recomputing each block's activations in backward runs its forward again: a third more of the 6 FLOPs per
+# parameter and token a training step has (2 forward, 4 backward)
+CHECKPOINTED_COMPUTE = 4 / 3
+
+
+def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float, links: Links) -> float:
     """A GPU cluster's step by the step model (results.prediction): one GPU's step of the whole global batch at
-    `mfu` of its peak in the spec's arithmetic, divided among its processes, and the traffic model's bytes over
-    NVLink inside a node or InfiniBand across nodes."""
+    `mfu` of its peak in the spec's arithmetic (a third more with activation checkpointing), divided among its
+    processes, and the traffic model's bytes at the bus bandwidth of the cluster's `links`."""
     peak = peak_flops(gpu, spec.precision)
     if peak is None:
-        raise UsageError(f"no peak FLOP/s known for GPU '{gpu}' (known: H100, H100 NVL, H100 PCIe, H200, A100)")
+        raise UsageError(f"no peak FLOP/s known for {spec.precision} on GPU '{gpu}' (known: {', '.join(PEAK_FLOPS)})")
     if not 0 < mfu <= 1:
         raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu:g}")
     m, t = spec.model, spec.train
     single = t.global_batch_size * m.n_positions * flops_per_token(m) / (peak * mfu)
-    link = NVLINK_BYTES_PER_S if spec.nodes == 1 else INFINIBAND_BYTES_PER_S
+    if t.activation_checkpointing == "block":
+        single *= CHECKPOINTED_COMPUTE
     facts = {"strategy": spec.strategy, "nproc": spec.nproc, "nodes": spec.nodes, "emulated": False,
-             "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": link / 1e9}
+             "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": links.bus_bytes_per_s(spec.nodes) / 1e9}
     return predicted_step_time(facts, single, "cuda", t)
 
 
-def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float], sizes: list[str] | None = None) -> pd.DataFrame:
+def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float], links: Links,
+         sizes: list[str] | None = None) -> pd.DataFrame:
     """One row per configuration: predicted bytes per rank by part, whether it fits each GPU memory size (with
     the margin) as it is and with activation checkpointing, and on GPUs the step time and the run's training time.
     A study of model sizes has a `size` and `parameters` column; `sizes` (config.sizes) plans every configuration
@@ -88,7 +95,7 @@ def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float], sizes: l
         for gb in memory_gb:
             row[f"margin_{gb:g}gb_gib"] = (usable_bytes(gb) - memory.peak) / GIB
             row[f"margin_{gb:g}gb_checkpointed_gib"] = (usable_bytes(gb) - checkpointed) / GIB
-        step = gpu_step_seconds(spec, gpu, mfu) if study.device == "cuda" else math.nan
+        step = gpu_step_seconds(spec, gpu, mfu, links) if study.device == "cuda" else math.nan
         row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}
         rows.append(row)
     return pd.DataFrame(rows)

@@ -25,6 +25,7 @@ from gpt2dist.config.strategies import REFERENCE, check_run
 from gpt2dist.errors import UsageError
 from gpt2dist.results.inputs import read_csv, read_summary
 from gpt2dist.results.plan import gpu_step_seconds
+from gpt2dist.system.links import Links
 
 MIN_ERRORS = 3
 LOW, HIGH = 0.05, 0.95
@@ -82,7 +83,7 @@ def extrapolations(stored: list[Stored], gpus: int, nodes: int) -> list[str]:
 
 
 def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus_per_node: int, nodes: int,
-              precision: str, mfu: float, tokens: float, memory_gb: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+              precision: str, mfu: float, tokens: float, memory_gb: float, links: Links) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The candidates ranked (fitting first, then by predicted hours; those that cannot run last, saying why),
     and the leave-one-out errors."""
     if gpus_per_node < 1 or nodes < 1:
@@ -106,7 +107,7 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
         except UsageError as exc:
             rows.append({"strategy": strategy, "note": f"cannot run here: {exc}"})
             continue
-        step = gpu_step_seconds(spec, gpu, mfu)
+        step = gpu_step_seconds(spec, gpu, mfu, links)
         own = errors[errors["strategy"] == strategy]
         if measured is not None:
             ratios = measured.loc[measured["strategy"] == strategy]

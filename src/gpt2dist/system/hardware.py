@@ -17,6 +17,9 @@ from gpt2dist.errors import UsageError
 # twice these). Sources: NVIDIA's H100 Tensor Core GPU datasheet (SXM, NVL and PCIe columns),
 # the H200 Tensor Core GPU datasheet (SXM and NVL columns; the same GH100 compute as H100 SXM/NVL)
 # and the A100 Tensor Core GPU datasheet; https://www.nvidia.com/en-us/data-center/{h100,h200,a100}/.
+# Older GPUs that published measurements ran on (results/published_gpt2.csv), from their datasheets: V100 (SXM2
+# and PCIe), TITAN RTX and GeForce RTX 3090 (fp16 with fp32 accumulation, as training runs; the 3090's TF32
+# tensor rate equals its fp32 rate). A dtype a GPU has no rate for is missing.
 # Keys are fragments of torch.cuda.get_device_name(); the longest fragment found wins, so
 # "NVIDIA H200 NVL" is an H200 NVL, not an H200 SXM.
 _HOPPER_SXM = {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12}
@@ -28,6 +31,10 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
     "H100 NVL": _HOPPER_NVL,
     "H100 PCIe": {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
     "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
+    "V100": {"fp32": 15.7e12, "fp16": 125e12},  # SXM2
+    "V100-PCIE": {"fp32": 14e12, "fp16": 112e12},
+    "TITAN RTX": {"fp32": 16.3e12, "fp16": 130e12},
+    "RTX 3090": {"fp32": 35.6e12, "tf32": 35.6e12, "bf16": 71e12, "fp16": 71e12},
 }
 
 # The arithmetic each --precision runs its matmuls in, i.e. the peak its MFU is measured against.
@@ -46,7 +53,7 @@ def peak_flops(device_name: str, precision: str, override_tflops: float | None =
     if override_tflops is not None:
         return override_tflops * 1e12
     peaks = gpu_peaks(device_name)
-    return peaks[COMPUTE_DTYPE[precision]] if peaks else None
+    return peaks.get(COMPUTE_DTYPE[precision]) if peaks else None
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, n_devices: int, peak: float) -> float:

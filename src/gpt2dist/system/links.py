@@ -1,0 +1,66 @@
+"""How a cluster's GPUs are linked, as the bus bandwidth a ring all-reduce can reach over each link: inside a node
+(NVLink by generation, a two-GPU bridge, or PCIe) and across nodes (the node's NICs: InfiniBand, RoCE or
+Ethernet). Datasheet rates per direction; a measured all-reduce reaches most of a link's rate, never more.
+
+Across nodes NCCL runs one ring per NIC, each carrying its share of the bytes, so the bus bandwidth is the node's
+NICs together, capped by the link inside the node: 8 NDR NICs give 400 GB/s, one EDR NIC 12.5 GB/s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpt2dist.errors import UsageError
+
+# Per GPU and direction. NVLink: 25 GB/s per link per direction, times the links a GPU has (V100 SXM2 6, A100 SXM
+# 12, H100 SXM 18); bridge: Turing's and Ampere's two-GPU bridges (TITAN RTX 2 links, RTX 3090 4 links of
+# 14 GB/s); PCIe: x16 lanes of each generation.
+INSIDE_NODE = {"nvlink4": 450e9, "nvlink3": 300e9, "nvlink2": 150e9, "nvlink-bridge-3090": 56.25e9,
+               "nvlink-bridge": 50e9, "pcie5": 64e9, "pcie4": 32e9, "pcie3": 16e9}
+# Per NIC and direction
+ACROSS_NODES = {"ndr": 50e9, "hdr": 25e9, "edr": 12.5e9, "roce400": 50e9, "roce200": 25e9, "roce100": 12.5e9,
+                "eth25": 3.125e9, "eth10": 1.25e9}
+# What a GPU's usual node has, by the fragment of its name (system.hardware's keys, the longest that matches
+# wins): its link inside the node, its NICs and how many. DGX H100/H200: NVLink 4, 8 NDR; DGX A100: NVLink 3,
+# 8 HDR; DGX-1 (V100): NVLink 2, 4 EDR; PCIe cards: PCIe of their generation, one NIC per node.
+USUAL_NODE = {"H200": ("nvlink4", "ndr", 8), "H100": ("nvlink4", "ndr", 8), "H100 NVL": ("pcie5", "ndr", 1),
+              "H100 PCIe": ("pcie5", "ndr", 1), "H200 NVL": ("pcie5", "ndr", 1), "A100": ("nvlink3", "hdr", 8),
+              "A100-PCIE": ("pcie4", "hdr", 1), "V100": ("nvlink2", "edr", 4), "V100-PCIE": ("pcie3", "edr", 1),
+              "TITAN RTX": ("nvlink-bridge", "eth10", 1), "RTX 3090": ("nvlink-bridge-3090", "eth10", 1)}
+
+
+@dataclass(frozen=True)
+class Links:
+    """A node's link between its GPUs, and its NICs to other nodes."""
+
+    inside: str
+    across: str
+    nics: int
+
+    def bus_bytes_per_s(self, nodes: int) -> float:
+        """The bus bandwidth of a ring all-reduce over every GPU of `nodes` nodes."""
+        inside = INSIDE_NODE[self.inside]
+        return inside if nodes == 1 else min(inside, self.nics * ACROSS_NODES[self.across])
+
+    def words(self, nodes: int) -> str:
+        inside = f"{self.inside} ({INSIDE_NODE[self.inside] / 1e9:g} GB/s) inside a node"
+        if nodes == 1:
+            return inside
+        return (f"{inside}, {self.nics} {self.across} NIC(s) per node ({self.nics * ACROSS_NODES[self.across] / 1e9:g} "
+                f"GB/s) across nodes")
+
+
+def links_of(gpu: str, inside: str | None = None, across: str | None = None, nics: int | None = None) -> Links:
+    """The links of `gpu`'s usual node, each part replaced where given."""
+    matches = [fragment for fragment in USUAL_NODE if fragment.lower() in gpu.lower()]
+    if not matches and None in (inside, across, nics):
+        raise UsageError(f"no usual links known for GPU '{gpu}' (known: {', '.join(USUAL_NODE)}): give "
+                         "--link-inside, --link-across and --nics")
+    usual = USUAL_NODE[max(matches, key=len)] if matches else (None, None, None)
+    chosen = Links(inside or usual[0], across or usual[1], nics or usual[2])
+    if chosen.inside not in INSIDE_NODE:
+        raise UsageError(f"--link-inside {chosen.inside!r}: choose one of {', '.join(INSIDE_NODE)}")
+    if chosen.across not in ACROSS_NODES:
+        raise UsageError(f"--link-across {chosen.across!r}: choose one of {', '.join(ACROSS_NODES)}")
+    if chosen.nics < 1:
+        raise UsageError(f"--nics {chosen.nics}: a node has at least 1 NIC")
+    return chosen

@@ -1,0 +1,40 @@
+"""A cluster's links as the bus bandwidth a ring all-reduce can reach: the link inside a node alone on one node;
+across nodes the node's NICs together, never more than the link inside."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gpt2dist.errors import UsageError
+from gpt2dist.system.links import ACROSS_NODES, INSIDE_NODE, Links, links_of
+
+
+def test_one_node_uses_the_link_inside_and_more_use_the_nics_capped_by_it():
+    dgx = links_of("NVIDIA H100 80GB HBM3")
+    assert dgx == Links("nvlink4", "ndr", 8)
+    assert dgx.bus_bytes_per_s(1) == INSIDE_NODE["nvlink4"] == 450e9
+    assert dgx.bus_bytes_per_s(2) == 8 * ACROSS_NODES["ndr"] == 400e9  # 8 NDR NICs: just under NVLink 4
+    one_edr = Links("nvlink2", "edr", 1)
+    assert one_edr.bus_bytes_per_s(4) == 12.5e9
+    # the control: NICs beyond the link inside a node add nothing
+    assert Links("pcie3", "ndr", 8).bus_bytes_per_s(2) == INSIDE_NODE["pcie3"]
+
+
+def test_the_usual_node_is_the_most_specific_name_and_each_part_can_be_replaced():
+    assert links_of("NVIDIA H100 PCIe") == Links("pcie5", "ndr", 1)  # not the SXM's NVLink
+    assert links_of("Tesla V100-PCIE-32GB").inside == "pcie3"
+    assert links_of("Tesla V100-SXM2-16GB").inside == "nvlink2"
+    assert links_of("H100", across="roce200", nics=2) == Links("nvlink4", "roce200", 2)
+    assert links_of("a toaster", "pcie4", "eth25", 1) == Links("pcie4", "eth25", 1)  # all given: any GPU
+
+
+@pytest.mark.parametrize("args, message", [
+    (("a toaster",), "no usual links known for GPU 'a toaster'"),
+    (("H100", "nvlink9"), "--link-inside 'nvlink9': choose one of nvlink4"),
+    (("H100", None, "ib"), "--link-across 'ib': choose one of ndr"),
+])
+def test_unknown_links_are_refused_naming_the_choices(args, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        links_of(*args)
