@@ -79,10 +79,14 @@ def test_ties_are_not_counted_and_a_pair_spans_one_group_only():
 @pytest.mark.parametrize("change, message", [
     (lambda table: table.drop(columns="gpus"), "no column gpus; write it in the columns of published_gpt2.csv"),
     (None, "no such file"),
+    (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "not a CSV table; write it in the columns of published_gpt2.csv"),
+    (b"", "not a CSV table; write it in the columns of published_gpt2.csv"),
 ])
 def test_a_table_of_another_layout_is_one_error_line(tmp_path, change, message):
     path = tmp_path / "table.csv"
-    if change:
+    if isinstance(change, bytes):  # a file of another kind, or an empty one
+        path.write_bytes(change)
+    elif change:
         change(read_table()).to_csv(path, index=False)
     result = gpt2dist("validate-published", "--table", path, check=False)
     assert result.returncode == 2 and result.stderr.strip() == f"error: --table {path}: {message}", result.stderr

@@ -37,8 +37,11 @@ def read_table(path: Path = TABLE) -> pd.DataFrame:
     """The table, its columns checked: a missing one is a table of another layout."""
     if not path.is_file():
         raise UsageError(f"--table {path}: no such file")
-    table = pd.read_csv(path, dtype={"strategy": str, "outside": str}, keep_default_na=False,
-                       na_values={"memory_gib": [""], "step_s": [""]})
+    try:
+        table = pd.read_csv(path, dtype={"strategy": str, "outside": str}, keep_default_na=False,
+                           na_values={"memory_gib": [""], "step_s": [""]})
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError):
+        raise UsageError(f"--table {path}: not a CSV table; write it in the columns of {TABLE.name}") from None
     missing = [column for column in COLUMNS if column not in table]
     if missing:
         raise UsageError(f"--table {path}: no column {', '.join(missing)}; write it in the columns of {TABLE.name}")
