@@ -94,6 +94,9 @@ LinkAcross = Annotated[Optional[str], typer.Option(
 Nics = Annotated[Optional[int], typer.Option(help="NICs per node [default: the GPU's usual node's].",
                                              callback=COUNT.callback)]
 PresetName = Annotated[Optional[str], typer.Option(help="Preset; default: params.yaml's 'preset' (auto).")]
+ModelSizes = Annotated[Optional[str], typer.Option(
+    "--sizes", help="GPT-2 sizes of the preset's model to rank, e.g. small,medium,large,xl [default: the sizes the "
+    "preset's runs name, else its own model].")]
 Gpus = Annotated[Optional[int], typer.Option(
     help="Plan the study for this many GPUs per node (default: params.yaml's gpus_per_node, else the visible ones).",
     callback=GPU_COUNT.callback)]
@@ -449,6 +452,16 @@ def figures(
     typer.echo(f"ok: {len(summary['configs'])} configurations of preset {summary['preset']} rebuilt in {out}")
 
 
+def _cluster_unused(study) -> str:
+    """What of the cluster the study's runs leave idle, said beside it: the runs are the preset's, not the cluster's."""
+    nodes = max(run.nodes for run in study.runs)
+    per_node = max(-(-run.nproc // run.nodes) for run in study.runs)
+    unused = ([f"{nodes} node(s)"] if nodes < study.nodes else []) + (
+        [f"{per_node} GPU(s) per node"] if per_node < study.gpus else [])
+    return (f" (its runs use at most {' and '.join(unused)}: preset {study.preset_name}'s study.runs name no larger "
+            "run; add one, with a global batch of at least micro-batch x GPUs, to use the rest)" if unused else "")
+
+
 def _model_sizes(text: str | None) -> list[str]:
     """--sizes' GPT-2 sizes, in the order given."""
     from gpt2dist.config.sizes import GPT2_SIZES
@@ -527,7 +540,7 @@ def plan(
     t, m = study.preset.train, study.preset.model
     each = f", {table['repeats'].iloc[0]} each" if table["repeats"].nunique() == 1 else ""
     say(f"Plan of preset {study.preset_name} ({len(study.runs)} runs of {table['config_id'].nunique()} configurations{each}) on "
-        + (f"{study.nodes} node(s) of {study.gpus} {gpu} GPUs" if on_gpus else "CPUs")
+        + (f"{study.nodes} node(s) of {study.gpus} {gpu} GPUs{_cluster_unused(study)}" if on_gpus else "CPUs")
         + ": a prediction, not a measurement.")
     say(f"Assumed: micro-batches of {t.micro_batch_size} sequences of {m.n_positions} tokens per rank, a global "
         f"batch of {t.global_batch_size} sequences (the rest by gradient accumulation), {t.max_steps} steps"
@@ -576,6 +589,7 @@ def recommend(
     link_inside: LinkInside = None,
     link_across: LinkAcross = None,
     nics: Nics = None,
+    model_sizes: ModelSizes = None,
     studies: Annotated[Optional[list[Path]], typer.Option(
         "--study", help="A collected study (results directory) whose runs measure the model's error; repeatable. "
         "Default: the reference studies under docs/reference.")] = None,
@@ -585,6 +599,8 @@ def recommend(
     from tabulate import tabulate
 
     from gpt2dist.config.presets import resolve_preset
+    from gpt2dist.config.sizes import parameter_count
+    from gpt2dist.pipeline.study import model_of, preset_sizes
     from gpt2dist.results.recommend import HIGH, LOW, extrapolations, read_stored, verdict_line
     from gpt2dist.results.recommend import recommend as ranked
     from gpt2dist.results.published import published_summary, summary_words
@@ -598,18 +614,26 @@ def recommend(
     name, chosen = resolve_preset(params, preset, cuda=True)
     gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
     links = links_of(gpu, link_inside, link_across, nics)
-    table, errors = ranked(name, chosen, stored, gpu=gpu, gpus_per_node=gpus, nodes=nodes, precision=precision,
-                           mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links)
+    sizes = _model_sizes(model_sizes) or preset_sizes(chosen)
     say(f"Recommendation (a prediction, not a measurement) for {nodes} node(s) of {gpus} {gpu} "
-        f"({memory_gb:g} GB) linked by {links.words(nodes)}, preset {name}'s model in {precision}, {tokens:,.0f} "
-        f"tokens, each GPU at the preset's micro-batch, compute at an assumed MFU of {mfu:.0%}:\n")
-    runnable = table[table["note"] == ""]
-    shown = runnable[["strategy", "gpus", "fits", "peak_gib", "step_ms", "hours", "hours_low", "hours_high"]].astype(
-        {"gpus": int})
-    typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
-    for row in table[table["note"] != ""].itertuples():
-        say(f"{row.strategy}: {row.note}")
-    say("\n" + verdict_line(runnable[runnable["fits"]]))
+        f"({memory_gb:g} GB) linked by {links.words(nodes)}, preset {name}'s model"
+        + (f" at {len(sizes)} sizes" if sizes != [None] else "") + f" in {precision}, {tokens:,.0f} tokens, each "
+        f"GPU at the preset's micro-batch of {chosen.train.micro_batch_size} (a global batch that follows the GPUs: "
+        f"{chosen.train.micro_batch_size * gpus * nodes} sequences), compute at an assumed MFU of {mfu:.0%}:")
+    for size in sizes:
+        table, errors = ranked(name, chosen, stored, gpu=gpu, gpus_per_node=gpus, nodes=nodes, precision=precision,
+                               mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links, size=size)
+        if size:
+            model = model_of(chosen, size)
+            say(f"\nGPT-2 {size}, {parameter_count(model) / 1e6:,.0f}M parameters:")
+        typer.echo("")
+        runnable = table[table["note"] == ""]
+        shown = runnable[["strategy", "gpus", "fits", "peak_gib", "step_ms", "hours", "hours_low",
+                          "hours_high"]].astype({"gpus": int})
+        typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
+        for row in table[table["note"] != ""].itertuples():
+            say(f"{row.strategy}: {row.note}")
+        say("\n" + verdict_line(runnable[runnable["fits"]]))
     def spread(column: str) -> str:
         e = errors[column].dropna()
         return f"median |error| {e.abs().median():.0%}, {e.quantile(LOW):+.0%} to {e.quantile(HIGH):+.0%}"
@@ -639,12 +663,14 @@ def project_scaling(
     link_inside: LinkInside = None,
     link_across: LinkAcross = None,
     nics: Nics = None,
+    model_sizes: ModelSizes = None,
 ) -> None:
     """Project a preset's data-parallel strategies to GPU clusters with the link model (a projection, not a
     measurement: compute from FLOPs at an assumed MFU, communication from the traffic model)."""
     from tabulate import tabulate
 
     from gpt2dist.config.presets import resolve_preset
+    from gpt2dist.pipeline.study import preset_sizes
     from gpt2dist.results.link_model import projection
     from gpt2dist.system.links import links_of
 
@@ -652,17 +678,20 @@ def project_scaling(
     name, chosen = resolve_preset(params, preset, cuda=_cuda_visible())
     gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
     links = links_of(gpu, link_inside, link_across, nics)
+    sizes = _model_sizes(model_sizes) or preset_sizes(chosen)
     table = projection(name, chosen, gpu=gpu, precision=precision, mfu=mfu, gpus_per_node=gpus_per_node,
-                       node_counts=counts, links=links)
+                       node_counts=counts, links=links, sizes=sizes)
     projected = table["note"] == "projection"
-    shown = table.loc[projected, ["strategy", "nodes", "gpus", "compute_ms", "communication_ms", "step_ms",
-                                  "tokens_per_s", "scaling_efficiency", "note"]]
+    columns = ["size"] * (sizes != [None]) + ["strategy", "nodes", "gpus", "compute_ms", "communication_ms", "step_ms",
+                                             "tokens_per_s", "scaling_efficiency"]
     say(f"Projection (not a measurement) of preset {name}: {gpu} {precision} at an assumed MFU of {mfu:.0%}, "
-        f"{gpus_per_node} GPUs per node, {links.words(max(counts))}, each GPU at the preset's micro-batch, no overlap "
-        "of communication with compute.\n")
-    typer.echo(tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.2f"))
-    for strategy, note in table.loc[~projected].drop_duplicates("strategy")[["strategy", "note"]].itertuples(index=False):
-        say(f"\n{strategy}: {note}")
+        f"{gpus_per_node} GPUs per node, {links.words(max(counts))}, weak scaling: each GPU at the preset's "
+        f"micro-batch of {chosen.train.micro_batch_size}, the global batch growing with the GPUs; communication a "
+        "strategy overlaps with its computation counts only where the computation cannot cover it.\n")
+    typer.echo(tabulate(table.loc[projected, columns], headers="keys", tablefmt="github", showindex=False,
+                        floatfmt=",.2f"))
+    for row in table.loc[~projected].drop_duplicates(["size", "strategy"]).itertuples(index=False):
+        say(f"\n{row.strategy}{f' ({row.size})' if row.size else ''}: {row.note}")
 
 
 @app.command("validate-published")
@@ -680,17 +709,16 @@ def validate_published(
     import pandas as pd
     from tabulate import tabulate
 
-    from gpt2dist.results.published import TABLE, TIE, error_summary, pairs, predictions, read_table, summary_words
+    from gpt2dist.results.published import TABLE, TIE, read_table, summary_words, validation
 
     if output_format not in ("table", "csv", "json"):
         raise UsageError(f"--format {output_format!r}: choose table, csv or json")
     mfu = mfu or DEFAULT_MFU
-    predicted = predictions(read_table(table or TABLE), mfu)
+    predicted, ordered, summary = validation(read_table(table or TABLE), mfu)
     if output_format != "table":
         typer.echo(predicted.to_csv(index=False) if output_format == "csv" else predicted.to_json(orient="records",
                                                                                                   indent=1))
         return
-    ordered = pairs(predicted)
     say(f"Published GPU measurements of GPT-2-family training against the planner (compute at an assumed MFU of "
         f"{mfu:.0%}; each row's links as its source describes them):\n")
     def shown(values, form: str) -> list[str]:
@@ -714,7 +742,7 @@ def validate_published(
                 for r in wrong.itertuples())))
     for row in predicted[predicted["left_out"] != ""].itertuples():
         say(f"{row.row} ({row.group}) left out: {row.left_out}")
-    say(f"\nIn all: {summary_words(error_summary(predicted, ordered))}. Pairs whose published throughputs are within "
+    say(f"\nIn all: {summary_words(summary)}. Pairs whose published throughputs are within "
         f"{TIE:.0%} of each other are ties, not counted. The table, with each row's source and what is unclear "
         f"about it: {table or 'src/gpt2dist/results/published_gpt2.csv'}.")
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO
 
 from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.sizes import parameter_count
 from gpt2dist.errors import UsageError
 from gpt2dist.results.link_model import predicted_vs_measured, projection
 from gpt2dist.system.hardware import peak_flops
@@ -50,8 +51,15 @@ def test_projection_crosses_the_nics_only_between_nodes():
     table = projection(name, preset, gpu="NVIDIA H100 80GB HBM3", precision="bf16", mfu=0.4, gpus_per_node=8,
                        node_counts=[1, 2, 4], links=one_nic).set_index(["strategy", "nodes"])
     ddp = table.loc["ddp"]
-    gradient_bytes = ddp.loc[1, "communication_ms"] / 1e3 * 450e9 / (2 * 7 / 8)  # ring over 8 GPUs
-    assert ddp.loc[2, "communication_ms"] / 1e3 == pytest.approx(2 * 15 / 16 * gradient_bytes / 50e9)
+    compute_s = ddp.loc[1, "compute_ms"] / 1e3
+    gradients = parameter_count(preset.model) * 4  # fp32 gradients under autocast
+
+    def exposed(gpus: int, bandwidth: float) -> float:  # the all-reduce less what backward covers
+        sent = 2 * (gpus - 1) / gpus * gradients
+        return sent / bandwidth - min(sent * (1 - root_share_of(preset)) / bandwidth, 2 / 3 * compute_s)
+
+    assert ddp.loc[1, "communication_ms"] / 1e3 == pytest.approx(exposed(8, 450e9))
+    assert ddp.loc[2, "communication_ms"] / 1e3 == pytest.approx(exposed(16, 50e9))
     assert (ddp["compute_ms"] == ddp.loc[1, "compute_ms"]).all()  # weak scaling: each GPU's work is the same
     assert ddp.loc[1, "scaling_efficiency"] > ddp.loc[2, "scaling_efficiency"] > ddp.loc[4, "scaling_efficiency"]
     assert (table.loc["fsdp", "communication_ms"] > ddp["communication_ms"]).all()  # gathers in forward and backward
@@ -59,8 +67,25 @@ def test_projection_crosses_the_nics_only_between_nodes():
     assert table.loc["apex-ddp", "note"].str.startswith("not projected: strategy 'apex-ddp' pairs with Apex amp").all()
 
 
+def root_share_of(preset) -> float:
+    """The embeddings' and final layer norm's share of the parameters, counted here from the model's shape."""
+    m = preset.model
+    outside_blocks = m.vocab_size * m.n_embd + m.n_positions * m.n_embd + 2 * m.n_embd
+    return outside_blocks / parameter_count(m)
+
+
+def test_projection_at_the_presets_sizes_ranks_each_size():
+    name, preset = resolve_preset(REPO / "params.yaml", "paper-sizes")
+    table = projection(name, preset, gpu="H100", precision="bf16", mfu=0.4, gpus_per_node=8, node_counts=[1],
+                       links=links_of("H100"), sizes=["small", "xl"])
+    projected = table[table["note"] == "projection"].set_index(["size", "strategy"])
+    # four times the layers' FLOPs and more: each size's own model, not the preset's small one
+    assert projected.loc[("xl", "ddp"), "compute_ms"] > 10 * projected.loc[("small", "ddp"), "compute_ms"]
+    assert list(dict.fromkeys(table["size"])) == ["small", "xl"]
+
+
 @pytest.mark.parametrize("kwargs, message", [
-    ({"gpu": "a toaster"}, "no peak FLOP/s known for GPU 'a toaster'"),
+    ({"gpu": "a toaster"}, "no peak FLOP/s known for bf16 on GPU 'a toaster'"),
     ({"mfu": 1.5}, "--mfu is a fraction of the peak in (0, 1], got 1.5"),
     ({"precision": "fp64"}, "--precision 'fp64' is not one of fp32, tf32, bf16"),
     ({"gpus_per_node": 0}, "--gpus-per-node and --nodes count at least 1, got 0 GPUs per node"),
@@ -85,8 +110,11 @@ def test_project_scaling_prints_a_labelled_projection():
 
     shown = gpt2dist("project-scaling", "--params", REPO / "params.yaml", "--preset", "patwardhan2024", "--nodes", "1,2")
     assert shown.stdout.startswith("Projection (not a measurement) of preset patwardhan2024: H100 bf16")
-    # ddp, horovod, fsdp, zero1, zero2 and hsdp at 1 and 2 nodes (apex-ddp takes no bf16)
-    assert len(re.findall(r"\| projection +\|", shown.stdout)) == 12
+    # ddp, horovod, fsdp, zero1, zero2 and hsdp at 1 and 2 nodes (apex-ddp takes no bf16), no size column
+    assert len(re.findall(r"^\| (ddp|horovod|fsdp|zero1|zero2|hsdp) +\|", shown.stdout, re.M)) == 12
+    assert "apex-ddp: not projected" in shown.stdout and "| size" not in shown.stdout
+    sizes = gpt2dist("project-scaling", "--params", REPO / "params.yaml", "--preset", "paper-sizes", "--nodes", "1")
+    assert len(re.findall(r"^\| (small|medium|large|xl) +\| ddp ", sizes.stdout, re.M)) == 4  # the preset's sizes
     wrong = gpt2dist("project-scaling", "--params", REPO / "params.yaml", "--nodes", "one,two", check=False)
     assert wrong.returncode == 2
     assert wrong.stderr.strip() == ("error: --nodes 'one,two': 'one' is not a whole number; give a comma-separated "

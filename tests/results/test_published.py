@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from conftest import gpt2dist
 
-from gpt2dist.results.published import COLUMNS, TABLE, pairs, predictions, read_table, row_spec
+from gpt2dist.results.published import COLUMNS, TABLE, pairs, predictions, read_table, row_spec, validation
 
 
 def test_every_row_names_its_source_and_reads_back_as_the_planners_input():
@@ -41,8 +41,9 @@ def test_every_row_in_the_registry_is_predicted_or_says_why_not():
 
 
 def fixture_table(tmp_path, swap: bool):
-    """Two rows of the ship's table, ddp over NVLink 2 and over PCIe 3 on one machine; `swap` gives each the
-    other's published time, an ordering the planner cannot share: more bandwidth is never slower in its model."""
+    """Two rows of the ship's table, ddp over an NVLink bridge and through host memory (peer-to-peer off) on one
+    machine; `swap` gives each the other's published time, an ordering the planner cannot share: more bandwidth
+    is never slower in its model."""
     rows = read_table().set_index("row").loc[["R010", "R011"]].reset_index()
     if swap:
         rows["step_s"] = rows["step_s"].iloc[::-1].to_numpy()
@@ -66,6 +67,30 @@ def test_the_command_reports_each_pairs_order_and_a_wrong_one_by_name(tmp_path, 
         assert verdict.group(1, 2) == ("1", "1") and verdict[3] is None, verdict.group(0)
     csv = pd.read_csv(io.StringIO(gpt2dist("validate-published", "--table", path, "--format", "csv").stdout))
     assert list(csv["row"]) == ["R010", "R011"] and csv["throughput_error"].notna().all()
+
+
+def test_memory_is_held_to_the_peak_allocated_and_kept_below_the_devices_use():
+    table = read_table()
+    predicted, _, summary = validation(table, 0.4)
+    allocated = predicted[predicted["memory_measure"] == "allocated"].dropna(subset=["memory_error"])
+    device = predicted[predicted["memory_measure"] == "device"].dropna(subset=["memory_error"])
+    assert summary["memory_rows"] == len(allocated) >= 1 and summary["device_rows"] == len(device) >= 1
+    assert summary["memory_median_abs_error"] == pytest.approx(allocated["memory_error"].abs().median())
+    assert summary["device_rows_below"] == (device["memory_error"] < 0).sum()
+    assert set(table.loc[table["memory_gib"].notna(), "memory_measure"]) == {"allocated", "device"}
+    assert (table.loc[table["memory_gib"].isna(), "memory_measure"] == "").all()
+    # the control: a device's use read as the peak allocated counts in the error, and moves it
+    mixed = table.assign(memory_measure=table["memory_measure"].replace("device", "allocated"))
+    assert validation(mixed, 0.4)[2]["memory_rows"] == len(allocated) + len(device)
+
+
+def test_the_centred_mfu_takes_the_assumed_mfus_share_out_of_the_error():
+    _, _, at_40 = validation(read_table(), 0.4)
+    _, _, at_80 = validation(read_table(), 0.8)
+    assert at_40["centred_mfu"] == pytest.approx(at_80["centred_mfu"], rel=0.01)  # the frameworks', not ours
+    centred = predictions(read_table(), at_40["centred_mfu"])
+    assert (1 + centred["throughput_error"].dropna()).median() == pytest.approx(1, abs=0.005)
+    assert at_40["centred_median_abs_error"] < at_40["throughput_median_abs_error"]
 
 
 def test_ties_are_not_counted_and_a_pair_spans_one_group_only():

@@ -55,6 +55,21 @@ def test_the_ranking_puts_what_fits_first_then_the_fastest():
     assert "No strategy fits" in recommended("--gpus", "8", "--memory-gb", "1").stdout
 
 
+def test_a_preset_of_model_sizes_is_ranked_at_each_size():
+    text = recommended("--gpus", "8", "--preset", "paper-sizes", "--memory-gb", "40").stdout
+    sections = re.findall(r"^GPT-2 (\w+), ([\d,]+)M parameters:$", text, re.M)
+    assert [size for size, _ in sections] == ["small", "medium", "large", "xl"]
+    parts = re.split(r"^GPT-2 \w+, [\d,]+M parameters:$", text, flags=re.M)[1:]
+    ddp_peaks = [float(table_of(part).set_index("strategy").loc["ddp", "peak_gib"]) for part in parts]
+    assert ddp_peaks == sorted(ddp_peaks) and ddp_peaks[-1] > 40 > ddp_peaks[0]  # XL's own model, not small's
+    assert len(re.findall(r"^(Fastest that fits|Tied for fastest|No strategy fits)", text, re.M)) == 4
+    assert "global batch that follows the GPUs: 128 sequences" in " ".join(text.split())
+    # the control: --sizes names the sizes; a preset of one model has no sections
+    assert re.findall(r"^GPT-2 (\w+),", recommended("--gpus", "8", "--preset", "paper-sizes", "--sizes", "xl").stdout,
+                      re.M) == ["xl"]
+    assert "GPT-2 small," not in recommended("--gpus", "8").stdout
+
+
 def test_strategies_whose_intervals_overlap_the_fastests_are_a_tie():
     fitting = pd.DataFrame({"strategy": ["ddp", "horovod", "pp"], "hours": [0.79, 0.79, 1.43],
                             "hours_low": [0.70, 0.75, 1.30], "hours_high": [0.79, 0.95, 2.42]})

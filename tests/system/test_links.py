@@ -38,3 +38,10 @@ def test_the_usual_node_is_the_most_specific_name_and_each_part_can_be_replaced(
 def test_unknown_links_are_refused_naming_the_choices(args, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         links_of(*args)
+
+
+def test_peer_to_peer_off_is_slower_than_the_pcie_it_crosses_twice():
+    for generation in ("pcie3", "pcie4"):
+        host = INSIDE_NODE[f"{generation}-host"]
+        assert host <= INSIDE_NODE[generation] / 2  # up to host memory and down again, with a copy between
+    assert links_of("TITAN RTX", inside="pcie3-host").bus_bytes_per_s(1) == 3.9e9

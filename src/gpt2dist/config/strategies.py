@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from gpt2dist.config.degrees import Degrees
-from gpt2dist.config.schema import STRATEGY_NAMES, RunSpec, TrainConfig
+from gpt2dist.config.schema import STRATEGY_NAMES, ModelConfig, RunSpec, TrainConfig
 from gpt2dist.config.sizes import (
     COLUMN_PARALLEL,
     ROW_PARALLEL,
@@ -67,6 +67,32 @@ class Traffic:
     pattern: str
 
 
+@dataclass(frozen=True)
+class Overlap:
+    """The part of a step's traffic a strategy sends while its GPUs compute, and how much of the step's computation
+    can cover it (a share of it): on GPUs, communication beyond that cover is what the step waits for."""
+
+    bytes_per_step: float
+    under: float
+
+
+NO_OVERLAP = Overlap(0.0, 0.0)
+# Backward's share of a step's FLOPs: 4 of every 6 per parameter and token (forward 2)
+BACKWARD_SHARE = 2 / 3
+
+
+def root_elements(m: ModelConfig) -> int:
+    """Parameters outside the blocks: the embeddings and the final layer norm (FSDP's root module holds them)."""
+    return sum(math.prod(shape) for name, shape in parameter_shapes(m).items() if not name.startswith("transformer.h."))
+
+
+def root_share(spec: RunSpec) -> float:
+    """The root's share of the parameters: their gradient is complete only when backward reaches the input (the
+    head shares wte), and FSDP gathers them first and reduces them last, so their traffic never runs under
+    compute."""
+    return root_elements(spec.model) / parameter_count(spec.model)
+
+
 def gradient_bytes(precision: str) -> int:
     """Bytes per gradient element: O2's model, and so its gradients, are fp16; every other precision keeps fp32."""
     return HALF if precision == "apex-O2" else FP32
@@ -105,10 +131,9 @@ def pipeline_stage_blocks(n_layer: int, ranks: int, virtual: int) -> list[range]
 def gathered_bytes(spec: RunSpec) -> int:
     """FSDP's gathered parameters at the peak: the root's (embeddings and ln_f, kept after forward) and two blocks'
     (the one computing and the one prefetched), each rank's tensor-parallel slice of them."""
-    shapes = parameter_shapes(spec.model)
-    root = sum(math.prod(shape) for name, shape in shapes.items() if not name.startswith("transformer.h."))
-    block = sum(math.prod(shape) for name, shape in shapes.items() if name.startswith("transformer.h.0."))
-    return round((root + 2 * block) * FP32 / degrees_of(spec).tp)
+    block = sum(math.prod(shape) for name, shape in parameter_shapes(spec.model).items()
+                if name.startswith("transformer.h.0."))
+    return round((root_elements(spec.model) + 2 * block) * FP32 / degrees_of(spec).tp)
 
 
 def gathered_bytes_per_element(spec: RunSpec) -> int:
@@ -181,6 +206,12 @@ class Description:
         size = parameter_count(spec.model) * gradient_bytes(spec.precision)
         return Traffic(round(ring_all_reduce(size, spec.nproc)), "gradient all-reduce, once per step")
 
+    def overlap(self, spec: RunSpec) -> Overlap:
+        """The gradient all-reduce runs bucket by bucket as backward produces them (DDP's buckets, Horovod's and
+        Apex's hooks) under the last micro-step's backward (the others skip it), all but the embeddings' bucket."""
+        size = parameter_count(spec.model) * gradient_bytes(spec.precision) * (1 - root_share(spec))
+        return Overlap(ring_all_reduce(size, spec.nproc), BACKWARD_SHARE / degrees_of(spec).grad_accum_steps)
+
 
 class SingleDescription(Description):
     name = "single"
@@ -219,6 +250,10 @@ class DataParallelDescription(Description):
             return Traffic(0, "none: DataParallel without CUDA runs on one device")
         sent = 2 * (spec.nproc - 1) * parameter_count(spec.model) * FP32 * degrees_of(spec).grad_accum_steps
         return Traffic(round(sent), "parameters broadcast from and gradients reduced to GPU 0, every micro-step")
+
+    def overlap(self, spec):
+        """One process broadcasts before and reduces after each micro-step's computation."""
+        return NO_OVERLAP
 
 
 class DDPDescription(Description):
@@ -273,6 +308,11 @@ class HorovodDescription(Description):
     def buffer_bytes(self, spec):
         return HOROVOD_FUSION_BYTES
 
+    def overlap(self, spec):
+        """Under Apex O2 the model's cast to fp16 replaces the gradients Horovod hooked, and every gradient is
+        reduced after backward (training/strategies/horovod.py)."""
+        return NO_OVERLAP if spec.precision == "apex-O2" else super().overlap(spec)
+
 
 class ApexDDPDescription(Description):
     name = "apex-ddp"
@@ -319,6 +359,12 @@ class FSDPDescription(Description):
         sent = 2 * accum * ring_gather(params * gathered_bytes_per_element(spec), n) + ring_gather(params * FP32, n)
         return Traffic(round(sent), "parameter all-gather in forward and backward per micro-step, gradient "
                                     "reduce-scatter once per step")
+
+    def overlap(self, spec):
+        """Each block's all-gather is prefetched while the block before it computes, and its reduce-scatter runs
+        while the next computes backward, through the whole step: all but the root's (embeddings, gathered first
+        and reduced last)."""
+        return Overlap(self.traffic(spec).bytes_per_step * (1 - root_share(spec)), 1.0)
 
 
 class HSDPDescription(FSDPDescription):
@@ -384,6 +430,11 @@ class _SplitsLayersDescription(Description):
 
     def buffer_bytes(self, spec):
         return gathered_bytes(spec) if self.shards_state else 0
+
+    def overlap(self, spec):
+        """The activations' all-reduces sit between a block's matmuls, on the path of the step (FSDP's part of
+        fsdp-tp could hide, and is not counted as hidden: an upper bound on its step)."""
+        return NO_OVERLAP
 
     def activation_traffic(self, spec: RunSpec) -> float:
         """All-reduces of activations after each block's two row-parallel projections, forward and backward."""
@@ -463,6 +514,11 @@ class PipelineParallelDescription(Description):
                                                  "boundary per micro-batch, tied embedding gradients summed "
                                                  "between the first and last stage")
 
+    def overlap(self, spec):
+        """A stage sends while the next micro-batch computes, but the bubble (results.prediction) already counts
+        what a stage waits for: nothing more is hidden."""
+        return NO_OVERLAP
+
 
 def rank_blocks(spec: RunSpec, rank: int) -> list[int]:
     """The blocks a pipeline's rank holds: those of stages rank, rank + pp, ..."""
@@ -505,6 +561,10 @@ def traffic(spec: RunSpec) -> Traffic:
     if spec.nproc == 1:
         return Traffic(0, "none: one device")
     return describe(spec.strategy).traffic(spec)
+
+
+def overlap(spec: RunSpec) -> Overlap:
+    return NO_OVERLAP if spec.nproc == 1 else describe(spec.strategy).overlap(spec)
 
 
 def check_run(spec: RunSpec, visible_gpus: int) -> None:

@@ -133,6 +133,11 @@ class Study:
         return list(dict.fromkeys(run.size for run in self.runs))
 
 
+def preset_sizes(preset: Preset) -> list[str | None]:
+    """The model sizes a preset's runs name, in their order; [None] (its own model) where they name none."""
+    return list(dict.fromkeys(size for group in preset.study.runs for size in group.sizes or [])) or [None]
+
+
 def model_of(preset: Preset, size: str | None) -> ModelConfig:
     """The model a run of this size trains: the preset's, at that size where it has one."""
     return sized(preset.model, size, preset.study.model_sizes) if size else preset.model

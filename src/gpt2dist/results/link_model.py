@@ -1,24 +1,28 @@
 """A step across nodes = the same configuration's step on one machine + the bytes its busiest rank
 sends per step (training.communication) over the node's link.
 
-The model has no overlap of communication with compute, no latency and no protocol overhead:
-the simplest model that can be wrong, and `predicted_vs_measured` says by how much on the
-emulated links. The same arithmetic projects the papers' presets to GPU clusters
+On the emulated links the model has no overlap of communication with compute (gloo's threads share
+the cores that compute), no latency and no protocol overhead: the simplest model that can be wrong,
+and `predicted_vs_measured` says by how much. The planner's GPU step (results.plan, with the part
+a strategy overlaps with its computation hidden) projects the papers' presets to GPU clusters
 (`projection`), where compute time comes from the FLOP count at an assumed MFU instead of a
 measurement: a projection, labelled as one wherever it is shown.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pandas as pd
 
 from gpt2dist.config.schema import Preset, RunSpec
 from gpt2dist.config.sizes import flops_per_token
-from gpt2dist.config.strategies import STRATEGIES, check_run, traffic
+from gpt2dist.config.strategies import STRATEGIES, check_run
 from gpt2dist.errors import UsageError
-from gpt2dist.system.hardware import COMPUTE_DTYPE, peak_flops
+from gpt2dist.pipeline.study import model_of
+from gpt2dist.results.plan import gpu_step_seconds
+from gpt2dist.system.hardware import COMPUTE_DTYPE, PEAK_FLOPS, peak_flops
 from gpt2dist.system.links import Links
 
 # Data-parallel strategies of a process per GPU, whose collectives span every GPU, so nodes' links carry them
@@ -54,10 +58,11 @@ def predicted_vs_measured(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mfu: float, gpus_per_node: int,
-               node_counts: list[int], links: Links) -> pd.DataFrame:
-    """Projected tokens/s of the data-parallel strategies at `gpus_per_node` x each node count, weak
-    scaling (each GPU keeps the preset's micro-batch, no accumulation): compute at `mfu` of the GPU's
-    peak, the ring at the bus bandwidth of the cluster's `links`, no overlap."""
+               node_counts: list[int], links: Links, sizes: list[str | None] = (None,)) -> pd.DataFrame:
+    """Projected tokens/s of the data-parallel strategies at `gpus_per_node` x each node count and each model
+    size (config.sizes; None: the preset's), weak scaling (each GPU keeps the preset's micro-batch, no
+    accumulation): compute at `mfu` of the GPU's peak, the traffic at the bus bandwidth of the cluster's `links`
+    less what the strategy overlaps with its computation (results.plan's GPU step)."""
     if precision not in COMPUTE_DTYPE:
         raise UsageError(f"--precision '{precision}' is not one of {', '.join(COMPUTE_DTYPE)}")
     if gpus_per_node < 1 or not node_counts or min(node_counts) < 1:
@@ -65,30 +70,28 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mf
                          f"{','.join(map(str, node_counts))}")
     peak = peak_flops(gpu, precision)
     if peak is None:
-        raise UsageError(f"no peak FLOP/s known for GPU '{gpu}' (known: H100, H100 NVL, H100 PCIe, H200, A100)")
+        raise UsageError(f"no peak FLOP/s known for {precision} on GPU '{gpu}' (known: {', '.join(PEAK_FLOPS)})")
     if not 0 < mfu <= 1:
         raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu}")
-    m, t = preset.model, preset.train
-    tokens_per_gpu = t.micro_batch_size * m.n_positions
-    compute_s = tokens_per_gpu * flops_per_token(m) / (peak * mfu)
+    t = preset.train
     rows = []
-    for strategy in PROJECTED_STRATEGIES:
-        for nodes in node_counts:
-            n = gpus_per_node * nodes
-            train = t.model_copy(update={"global_batch_size": t.micro_batch_size * n})
-            spec = RunSpec(data_dir="", out_dir="", preset=preset_name, strategy=strategy, precision=precision,
-                           nproc=n, device="cuda", model=m, train=train)
-            try:
-                check_run(spec, n)
-            except UsageError as exc:
-                rows.append({"strategy": strategy, "nodes": nodes, "gpus": n, "note": f"not projected: {exc}"})
-                continue
-            comm_s = traffic(spec).bytes_per_step / links.bus_bytes_per_s(nodes)
-            step_s = compute_s + comm_s
-            rows.append({"strategy": strategy, "nodes": nodes, "gpus": n, "compute_ms": compute_s * 1e3,
-                         "communication_ms": comm_s * 1e3, "step_ms": step_s * 1e3,
-                         "tokens_per_s": n * tokens_per_gpu / step_s, "scaling_efficiency": compute_s / step_s,
-                         "note": "projection"})
+    for size, strategy, nodes in itertools.product(sizes, PROJECTED_STRATEGIES, node_counts):
+        m, n = model_of(preset, size), gpus_per_node * nodes
+        tokens_per_gpu = t.micro_batch_size * m.n_positions
+        compute_s = tokens_per_gpu * flops_per_token(m) / (peak * mfu)
+        train = t.model_copy(update={"global_batch_size": t.micro_batch_size * n})
+        spec = RunSpec(data_dir="", out_dir="", preset=preset_name, strategy=strategy, precision=precision,
+                       nproc=n, nodes=nodes, device="cuda", model=m, train=train)
+        row = {"size": size or "", "strategy": strategy, "nodes": nodes, "gpus": n}
+        try:
+            check_run(spec, gpus_per_node)
+        except UsageError as exc:
+            rows.append(row | {"note": f"not projected: {exc}"})
+            continue
+        step_s = gpu_step_seconds(spec, gpu, mfu, links)
+        rows.append(row | {"compute_ms": compute_s * 1e3, "communication_ms": (step_s - compute_s) * 1e3,
+                           "step_ms": step_s * 1e3, "tokens_per_s": n * tokens_per_gpu / step_s,
+                           "scaling_efficiency": compute_s / step_s, "note": "projection"})
     return pd.DataFrame(rows).assign(preset=preset_name, gpu=gpu, precision=precision, assumed_mfu=mfu)
 
 

@@ -3,7 +3,8 @@ duration, and what will not fit a GPU's memory.
 
 The model state is counted as collect checks it, to the byte, on every run (results/prediction.py);
 activations, buffers and GPU step times are estimates (config/memory.py; compute at an assumed MFU of the
-GPU's peak, the traffic model's bytes at the bus bandwidth of the cluster's links, no overlap) that no GPU run
+GPU's peak, the traffic model's bytes at the bus bandwidth of the cluster's links, less what the strategy
+overlaps with its computation) that no GPU run
 of ours has checked yet (results/published.py holds them to others' measurements), and the plan says so.
 """
 
@@ -19,7 +20,7 @@ from tabulate import tabulate
 from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import flops_per_token, parameter_count
-from gpt2dist.config.strategies import check_run, traffic
+from gpt2dist.config.strategies import check_run, overlap, traffic
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import Study, configurations, pipeline_resume_cases, planned_spec, selftested
 from gpt2dist.results.prediction import predicted_step_time
@@ -44,7 +45,8 @@ CHECKPOINTED_COMPUTE = 4 / 3
 def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float, links: Links) -> float:
     """A GPU cluster's step by the step model (results.prediction): one GPU's step of the whole global batch at
     `mfu` of its peak in the spec's arithmetic (a third more with activation checkpointing), divided among its
-    processes, and the traffic model's bytes at the bus bandwidth of the cluster's `links`."""
+    processes, and the traffic model's bytes at the bus bandwidth of the cluster's `links`, less the part the
+    strategy sends under its computation."""
     peak = peak_flops(gpu, spec.precision)
     if peak is None:
         raise UsageError(f"no peak FLOP/s known for {spec.precision} on GPU '{gpu}' (known: {', '.join(PEAK_FLOPS)})")
@@ -55,7 +57,8 @@ def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float, links: Links) -> float
     if t.activation_checkpointing == "block":
         single *= CHECKPOINTED_COMPUTE
     facts = {"strategy": spec.strategy, "nproc": spec.nproc, "nodes": spec.nodes, "emulated": False,
-             "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": links.bus_bytes_per_s(spec.nodes) / 1e9}
+             "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": links.bus_bytes_per_s(spec.nodes) / 1e9,
+             "hidden_comm_bytes": overlap(spec).bytes_per_step, "hidden_under": overlap(spec).under}
     return predicted_step_time(facts, single, "cuda", t)
 
 

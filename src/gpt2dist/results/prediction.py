@@ -4,7 +4,9 @@ step time, with their errors, so a planner's numbers are trusted only as far as 
 The step-time model: a rank computes its share of single's step (the same precision, measured in this study),
 as fast as its device lets it (on CPUs, the processes sharing a machine share its cores; a GPU each); a
 pipeline waits its bubble, (micro-batches + (stages - 1) / virtual stages per rank) / micro-batches; and the
-traffic model's bytes cross at the bus bandwidth the run measured before training, with no overlap. Tensor
+traffic model's bytes cross at the bus bandwidth the run measured before training. On GPUs the part a strategy
+sends while it computes (config.strategies' overlap) costs only what its share of the computation cannot cover;
+on CPUs nothing is hidden: gloo's threads move the bytes on the cores the ranks compute with. Tensor
 parallelism's smaller matrices and Python's per-rank overhead are not modelled: the errors say what that leaves
 out."""
 
@@ -38,7 +40,11 @@ def predicted_step_time(row: dict, single_step_s: float, device: str, train: Tra
         micro_batches = degrees.pipeline_micro_batches
         compute *= (micro_batches + (degrees.pp - 1) / degrees.pp_virtual) / micro_batches
     busbw = row.get("busbw_gb_s")
-    comm = row["comm_bytes_per_step"] / (busbw * 1e9) if nproc > 1 and busbw and busbw > 0 else 0.0
+    if not (nproc > 1 and busbw and busbw > 0):
+        return compute
+    comm = row["comm_bytes_per_step"] / (busbw * 1e9)
+    if device == "cuda":  # the overlapped bytes, as far as the computation they run under lasts
+        comm -= min(row.get("hidden_comm_bytes", 0.0) / (busbw * 1e9), row.get("hidden_under", 0.0) * compute)
     return compute + comm
 
 

@@ -26,7 +26,10 @@ TABLE = Path(__file__).with_name("published_gpt2.csv")
 # What a prediction reads of a row
 COLUMNS = ["row", "group", "gpu", "gpus", "gpus_per_node", "nodes", "link_inside", "link_across", "nics", "n_layer",
            "n_head", "n_embd", "seq_len", "vocab", "strategy", "outside", "precision", "micro_batch", "global_batch",
-           "checkpointing", "step_s", "memory_gib"]
+           "checkpointing", "step_s", "memory_gib", "memory_measure"]
+# What a row's memory measured: torch's peak allocated (what the planner predicts), or the device's use as nvidia-smi
+# shows it (the CUDA context and the allocator's cache beside the peak: the prediction belongs below it)
+ALLOCATED, DEVICE = "allocated", "device"
 # Two rows whose published throughputs are closer than this are a tie, not an ordering to get right
 TIE = 0.03
 # Bookkeeping a TrainConfig needs and no prediction reads
@@ -111,11 +114,26 @@ def pairs(predicted: pd.DataFrame) -> pd.DataFrame:
                                        "same_gpus"])
 
 
+def centred_mfu(table: pd.DataFrame, mfu: float, predicted: pd.DataFrame) -> tuple[float, pd.DataFrame]:
+    """The MFU at which the predicted throughputs' median error is zero (to 0.5%), found by scaling the MFU by the
+    median error until it is, and the predictions there: the frameworks' typical efficiency, so that the errors
+    left are the model's spread, not the assumed MFU's. NaN where no row is predicted."""
+    for _ in range(10):
+        ratio = (1 + predicted["throughput_error"].dropna()).median()
+        if math.isnan(ratio) or abs(ratio - 1) < 0.005 or mfu == 1.0:
+            break
+        mfu = min(1.0, mfu / ratio)
+        predicted = predictions(table, mfu)
+    return (math.nan if math.isnan(ratio) else mfu), predicted
+
+
 def error_summary(predicted: pd.DataFrame, ordered: pd.DataFrame) -> dict[str, float | int]:
-    """The numbers the planner quotes: rows predicted, pairs ordered as published, the throughput's and the
-    memory's median and worst |error|."""
+    """The numbers the planner quotes: rows predicted, pairs ordered as published, the throughput's median and
+    worst |error|, the memory's where the peak allocated was published, and how many of the devices' published
+    use the prediction stays below."""
     throughput = predicted["throughput_error"].dropna()
-    memory = predicted["memory_error"].dropna()
+    memory = predicted.loc[predicted["memory_measure"] == ALLOCATED, "memory_error"].dropna()
+    device = predicted.loc[predicted["memory_measure"] == DEVICE, "memory_error"].dropna()
 
     def worst(errors: pd.Series) -> float:
         return float(errors.loc[errors.abs().idxmax()]) if len(errors) else math.nan
@@ -128,24 +146,39 @@ def error_summary(predicted: pd.DataFrame, ordered: pd.DataFrame) -> dict[str, f
             "throughput_median_abs_error": float(throughput.abs().median()) if len(throughput) else math.nan,
             "throughput_worst_error": worst(throughput), "memory_rows": len(memory),
             "memory_median_abs_error": float(memory.abs().median()) if len(memory) else math.nan,
-            "memory_worst_error": worst(memory)}
+            "memory_worst_error": worst(memory), "device_rows": len(device),
+            "device_rows_below": int((device < 0).sum())}
+
+
+def validation(table: pd.DataFrame, mfu: float) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float | int]]:
+    """A table's predictions at `mfu`, its pairs, and error_summary with the throughput's median |error| at the
+    centred MFU."""
+    predicted = predictions(table, mfu)
+    ordered = pairs(predicted)
+    centred, at_centred = centred_mfu(table, mfu, predicted)
+    return predicted, ordered, error_summary(predicted, ordered) | {
+        "centred_mfu": centred, "centred_median_abs_error": float(at_centred["throughput_error"].abs().median())}
 
 
 def published_summary(mfu: float) -> dict[str, float | int]:
-    """error_summary of the repository's table at `mfu`."""
-    predicted = predictions(read_table(), mfu)
-    return error_summary(predicted, pairs(predicted))
+    """validation's summary of the repository's table."""
+    return validation(read_table(), mfu)[2]
 
 
 def summary_words(summary: dict) -> str:
     """One sentence a GPU prediction is quoted with."""
     share = f" ({summary['pairs_ordered'] / summary['pairs']:.0%})" if summary["pairs"] else ""
-    memory = (f", its memory by {summary['memory_median_abs_error']:.0%} (median) to "
-              f"{summary['memory_worst_error']:+.0%} where {summary['memory_rows']} rows give a peak"
+    memory = (f"; its memory by {summary['memory_median_abs_error']:.0%} (median) to "
+              f"{summary['memory_worst_error']:+.0%} where {summary['memory_rows']} row(s) give the peak allocated"
               if summary["memory_rows"] else "")
+    if summary["device_rows"]:
+        memory += (f", and below the device's use (nvidia-smi) in {summary['device_rows_below']} of "
+                   f"{summary['device_rows']} rows that give that")
+    centred = (f" (at {summary['centred_mfu']:.0%} MFU, the frameworks' median, by "
+               f"{summary['centred_median_abs_error']:.0%})" if not math.isnan(summary["centred_mfu"]) else "")
     return (f"held to {summary['predicted_rows']} published GPU measurements in {summary['groups']} group(s) "
             f"(gpt2dist validate-published), the planner orders {summary['pairs_ordered']} of {summary['pairs']} "
             f"same-machine pairs as published{share}, {summary['same_gpus_pairs_ordered']} of "
             f"{summary['same_gpus_pairs']} of those on as many GPUs; its throughput is off by "
             f"{summary['throughput_median_abs_error']:.0%} (median) to {summary['throughput_worst_error']:+.0%}"
-            + memory)
+            + centred + memory)

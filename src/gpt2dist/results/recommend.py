@@ -23,6 +23,7 @@ from gpt2dist.config.memory import GIB, predict, usable_bytes
 from gpt2dist.config.schema import STRATEGY_NAMES, Preset, RunSpec
 from gpt2dist.config.strategies import REFERENCE, check_run
 from gpt2dist.errors import UsageError
+from gpt2dist.pipeline.study import model_of
 from gpt2dist.results.inputs import read_csv, read_summary
 from gpt2dist.results.plan import gpu_step_seconds
 from gpt2dist.system.links import Links
@@ -83,9 +84,10 @@ def extrapolations(stored: list[Stored], gpus: int, nodes: int) -> list[str]:
 
 
 def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus_per_node: int, nodes: int,
-              precision: str, mfu: float, tokens: float, memory_gb: float, links: Links) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The candidates ranked (fitting first, then by predicted hours; those that cannot run last, saying why),
-    and the leave-one-out errors."""
+              precision: str, mfu: float, tokens: float, memory_gb: float, links: Links,
+              size: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The candidates ranked (fitting first, then by predicted hours; those that cannot run last, saying why) for
+    the preset's model at `size` (config.sizes; None: its own), and the leave-one-out errors."""
     if gpus_per_node < 1 or nodes < 1:
         raise UsageError(f"--gpus and --nodes count at least 1, got {gpus_per_node} GPUs per node and {nodes} nodes")
     if tokens <= 0 or memory_gb <= 0:
@@ -93,7 +95,7 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
     errors = leave_one_out(stored)
     on_gpus = [s for s in stored if s.device == "cuda"]
     measured = pd.concat([s.rivals for s in on_gpus], ignore_index=True) if on_gpus else None
-    m, t, n = preset.model, preset.train, gpus_per_node * nodes
+    m, t, n = model_of(preset, size), preset.train, gpus_per_node * nodes
     train = t.model_copy(update={"global_batch_size": t.micro_batch_size * n})  # a micro-batch per GPU per step
     tokens_per_step = train.global_batch_size * m.n_positions
     rows = []

@@ -1,5 +1,5 @@
 """How a cluster's GPUs are linked, as the bus bandwidth a ring all-reduce can reach over each link: inside a node
-(NVLink by generation, a two-GPU bridge, or PCIe) and across nodes (the node's NICs: InfiniBand, RoCE or
+(NVLink by generation, a two-GPU bridge, PCIe, or through host memory where peer-to-peer is off) and across nodes (the node's NICs: InfiniBand, RoCE or
 Ethernet). Datasheet rates per direction; a measured all-reduce reaches most of a link's rate, never more.
 
 Across nodes NCCL runs one ring per NIC, each carrying its share of the bytes, so the bus bandwidth is the node's
@@ -13,9 +13,12 @@ from gpt2dist.errors import UsageError
 
 # Per GPU and direction. NVLink: 25 GB/s per link per direction, times the links a GPU has (V100 SXM2 6, A100 SXM
 # 12, H100 SXM 18); bridge: Turing's and Ampere's two-GPU bridges (TITAN RTX 2 links, RTX 3090 4 links of
-# 14 GB/s); PCIe: x16 lanes of each generation.
+# 14 GB/s); PCIe: x16 lanes of each generation. Host: peer-to-peer off (NCCL_P2P_DISABLE=1, or a board
+# without it), every byte copied through host memory: NCCL's shared-memory all-reduce of 2 GPUs on PCIe 3 x16 ran
+# at 3.9 GB/s bus bandwidth (NVIDIA/nccl issue 384); PCIe 4's twice that is assumed, not measured.
 INSIDE_NODE = {"nvlink4": 450e9, "nvlink3": 300e9, "nvlink2": 150e9, "nvlink-bridge-3090": 56.25e9,
-               "nvlink-bridge": 50e9, "pcie5": 64e9, "pcie4": 32e9, "pcie3": 16e9}
+               "nvlink-bridge": 50e9, "pcie5": 64e9, "pcie4": 32e9, "pcie3": 16e9, "pcie4-host": 7.8e9,
+               "pcie3-host": 3.9e9}
 # Per NIC and direction
 ACROSS_NODES = {"ndr": 50e9, "hdr": 25e9, "edr": 12.5e9, "roce400": 50e9, "roce200": 25e9, "roce100": 12.5e9,
                 "eth25": 3.125e9, "eth10": 1.25e9}
