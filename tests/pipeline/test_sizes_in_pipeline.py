@@ -16,7 +16,8 @@ from reduced_study import copy_workflow, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its runs' disturbance flags count
 
-SIZES = {"narrow": {"n_layer": 1, "n_head": 2, "n_embd": 32}, "wide": {"n_layer": 1, "n_head": 2, "n_embd": 64}}
+# wide first: the study's order, which the summary and the answer keep (by name, narrow would lead)
+SIZES = {"wide": {"n_layer": 1, "n_head": 2, "n_embd": 64}, "narrow": {"n_layer": 1, "n_head": 2, "n_embd": 32}}
 GROUPS = [{"strategies": ["single"], "precisions": ["fp32"], "nproc": [1], "sizes": list(SIZES)},
           {"strategies": ["ddp"], "precisions": ["fp32"], "nproc": [2], "sizes": list(SIZES)}]
 
@@ -44,6 +45,7 @@ def test_each_size_trains_its_own_shape(sized_study):
 @pytest.mark.timeout(900)
 def test_each_size_is_measured_against_its_own_single_run(sized_study):
     summary = pd.read_csv(sized_study / "summary.csv").set_index("config_id")
+    assert list(dict.fromkeys(summary["size"])) == list(SIZES)  # the study's order, not the run ids'
     assert summary.loc["ddp-fp32-n2-wide", "baseline"] == "single-fp32-n1-wide"
     assert summary.loc["ddp-fp32-n2-narrow", "baseline"] == "single-fp32-n1-narrow"
     collected = json.loads((sized_study / "summary.json").read_text())
@@ -62,8 +64,8 @@ def test_each_size_is_measured_against_its_own_single_run(sized_study):
 def test_each_size_is_ranked_on_its_own_and_the_report_says_which(sized_study):
     answer = json.loads((sized_study / "summary.json").read_text())["answer"]
     assert [group["placement"] for group in answer] == [
-        "model narrow, 1 process on one machine", "model narrow, 2 processes on one machine",
-        "model wide, 1 process on one machine", "model wide, 2 processes on one machine"]
+        "model wide, 1 process on one machine", "model wide, 2 processes on one machine",
+        "model narrow, 1 process on one machine", "model narrow, 2 processes on one machine"]
     for group in answer:
         size = group["placement"].split(",")[0].removeprefix("model ")
         assert all(row["config_id"].endswith(f"-{size}") for row in group["ranked"])

@@ -381,3 +381,25 @@ def test_the_same_loss_claim_reads_disturbed_runs_too(study):
     # the control: the starved run's loss is what is compared, so a loss 10% off there contradicts the claim
     apart = runs_table(rates, disturbed=starved, final_val_loss={**losses, "ddp-fp32-n2": 3.3})
     assert findings(apart, study)["patwardhan-same-loss"]["verdict"] == CONTRADICTED
+
+
+def test_gpt2s_four_sizes_keep_the_studys_order_in_the_summary_the_figures_and_the_answer():
+    from gpt2dist.results.plots import ranked
+    from gpt2dist.results.ranking import rank
+
+    study = plan_study(REPO / "params.yaml", "paper-sizes", 8)
+    assert study.sizes == ["small", "medium", "large", "xl"]
+    # run directories are read in name order, where large comes before medium and small
+    rates = {f"{strategy}-bf16-n8-{size}": [rate, rate] for size, rate in
+             (("large", 300.0), ("medium", 600.0), ("small", 1000.0), ("xl", 150.0)) for strategy in ("ddp", "fsdp")}
+    runs = runs_table(dict(sorted(rates.items())))
+    summary = summarise(runs, study, None)
+    assert list(dict.fromkeys(summary["size"])) == study.sizes
+    assert [entry["size"] for entry in rank(runs, summary)] == study.sizes
+    figure = ranked(summary, "tokens_per_s", ascending=False)
+    assert list(dict.fromkeys(figure["placement"].str.split(",").str[0])) == [f"GPT-2 {size}" for size in study.sizes]
+    # the control: a study that names its sizes in another order lists them in that order
+    reordered = collect.in_study_order(summary, ["xl", "small", "large", "medium"])
+    assert list(dict.fromkeys(reordered["size"])) == ["xl", "small", "large", "medium"]
+    # and without the plan's order, the runs' name order is what a summary would have shown
+    assert list(dict.fromkeys(collect.in_study_order(runs)["size"])) == ["large", "medium", "small", "xl"]

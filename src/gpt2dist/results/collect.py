@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from gpt2dist.config.machine import describe_cpu
 from gpt2dist.config.memory import predict as predict_memory
+from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES, RunSpec
 from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.config.strategies import REFERENCE
@@ -198,13 +199,15 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
     return pd.DataFrame(rows)
 
 
-def in_study_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows by model size in the study's order (where it trains sizes), then single, dp, ddp, horovod, fsdp; then
-    precision; then process count; then one machine before emulated nodes, fastest link first."""
+def in_study_order(frame: pd.DataFrame, sizes: list[str | None] | None = None) -> pd.DataFrame:
+    """Rows by model size in the study's order (where it trains sizes: `sizes`, the plan's, else their order in
+    `frame`, a table already in the study's order), then single, dp, ddp, horovod, fsdp; then precision; then
+    process count; then one machine before emulated nodes, fastest link first."""
     key = frame["strategy"].map(STRATEGY_NAMES.index) * 1000 + frame["precision"].map(PRECISIONS.index) * 100 + frame["nproc"]
     nodes = frame["nodes"] if "nodes" in frame else 1
     link = -frame["link_mbit"].fillna(math.inf) if "link_mbit" in frame else 0
-    size = frame["size"].map({s: i for i, s in enumerate(dict.fromkeys(frame["size"]))}) if "size" in frame else 0
+    order = list(dict.fromkeys(sizes or frame["size"])) if "size" in frame else []
+    size = frame["size"].map({s: i for i, s in enumerate(order)}) if "size" in frame else 0
     ordered = frame.assign(_size=size, _order=key, _nodes=nodes, _link=link)
     columns = ["_size", "_order", "_nodes", "_link"]
     return ordered.sort_values(columns, kind="stable").drop(columns=columns).reset_index(drop=True)
@@ -216,7 +219,7 @@ def baseline_of(row: dict, configs: set[str]) -> str | None:
     with the same processes per node, so the speedup is what the extra nodes bring. Never another precision
     (dividing an fp16 run by an fp32 one would count the mixed-precision gain as scaling), nor another size."""
     strategy, precision, size = row["strategy"], row["precision"], size_of(row)
-    if row["nodes"] > 1 and not row["emulated"]:
+    if Placement.of(row).kind is Kind.CLUSTER:
         candidates = [config_id(strategy, precision, row["nproc"] // row["nodes"], size=size)]
     else:
         candidates = [config_id(REFERENCE, precision, 1, size=size), config_id(strategy, precision, 1, size=size)]
@@ -254,7 +257,7 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
         row["steps_to_target"] = chosen["steps_to_target"].median()
         row["reached_target"] = int(chosen["steps_to_target"].notna().sum())
         rows.append(row)
-    summary = in_study_order(pd.DataFrame(rows))
+    summary = in_study_order(pd.DataFrame(rows), study.sizes)  # the runs are in run-id order: large before medium
     summary["label"] = summary["config_id"].map(study.labels).fillna("")
     configs = set(summary["config_id"])
     summary["baseline"] = [baseline_of(row, configs) for row in summary.to_dict("records")]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.sizes import size_words
 from gpt2dist.config.strategies import BAI, PATWARDHAN, REFERENCE, STRATEGIES, called
 from gpt2dist.pipeline.study import config_id
@@ -50,12 +51,11 @@ class Tables:
         self.trained = runs  # every run: load slows a run, it does not change what it learns
         self.runs = runs[runs["disturbed"].fillna("") == ""]  # the runs whose timings count
         self.everything = summary.set_index("config_id")
-        nodes = self.everything["nodes"] if "nodes" in self.everything else pd.Series(1, index=self.everything.index)
-        # summaries from before a cluster's nodes could be planned: every spread run was emulated
-        emulated = self.everything["emulated"].astype(bool) if "emulated" in self.everything else nodes > 1
-        self.summary = self.everything[nodes == 1]
-        self.spread = self.everything[(nodes > 1) & emulated]
-        self.across = self.everything[(nodes > 1) & ~emulated]
+        kinds = pd.Series([Placement.of(row).kind for row in summary.to_dict("records")], index=self.everything.index,
+                          dtype=object)
+        self.summary = self.everything[kinds == Kind.ONE_MACHINE]
+        self.spread = self.everything[kinds == Kind.EMULATED]
+        self.across = self.everything[kinds == Kind.CLUSTER]
         self.link_model = link_model if link_model is not None else pd.DataFrame()
 
     def id(self, strategy: str, precision: str, nproc: int) -> str:

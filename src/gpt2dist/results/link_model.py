@@ -16,6 +16,7 @@ import math
 
 import pandas as pd
 
+from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.schema import Preset, RunSpec
 from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.config.strategies import STRATEGIES, check_run
@@ -42,9 +43,10 @@ def predicted_vs_measured(summary: pd.DataFrame) -> pd.DataFrame:
                "measured_bytes_per_step"]
     if "nodes" not in summary:
         return pd.DataFrame(columns=columns)
-    one_machine = summary[summary["nodes"] == 1].set_index(["strategy", "precision", "nproc"])
+    kinds = pd.Series([Placement.of(row).kind for row in summary.to_dict("records")], index=summary.index, dtype=object)
+    one_machine = summary.loc[kinds == Kind.ONE_MACHINE].set_index(["strategy", "precision", "nproc"])
     rows = []
-    for row in summary[(summary["nodes"] > 1) & summary["link_mbit"].notna()].itertuples():
+    for row in summary.loc[(kinds == Kind.EMULATED) & summary["link_mbit"].notna()].itertuples():
         key = (row.strategy, row.precision, row.nproc)
         if key not in one_machine.index:
             continue

@@ -29,7 +29,7 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES  # noqa: E402
-from gpt2dist.config.sizes import size_words  # noqa: E402
+from gpt2dist.config.placement import Kind, Placement  # noqa: E402
 from gpt2dist.config.strategies import REFERENCE  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
 from gpt2dist.pipeline.study import LINK_FIGURE  # noqa: E402
@@ -105,27 +105,11 @@ def _legend_below(fig: plt.Figure, handles: list, columns: int = 3) -> None:
     fig.legend(handles=handles, loc="outside lower center", ncol=columns, fontsize="small", frameon=False)
 
 
-def _placement(row: dict) -> str:
-    model = f"{size_words(row['size'])}, " if isinstance(row.get("size"), str) else ""
-    return model + _spread(row)
-
-
-def _spread(row: dict) -> str:
-    processes = f"{row['nproc']} process{'es' * (row['nproc'] > 1)}"
-    nodes = row.get("nodes", 1)
-    if pd.isna(nodes) or nodes == 1:
-        return processes
-    if not row.get("emulated", True):  # a cluster's nodes (older summaries: every spread was emulated)
-        return f"{processes} on {nodes:g} nodes"
-    link = row.get("link_mbit")
-    return f"{processes} on {nodes:g} nodes, " + ("unshaped link" if pd.isna(link) else f"{link:g} Mbit/s")
-
-
 def ranked(summary: pd.DataFrame, column: str, ascending: bool) -> pd.DataFrame:
     """Configurations grouped by placement (in study order) and ranked within it by `column`, the best first;
     configurations without a value last."""
     data = in_study_order(summary)
-    data = data.assign(placement=[_placement(row) for row in data.to_dict("records")])
+    data = data.assign(placement=[Placement.of(row).short_words() for row in data.to_dict("records")])
     groups = list(dict.fromkeys(data["placement"]))
     data = data.assign(_group=data["placement"].map(groups.index))
     ordered = data.sort_values(["_group", column], ascending=[True, ascending], na_position="last", kind="stable")
@@ -277,8 +261,7 @@ def scaling(runs, summary, metrics, title):
     side by side; runs on emulated nodes are in the links figure, and those across a cluster's nodes (whose
     speedup is over one node) in the throughput figure and the ranking."""
     data = summary.dropna(subset=["speedup"])
-    if "nodes" in data:
-        data = data[data["nodes"] == 1]
+    data = data.loc[[Placement.of(row).kind is Kind.ONE_MACHINE for row in data.to_dict("records")]]
     fig, (fast, efficient) = _figure(4.8, ncols=2, sharex=True)
     style = strategy_style()
     counts = sorted(summary["nproc"].unique())

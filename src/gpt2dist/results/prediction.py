@@ -16,6 +16,7 @@ import math
 
 import pandas as pd
 
+from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.schema import TrainConfig
 from gpt2dist.config.strategies import REFERENCE, describe
 
@@ -34,7 +35,7 @@ def predicted_step_time(row: dict, single_step_s: float, device: str, train: Tra
     if device == "cuda":
         compute = single_step_s / nproc
     else:  # the processes on one machine divide its cores; emulated nodes share one machine
-        sharing = processes if row.get("emulated") or nodes == 1 else processes / nodes
+        sharing = processes / nodes if Placement.of(row).kind is Kind.CLUSTER else processes
         compute = single_step_s / nproc * sharing
     if degrees.pp > 1:  # an interleaved schedule's bubble is its virtual stages' times smaller
         micro_batches = degrees.pipeline_micro_batches

@@ -11,6 +11,7 @@ import math
 
 import pandas as pd
 
+from gpt2dist.config.placement import Placement
 from gpt2dist.config.sizes import size_words
 from gpt2dist.config.strategies import REFERENCE, describe
 from gpt2dist.results.statistics import LEVEL, paired_ratio, ratio_text, verdict
@@ -18,24 +19,6 @@ from gpt2dist.results.time_ledger import why_slower, why_text
 
 PLACEMENT = ["size", "nproc", "nodes", "emulated", "link_mbit"]  # size: where a study trains sizes of its own
 SAME_TIER = {"not distinguishable", "faster"}  # "faster": ahead round by round though behind on average
-
-
-def placement_words(row: dict) -> str:
-    """Where a configuration ran, in words: its model size (in a study of sizes), processes, nodes and link."""
-    model = f"{size_words(row['size'])}, " if isinstance(row.get("size"), str) else ""
-    return model + _spread(row)
-
-
-def _spread(row: dict) -> str:
-    processes = f"{row['nproc']} process{'es' if row['nproc'] > 1 else ''}"
-    nodes = row.get("nodes") or 1
-    if nodes == 1:
-        return f"{processes} on one machine"
-    if not row.get("emulated", True):  # summaries from before a cluster's nodes: every spread was emulated
-        return f"{processes} on {nodes} nodes"
-    link = row.get("link_mbit")
-    shaped = "unshaped links" if link is None or (isinstance(link, float) and math.isnan(link)) else f"{link:g} Mbit/s"
-    return f"{processes} on {nodes} emulated nodes, {shaped}"
 
 
 def rank(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
@@ -82,7 +65,7 @@ def rank(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
         overall = (fastest[fastest["size"] == best["size"]] if "size" in fastest else fastest).iloc[0].to_dict()
         versus = None if best["config_id"] == overall["config_id"] else {
             "config_id": overall["config_id"], **{k: _json_safe(v) for k, v in against(best, overall).items()}}
-        answer.append({"placement": placement_words(best), "nproc": int(best["nproc"]), "level": level,
+        answer.append({"placement": Placement.of(best).words(), "nproc": int(best["nproc"]), "level": level,
                        "ranked": rows, "vs_study_fastest": versus,
                        **({"size": best["size"]} if "size" in best else {})})
     return answer

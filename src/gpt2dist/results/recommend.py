@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from gpt2dist.config.memory import GIB, predict, usable_bytes
+from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.schema import STRATEGY_NAMES, Preset, RunSpec
 from gpt2dist.config.strategies import REFERENCE, check_run
 from gpt2dist.errors import UsageError
@@ -77,8 +78,7 @@ def extrapolations(stored: list[Stored], gpus: int, nodes: int) -> list[str]:
     most = max(int(s.summary["nproc"].max()) for s in stored)
     if gpus > most:
         notes.append(f"{gpus} processes, the stored studies ran at most {most}")
-    spread = [s.summary for s in stored if "emulated" in s.summary]
-    if nodes > 1 and not any(((f["nodes"] > 1) & ~f["emulated"].astype(bool)).any() for f in spread):
+    if nodes > 1 and not any(Placement.of(row).kind is Kind.CLUSTER for s in stored for row in s.summary.to_dict("records")):
         notes.append(f"{nodes} real nodes, the stored studies' nodes were emulated on one machine or absent")
     return notes
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
+from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.io import atomic_write_text
 from gpt2dist.pipeline.study import FIGURES, LINK_FIGURE
 from gpt2dist.results.added_repeats import undecided
@@ -166,17 +167,6 @@ def findings_markdown(summary: dict, others: list[dict] = ()) -> str:
     return tabulate(rows, headers=headers, tablefmt="github")
 
 
-def _where(row: dict) -> str:
-    nodes = row.get("nodes") or 1
-    if nodes == 1:
-        return "one machine"
-    if not row.get("emulated", True):  # summaries from before real nodes existed: every spread was emulated
-        busbw = row.get("busbw_gb_s")
-        return f"{nodes} nodes" + ("" if _missing(busbw) else f", {busbw:,.1f} GB/s busbw")
-    link = row.get("link_mbit")
-    return f"{nodes} emulated nodes, " + ("unshaped" if _missing(link) else f"{link:g} Mbit/s")
-
-
 def link_model_markdown(summary: dict) -> str:
     """Predicted against measured step times on the emulated links, and the model's worst error."""
     model = summary.get("link_model") or []
@@ -315,12 +305,12 @@ model (for a ring all-reduce over n ranks, 2(n-1)/n of the payload).
 def summary_markdown(summary: dict, others: list[dict] = ()) -> str:
     configs = in_study_order(pd.DataFrame(summary["configs"].values())).to_dict("records")
     named = any(row.get("label") for row in configs)  # a paper preset: its names for the rows come first
-    spread = any((row.get("nodes") or 1) > 1 for row in configs)  # a study with runs on several nodes
+    spread = any(Placement.of(row).kind is not Kind.ONE_MACHINE for row in configs)  # runs on several nodes
     sized = any("size" in row for row in configs)  # a study of model sizes of its own
     rows = [
         [*([row.get("label") or ""] if named else []), *([row.get("size") or ""] if sized else []), row["strategy"],
          row["precision"], row["nproc"],
-         *([_where(row)] if spread else []), row["repeats"],
+         *([Placement.of(row).where()] if spread else []), row["repeats"],
          _mark(row),
          _with_ci(row, "tokens_per_s", ",.0f"), _speedup(row),
          _with_ci(row, "scaling_efficiency", ".2f"), _num(row["step_time_s"] * 1e3, ",.1f"),
