@@ -19,6 +19,8 @@ import typer
 from gpt2dist.config.schema import PRECISIONS
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import Interrupted, UsageError, error_line
+from gpt2dist.system.hardware import PEAK_FLOPS
+from gpt2dist.system.links import ACROSS_NODES, INSIDE_NODE
 
 # click's plain help: rich's boxed tables cut option names and wrap descriptions to a few words at 80 columns
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -80,17 +82,16 @@ POSITIVE = Number(float, 0, above=True)
 
 Params = Annotated[Path, typer.Option(help="Parameter file.")]
 GpuModel = Annotated[Optional[str], typer.Option(
-    help="GPU whose peak FLOP/s sets the compute time (H100, H200, A100, ...) [default: H100].")]
+    help=f"GPU whose peak FLOP/s sets the compute time ({', '.join(PEAK_FLOPS)}) [default: H100].")]
 AssumedMfu = Annotated[Optional[float], typer.Option(
     help="Assumed model FLOP utilisation of the compute (llm.c on 8x H100: about 0.4) [default: 0.4].",
     callback=Number(float, 0, 1, above=True).callback)]
 DEFAULT_GPU, DEFAULT_MFU = "H100", 0.4
 LinkInside = Annotated[Optional[str], typer.Option(
-    help="The link between a node's GPUs: nvlink4, nvlink3, nvlink2, nvlink-bridge, pcie5, pcie4 or pcie3 "
+    help=f"The link between a node's GPUs: {', '.join(INSIDE_NODE)} (*-host: peer-to-peer off, through host memory) "
          "[default: the GPU's usual node's].")]
 LinkAcross = Annotated[Optional[str], typer.Option(
-    help="The nodes' NICs: ndr, hdr or edr (InfiniBand), roce400, roce200, roce100, eth25 or eth10 [default: the "
-         "GPU's usual node's].")]
+    help=f"The nodes' NICs: {', '.join(ACROSS_NODES)} [default: the GPU's usual node's].")]
 Nics = Annotated[Optional[int], typer.Option(help="NICs per node [default: the GPU's usual node's].",
                                              callback=COUNT.callback)]
 PresetName = Annotated[Optional[str], typer.Option(help="Preset; default: params.yaml's 'preset' (auto).")]

@@ -280,3 +280,43 @@ def test_a_wide_interval_is_cut_at_the_axis_end_and_its_end_written_there(study)
     slow = one_machine["speedup"].idxmin()
     wide = summary.assign(speedup_ci_high=summary["speedup_ci_high"].mask(summary.index == slow, 50.0))
     assert drawn("scaling", wide) == (top, sorted([*cut_lines, "50"]))
+
+
+def test_loss_over_time_has_a_legend_entry_per_strategy_precision_and_process_count(study):
+    """Fifteen lines once had fifteen legend entries, and n=1 and n=2 of a configuration were drawn alike: a
+    strategy keeps its colour, a precision its style, a process count its width, each named once."""
+    (runs, summary, metrics), title = study
+    fig = FIGURES["loss_vs_time"](runs, summary, metrics, title)
+    ax = fig.axes[0]
+    first = metrics[metrics["repeat"] == metrics["repeat"].min()]
+    counts = sorted(int(n) for n in first["nproc"].unique())
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert len(labels) == first["strategy"].nunique() + first["precision"].nunique() + len(counts), labels
+    assert [f"{n} process{'es' * (n > 1)}" for n in counts] == labels[-len(counts):]
+    widths = {}  # per (strategy, precision): the widths of its lines, one per process count
+    for line in ax.get_lines():
+        strategy, precision, count = line.get_label().split(" ")[:3]
+        widths.setdefault((strategy, precision), {})[count] = line.get_linewidth()
+    several = [drawn for drawn in widths.values() if len(drawn) > 1]
+    assert several and all(len(set(drawn.values())) == len(drawn) for drawn in several)  # counts told apart
+    assert ax.get_xscale() == "log"
+    # the control: more lines than legend entries, so a label per line would have been caught above
+    assert len(ax.get_lines()) > len(labels)
+    plt.close(fig)
+
+
+def test_memory_orders_by_the_state_a_rank_holds_and_draws_each_peak_above_the_lowest(study):
+    (runs, summary, metrics), title = study
+    fig = FIGURES["memory"](runs, summary, metrics, title)
+    state, peak = fig.axes[:2]
+    lowest = summary["peak_mem_bytes"].min() / 2**20
+    assert f"Peak above the lowest, {lowest:,.0f} MiB" in peak.get_title()
+    bars = [bar.get_width() for bar in peak.patches]
+    assert min(bars) == pytest.approx(0) and max(bars) == pytest.approx(summary["peak_mem_bytes"].max() / 2**20 - lowest)
+    held = ranked(summary.assign(_state=summary[["param_bytes", "grad_bytes", "optimizer_bytes"]].sum(axis=1)),
+                  "_state", ascending=True)
+    assert _rows(fig) == [label for label in held.apply(lambda r: f"{r['strategy']} {r['precision']}", axis=1)]
+    # the control: the peaks' order is another one, which the rows no longer follow
+    by_peak = ranked(summary, "peak_mem_bytes", ascending=True)
+    assert by_peak["config_id"].tolist() != held["config_id"].tolist()
+    plt.close(fig)

@@ -143,11 +143,15 @@ def model_of(preset: Preset, size: str | None) -> ModelConfig:
     return sized(preset.model, size, preset.study.model_sizes) if size else preset.model
 
 
-def planned_spec(preset_name: str, preset: Preset, run: Run, device: str) -> RunSpec:
+def planned_spec(preset_name: str, preset: Preset, run: Run, device: str, *, weak_scaling: bool = False) -> RunSpec:
     """The run's spec as its training would read it (its model size included), for checks and predictions made
-    before it exists."""
+    before it exists. `weak_scaling`: each process at the preset's micro-batch, the global batch following the
+    processes (a cluster the preset's batch was not sized for), instead of the preset's global batch."""
+    train = preset.train
+    if weak_scaling:
+        train = train.model_copy(update={"global_batch_size": train.micro_batch_size * run.nproc})
     return RunSpec(data_dir="", out_dir="", preset=preset_name, strategy=run.strategy, precision=run.precision,
-                   nproc=run.nproc, nodes=run.nodes, device=device, model=model_of(preset, run.size), train=preset.train)
+                   nproc=run.nproc, nodes=run.nodes, device=device, model=model_of(preset, run.size), train=train)
 
 
 def plan_study(params: Path, preset: str | None, gpus: int, nodes: int = 1, *, gpus_given: bool = True) -> Study:

@@ -17,11 +17,11 @@ import math
 import pandas as pd
 
 from gpt2dist.config.placement import Kind, Placement
-from gpt2dist.config.schema import Preset, RunSpec
+from gpt2dist.config.schema import Preset
 from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.config.strategies import STRATEGIES, check_run
 from gpt2dist.errors import UsageError
-from gpt2dist.pipeline.study import model_of
+from gpt2dist.pipeline.study import Run, model_of, planned_spec
 from gpt2dist.results.plan import gpu_step_seconds
 from gpt2dist.system.hardware import COMPUTE_DTYPE, PEAK_FLOPS, peak_flops
 from gpt2dist.system.links import Links
@@ -81,9 +81,8 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mf
         m, n = model_of(preset, size), gpus_per_node * nodes
         tokens_per_gpu = t.micro_batch_size * m.n_positions
         compute_s = tokens_per_gpu * flops_per_token(m) / (peak * mfu)
-        train = t.model_copy(update={"global_batch_size": t.micro_batch_size * n})
-        spec = RunSpec(data_dir="", out_dir="", preset=preset_name, strategy=strategy, precision=precision,
-                       nproc=n, nodes=nodes, device="cuda", model=m, train=train)
+        spec = planned_spec(preset_name, preset, Run(strategy, precision, n, 0, nodes, size=size), "cuda",
+                            weak_scaling=True)
         row = {"size": size or "", "strategy": strategy, "nodes": nodes, "gpus": n}
         try:
             check_run(spec, gpus_per_node)

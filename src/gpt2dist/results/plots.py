@@ -229,30 +229,39 @@ def throughput(runs: pd.DataFrame, summary: pd.DataFrame, metrics: pd.DataFrame,
                         f"Throughput, geometric mean and 95% interval, fastest first\n{title}", best_is_high=True)
 
 
+STATE_PARTS = ("param_bytes", "grad_bytes", "optimizer_bytes")
+
+
 def memory(runs, summary, metrics, title):
-    """Left: the model state each rank holds (what sharding divides); right: the process's peak."""
-    data = ranked(summary, "peak_mem_bytes", ascending=True)
+    """Left: the model state each rank holds (what sharding divides), which orders the rows; right: each peak
+    above the study's lowest, the lowest written in the title. On CPUs the peak is the process's resident set,
+    hundreds of MiB of runtime under a few MiB that differ: drawn from zero, the differences would not show."""
+    data = ranked(summary.assign(_state=summary[list(STATE_PARTS)].sum(axis=1, min_count=1)), "_state",
+                  ascending=True).drop(columns="_state")
     fig, (state, peak) = _figure(_rows_height(data, 2.6), ncols=2, sharey=True)
     y = _rows(state, data)
     left = np.zeros(len(data))
     handles = []
     greys = sns.color_palette("Greys", 4)[1:]  # shades, so the parts are not read as strategies
-    for part, colour in zip(("param_bytes", "grad_bytes", "optimizer_bytes"), greys):
+    for part, colour in zip(STATE_PARTS, greys):
         values = data[part].fillna(0).to_numpy() / 2**20
         state.barh(y, values, left=left, color=colour, height=0.7)
         handles.append(Patch(color=colour, label=part.removesuffix("_bytes") + " (model state)"))
         left += values
     state.set(xlabel="MiB per rank", title="Model state held per rank")
     peaks, cuts = data["peak_mem_bytes"] / 2**20, {}
-    end = _axis_end(peaks)
-    _strategy_bars(peak, y, data, peaks, xerr=_cut_at(y, peaks, _error(data, "peak_mem_bytes", 2**20), end, cuts),
+    lowest = peaks.min()
+    above = peaks - lowest
+    end = _axis_end(above)
+    _strategy_bars(peak, y, data, above, xerr=_cut_at(y, above, _error(data, "peak_mem_bytes", 2**20), end, cuts),
                    capsize=3)
     _write_cuts(peak, cuts, end, across=True)
     peak.set_xlim(0, end)
     handles += _bar_keys(data)
-    peak.set(xlabel="MiB per process", title="Peak memory\n(CUDA allocated; resident set on CPU)")
+    peak.set(xlabel="MiB per process above the lowest peak",
+             title=f"Peak above the lowest, {lowest:,.0f} MiB\n(CUDA allocated; resident set on CPU)")
     _legend_below(fig, handles)
-    fig.suptitle(f"Memory, lowest peak first\n{title}")
+    fig.suptitle(f"Memory, least model state per rank first\n{title}")
     return fig
 
 
@@ -353,18 +362,30 @@ def loss_deviation(runs, summary, metrics, title):
     return fig
 
 
+def process_widths(counts) -> dict[int, float]:
+    """A line's width by its process count, thicker with more processes, so that runs of one strategy and
+    precision at several counts are told apart without a legend entry each."""
+    return {int(n): 0.8 + 1.2 * i for i, n in enumerate(sorted(counts))}
+
+
 def loss_vs_time(runs, summary, metrics, title):
+    """The first repeat's training loss against wall-clock time: a strategy's colour and marker, a precision's line
+    style and a process count's width, each once in the legend; time on a log scale, since runs differ tenfold in
+    it (bf16 is emulated on CPUs without it) and the fast ones would crowd the first seconds."""
     data = metrics.dropna(subset=["loss"])
     data = data[data["repeat"] == data["repeat"].min()]  # wall-clock axes differ between repeats
     fig, ax = _figure(5.6)
-    style = strategy_style()
+    style, widths = strategy_style(), process_widths(data["nproc"].unique())
     for keys, group in data.groupby(_sized(data, "strategy", "precision", "nproc"), sort=False):
-        strategy, precision = keys[:2]
-        ax.plot(group["elapsed_s"], group["loss"], linestyle=LINES.get(precision, "-"), markersize=3,
-                markevery=max(1, len(group) // 5), label=_words(keys, nproc_at=2), **style[strategy])
-    ax.set(xlabel="wall-clock training time (s)", ylabel="training loss (nats/token)",
+        strategy, precision, nproc = keys[:3]
+        ax.plot(group["elapsed_s"], group["loss"], linestyle=LINES.get(precision, "-"), linewidth=widths[int(nproc)],
+                markersize=3, markevery=max(1, len(group) // 5), label=_words(keys, nproc_at=2), **style[strategy])
+    ax.set_xscale("log")
+    ax.set(xlabel="wall-clock training time (s, log scale)", ylabel="training loss (nats/token)",
            title=f"Loss over time, first repeat\n{title}")
-    _legend_below(fig, ax.get_legend_handles_labels()[0], columns=4)
+    keys = _line_keys(data) + [Line2D([], [], color="black", linewidth=width, label=f"{n} process{'es' * (n > 1)}")
+                               for n, width in widths.items()]
+    _legend_below(fig, keys, columns=min(len(keys), 6))
     return fig
 
 

@@ -21,10 +21,10 @@ import pandas as pd
 
 from gpt2dist.config.memory import GIB, predict, usable_bytes
 from gpt2dist.config.placement import Kind, Placement
-from gpt2dist.config.schema import STRATEGY_NAMES, Preset, RunSpec
+from gpt2dist.config.schema import STRATEGY_NAMES, Preset
 from gpt2dist.config.strategies import REFERENCE, check_run
 from gpt2dist.errors import UsageError
-from gpt2dist.pipeline.study import model_of
+from gpt2dist.pipeline.study import Run, planned_spec
 from gpt2dist.results.inputs import read_csv, read_summary
 from gpt2dist.results.plan import gpu_step_seconds
 from gpt2dist.system.links import Links
@@ -95,15 +95,14 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
     errors = leave_one_out(stored)
     on_gpus = [s for s in stored if s.device == "cuda"]
     measured = pd.concat([s.rivals for s in on_gpus], ignore_index=True) if on_gpus else None
-    m, t, n = model_of(preset, size), preset.train, gpus_per_node * nodes
-    train = t.model_copy(update={"global_batch_size": t.micro_batch_size * n})  # a micro-batch per GPU per step
-    tokens_per_step = train.global_batch_size * m.n_positions
+    n = gpus_per_node * nodes
     rows = []
     for strategy in STRATEGY_NAMES:
         if strategy == REFERENCE:
             continue
-        spec = RunSpec(data_dir="", out_dir="", preset=name, strategy=strategy, precision=precision, nproc=n,
-                       nodes=nodes, device="cuda", model=m, train=train)
+        # a micro-batch per GPU per step
+        spec = planned_spec(name, preset, Run(strategy, precision, n, 0, nodes, size=size), "cuda", weak_scaling=True)
+        tokens_per_step = spec.train.global_batch_size * spec.model.n_positions
         try:
             check_run(spec, gpus_per_node)
         except UsageError as exc:
