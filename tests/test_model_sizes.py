@@ -68,6 +68,24 @@ def test_train_at_a_size_trains_that_shape_and_set_still_changes_it(tmp_path, sh
     assert model(size="small").n_embd == GPT2_SIZES["small"][2]  # GPT-2's published shapes need no model_sizes
 
 
+def test_the_size_travels_in_the_spec_and_the_run_record_but_is_no_part_of_its_identity(tmp_path, shards):
+    path = params_with(tmp_path, SIZED)
+
+    def spec(size: str | None, *overrides: str):
+        return build_spec(data=shards, out=tmp_path / "out", strategy="single", precision="fp32", nproc=1, params=path,
+                          preset="tiny", overrides=list(overrides), size=size)
+
+    wide = spec("wide")
+    assert wide.size == "wide" and wide.model_dump()["size"] == "wide"  # run.json's config is this dump
+    assert spec(None).size is None
+    # the same shape by --set alone computes the same thing: a checkpoint of either resumes the other
+    by_hand = spec(None, *(f"model.{key}={value}" for key, value in OWN_SIZES["wide"].items()))
+    assert by_hand.model == wide.model and by_hand.fingerprint() == wide.fingerprint()
+    assert spec("narrow").fingerprint() != wide.fingerprint()  # the control: another shape is another run
+    with pytest.raises(UsageError, match="--size '': name a model size"):
+        spec("")
+
+
 @pytest.mark.parametrize("change, message", [
     ({"runs": [{**SIZED[0], "sizes": ["huge"]}]},
      "unknown model size 'huge' (known: small, medium, large, xl, narrow, wide)"),

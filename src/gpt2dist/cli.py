@@ -81,8 +81,15 @@ GPU_COUNT = Number(int, 0)  # 0: CPU hosts
 POSITIVE = Number(float, 0, above=True)
 
 Params = Annotated[Path, typer.Option(help="Parameter file.")]
+def _named_gpu(value: str | None) -> str | None:
+    if value is not None and not value.strip():
+        raise typer.BadParameter(f"name a GPU: {', '.join(PEAK_FLOPS)}, or leave it out for the H100")
+    return value
+
+
 GpuModel = Annotated[Optional[str], typer.Option(
-    help=f"GPU whose peak FLOP/s sets the compute time ({', '.join(PEAK_FLOPS)}) [default: H100].")]
+    help=f"GPU whose peak FLOP/s sets the compute time ({', '.join(PEAK_FLOPS)}) [default: H100].",
+    callback=_named_gpu)]
 AssumedMfu = Annotated[Optional[float], typer.Option(
     help="Assumed model FLOP utilisation of the compute (llm.c on 8x H100: about 0.4) [default: 0.4].",
     callback=Number(float, 0, 1, above=True).callback)]

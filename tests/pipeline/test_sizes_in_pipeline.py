@@ -5,6 +5,7 @@ single-process runs, and is ranked on its own; the tables say which size each ro
 from __future__ import annotations
 
 import json
+import shutil
 
 import pandas as pd
 import pytest
@@ -77,3 +78,26 @@ def test_each_size_is_ranked_on_its_own_and_the_report_says_which(sized_study):
     assert "| size " in report and "| wide " in report
     assert all((sized_study / "figures" / f"{name}.png").stat().st_size > 0
                for name in ("throughput", "scaling", "loss_deviation", "loss_vs_time", "memory"))
+
+
+@pytest.mark.timeout(900)
+def test_each_run_record_names_its_size_and_collect_leaves_out_a_run_of_another(sized_study, tmp_path):
+    """The size travels with the run (RunSpec, run.json); collect reads it there. The control: a run whose record
+    says another size than the plan gives its id is left out, saying why, instead of ranked as the planned one."""
+    runs = pd.read_csv(sized_study / "runs.csv")
+    for row in runs.itertuples():
+        record = json.loads((sized_study / "runs" / row.run_id / "run.json").read_text())
+        assert record["config"]["size"] == row.size, row.run_id
+    copied = tmp_path / "runs"
+    shutil.copytree(sized_study / "runs", copied)
+    record_path = copied / "ddp-fp32-n2-wide-r0" / "run.json"
+    record = json.loads(record_path.read_text())
+    record["config"]["size"] = "narrow"
+    record_path.write_text(json.dumps(record))
+    work = sized_study.parent
+    done = run(["gpt2dist", "collect", "--runs", str(copied), "--data", "data/tokens", "--out", str(tmp_path / "out"),
+                "--params", "params.yaml", "--preset", "cpu", "--gpus", "0"], work)
+    assert ("ddp-fp32-n2-wide-r0 left out: trained at model size narrow, planned at model size wide: another "
+            "study's run") in done.stderr
+    assert "ddp-fp32-n2-wide-r0" not in set(pd.read_csv(tmp_path / "out" / "runs.csv")["run_id"])
+

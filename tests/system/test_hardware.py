@@ -53,6 +53,14 @@ def test_every_precision_has_a_peak_on_every_gpu_that_computes_in_it():
     assert peak_flops("Tesla V100-SXM2-16GB", "apex-O1") == 125e12 > peak_flops("Tesla V100-PCIE-32GB", "fp16")
 
 
+def test_a_name_counts_only_as_whole_words():
+    """"GH200" (Grace Hopper) once matched "H200" inside it and was priced as one; a name matches where it stands
+    apart from letters and digits, in any case and whatever follows ("H100-80GB")."""
+    assert gpu_peaks("GH200") is None and gpu_peaks("NVIDIA GH200 480GB") is None
+    assert gpu_peaks("H100-80GB") is PEAK_FLOPS["H100"] and gpu_peaks("h200") is PEAK_FLOPS["H200"]
+    assert gpu_peaks("A1000") is None  # the control: a longer model number is another GPU
+
+
 def test_unknown_gpu_and_override():
     assert peak_flops("Tesla T4", "bf16") is None
     assert peak_flops("Tesla T4", "fp32", override_tflops=8.1) == pytest.approx(8.1e12)

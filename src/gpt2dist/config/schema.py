@@ -332,6 +332,8 @@ class RunSpec(_Strict):
     nodes: int = Field(1, gt=0, description="Machines the nproc processes spread over, nproc / nodes on each.")
     device: DeviceType
     model: ModelConfig
+    size: str | None = Field(None, description="The model size (config.sizes) the model was built at, so that the "
+                             "run's record names it; None: the preset's own model. A name: `model` is what computes.")
     train: TrainConfig
     keep_checkpoint: bool = Field(True, description="Keep checkpoint.pt once the run completes (the pipeline "
                                   "drops it: GPT-2 small's is about 1.5 GB per run).")
@@ -361,9 +363,9 @@ class RunSpec(_Strict):
 
     def _identity(self) -> dict:
         # where the processes run (nodes) changes no number they compute: a checkpoint resumes on other nodes;
-        # nor does which checkpoint a run started from
+        # nor does which checkpoint a run started from, nor the size's name (its shape is in the model)
         identity = self.model_dump(exclude={"out_dir", "data_dir", "keep_checkpoint", "stale_checkpoint", "attempt",
-                                            "nodes", "resume_from"})
+                                            "nodes", "resume_from", "size"})
         identity["train"].pop("max_steps")  # extending a run is a resume, not a new run
         identity["train"].pop("ledger_steps")  # tracing changes no number the run computes
         identity["train"].pop("checkpoint_minutes")  # nor does when it saves

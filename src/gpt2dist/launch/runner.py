@@ -51,6 +51,9 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
     preset's model at that size (config.sizes)."""
     _choice(strategy, STRATEGY_NAMES, "--strategy")
     _choice(precision, PRECISIONS, "--precision")
+    if size is not None and not size.strip():
+        raise UsageError("--size '': name a model size (GPT-2's small, medium, large or xl, or one of the preset's "
+                         "study.model_sizes), or leave --size out for the preset's own model")
     _choice(stale_checkpoint, ("fail", "restart"), "--stale-checkpoint")
     if nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {nproc}")
@@ -78,7 +81,7 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
                          "preset such as cpu")
     spec = RunSpec(data_dir=str(Path(data).resolve()), out_dir=str(Path(out).resolve()), preset=name,
                    strategy=strategy, precision=precision, nproc=nproc, nodes=nodes, device=device, model=chosen.model,
-                   train=chosen.train, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
+                   size=size, train=chosen.train, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
                    resume_from=str(resume_from) if resume_from else None)
     preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
     check_run(spec, gpus if node_gpus is None else node_gpus)

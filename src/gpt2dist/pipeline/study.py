@@ -151,7 +151,8 @@ def planned_spec(preset_name: str, preset: Preset, run: Run, device: str, *, wea
     if weak_scaling:
         train = train.model_copy(update={"global_batch_size": train.micro_batch_size * run.nproc})
     return RunSpec(data_dir="", out_dir="", preset=preset_name, strategy=run.strategy, precision=run.precision,
-                   nproc=run.nproc, nodes=run.nodes, device=device, model=model_of(preset, run.size), train=train)
+                   nproc=run.nproc, nodes=run.nodes, device=device, model=model_of(preset, run.size), size=run.size,
+                   train=train)
 
 
 def plan_study(params: Path, preset: str | None, gpus: int, nodes: int = 1, *, gpus_given: bool = True) -> Study:

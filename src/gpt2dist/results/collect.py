@@ -87,6 +87,10 @@ def size_of(row: dict | pd.Series) -> str | None:
     return size if isinstance(size, str) else None
 
 
+def _size_named(size: str | None) -> str:
+    return f"model size {size}" if size else "the preset's own model"
+
+
 def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, dict], dict[str, str]]:
     """The completed runs' lines in one table, their records, and why each other run is left out."""
     frames, records, missing = [], {}, {}
@@ -97,6 +101,11 @@ def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, di
         except UsageError as exc:
             missing[run.run_id] = str(exc)
             continue
+        trained_at = (record.get("config") or {}).get("size", run.size)  # records before the size travelled
+        if trained_at != run.size:
+            missing[run.run_id] = (f"trained at {_size_named(trained_at)}, planned at {_size_named(run.size)}: "
+                                   "another study's run; delete it to train it again")
+            continue
         records[run.run_id] = record
         train = lines[lines["kind"] == "train"].drop(columns=["kind", "val_loss", "val_ppl"], errors="ignore")
         train = train.assign(elapsed_s=train["step_time_s"].cumsum())
@@ -105,7 +114,7 @@ def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, di
         frames.append(table.assign(run_id=run.run_id, config_id=run.config_id, strategy=run.strategy,
                                    precision=run.precision, nproc=run.nproc, nodes=run.nodes, emulated=run.emulated,
                                    link_mbit=run.link_mbit if run.link_mbit else math.nan, repeat=run.repeat,
-                                   **({"size": run.size} if sizes else {})))
+                                   **({"size": trained_at} if sizes else {})))
     if not frames:
         first = next(iter(missing.values()))
         raise UsageError(f"no run of the study has completed ({len(missing)} missing; the first: {first})")

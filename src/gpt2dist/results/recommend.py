@@ -27,6 +27,7 @@ from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import Run, planned_spec
 from gpt2dist.results.inputs import read_csv, read_summary
 from gpt2dist.results.plan import gpu_step_seconds
+from gpt2dist.system.hardware import COMPUTE_DTYPE
 from gpt2dist.system.links import Links
 
 MIN_ERRORS = 3
@@ -90,6 +91,8 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
     the preset's model at `size` (config.sizes; None: its own), and the leave-one-out errors."""
     if gpus_per_node < 1 or nodes < 1:
         raise UsageError(f"--gpus and --nodes count at least 1, got {gpus_per_node} GPUs per node and {nodes} nodes")
+    if precision not in COMPUTE_DTYPE:
+        raise UsageError(f"--precision '{precision}' is not one of {', '.join(COMPUTE_DTYPE)}")
     if tokens <= 0 or memory_gb <= 0:
         raise UsageError(f"--tokens and --memory-gb are positive; got {tokens:g} and {memory_gb:g}")
     errors = leave_one_out(stored)

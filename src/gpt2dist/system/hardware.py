@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -42,10 +43,18 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
 COMPUTE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "apex-O1": "fp16", "apex-O2": "fp16"}
 
 
+def named_in(device_name: str, names) -> str | None:
+    """The longest of `names` that `device_name` contains as whole words, in any case ("NVIDIA H100 80GB HBM3" and
+    "a100" name theirs; "GH200", a Grace Hopper board, names no H200), None when none does."""
+    matches = [name for name in names
+               if re.search(rf"(?<![a-z0-9]){re.escape(name.lower())}(?![a-z0-9])", device_name.lower())]
+    return max(matches, key=len) if matches else None
+
+
 def gpu_peaks(device_name: str) -> dict[str, float] | None:
     """The per-dtype peaks of the most specific table entry naming this GPU, None when unknown."""
-    matches = [fragment for fragment in PEAK_FLOPS if fragment.lower() in device_name.lower()]  # "a100" too
-    return PEAK_FLOPS[max(matches, key=len)] if matches else None
+    name = named_in(device_name, PEAK_FLOPS)
+    return PEAK_FLOPS[name] if name else None
 
 
 def peak_flops(device_name: str, precision: str, override_tflops: float | None = None) -> float | None:

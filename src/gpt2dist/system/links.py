@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpt2dist.errors import UsageError
+from gpt2dist.system.hardware import named_in
 
 # Per GPU and direction. NVLink: 25 GB/s per link per direction, times the links a GPU has (V100 SXM2 6, A100 SXM
 # 12, H100 SXM 18); bridge: Turing's and Ampere's two-GPU bridges (TITAN RTX 2 links, RTX 3090 4 links of
@@ -54,11 +55,11 @@ class Links:
 
 def links_of(gpu: str, inside: str | None = None, across: str | None = None, nics: int | None = None) -> Links:
     """The links of `gpu`'s usual node, each part replaced where given."""
-    matches = [fragment for fragment in USUAL_NODE if fragment.lower() in gpu.lower()]
-    if not matches and None in (inside, across, nics):
+    name = named_in(gpu, USUAL_NODE)
+    if not name and None in (inside, across, nics):
         raise UsageError(f"no usual links known for GPU '{gpu}' (known: {', '.join(USUAL_NODE)}): give "
                          "--link-inside, --link-across and --nics")
-    usual = USUAL_NODE[max(matches, key=len)] if matches else (None, None, None)
+    usual = USUAL_NODE[name] if name else (None, None, None)
     chosen = Links(inside or usual[0], across or usual[1], nics or usual[2])
     if chosen.inside not in INSIDE_NODE:
         raise UsageError(f"--link-inside {chosen.inside!r}: choose one of {', '.join(INSIDE_NODE)}")
