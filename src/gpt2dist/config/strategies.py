@@ -1,6 +1,6 @@
 """Every parallel strategy described once, without torch: how it is launched, its degrees for a process
-count (config.degrees), the extras it needs, the combinations it refuses, the bytes it moves per step, and
-what the papers call it. Config, planning, preflight, doctor, selftest, findings and the CLI ask this
+count (config.degrees), the extras it needs, the combinations it refuses, the bytes it moves per step and how
+many of them it sends while it computes, and what the papers call it. Config, planning, preflight, doctor, selftest, findings and the CLI ask this
 registry; its runtime half, under training/strategies/, has the same `name` (here `<Name>Description`, there
 `<Name>`).
 

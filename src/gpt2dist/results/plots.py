@@ -369,11 +369,14 @@ def process_widths(counts) -> dict[int, float]:
 
 
 def loss_vs_time(runs, summary, metrics, title):
-    """The first repeat's training loss against wall-clock time: a strategy's colour and marker, a precision's line
+    """The first repeat's training loss against wall-clock time on one machine: a strategy's colour and marker, a precision's line
     style and a process count's width, each once in the legend; time on a log scale, since runs differ tenfold in
     it (bf16 is emulated on CPUs without it) and the fast ones would crowd the first seconds."""
     data = metrics.dropna(subset=["loss"])
     data = data[data["repeat"] == data["repeat"].min()]  # wall-clock axes differ between repeats
+    # on one machine: a configuration's runs on several nodes would join its line (the links figure has those)
+    kinds = {row["config_id"]: Placement.of(row).kind for row in data.drop_duplicates("config_id").to_dict("records")}
+    data = data[data["config_id"].map(kinds) == Kind.ONE_MACHINE]
     fig, ax = _figure(5.6)
     style, widths = strategy_style(), process_widths(data["nproc"].unique())
     for keys, group in data.groupby(_sized(data, "strategy", "precision", "nproc"), sort=False):
@@ -382,7 +385,7 @@ def loss_vs_time(runs, summary, metrics, title):
                 markersize=3, markevery=max(1, len(group) // 5), label=_words(keys, nproc_at=2), **style[strategy])
     ax.set_xscale("log")
     ax.set(xlabel="wall-clock training time (s, log scale)", ylabel="training loss (nats/token)",
-           title=f"Loss over time, first repeat\n{title}")
+           title=f"Loss over time on one machine, first repeat\n{title}")
     keys = _line_keys(data) + [Line2D([], [], color="black", linewidth=width, label=f"{n} process{'es' * (n > 1)}")
                                for n, width in widths.items()]
     _legend_below(fig, keys, columns=min(len(keys), 6))
