@@ -81,6 +81,8 @@ GPU_COUNT = Number(int, 0)  # 0: CPU hosts
 POSITIVE = Number(float, 0, above=True)
 
 Params = Annotated[Path, typer.Option(help="Parameter file.")]
+
+
 def _named_gpu(value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise typer.BadParameter(f"name a GPU: {', '.join(PEAK_FLOPS)}, or leave it out for the H100")
@@ -570,7 +572,8 @@ def plan(
            "allocator take the rest)." if on_gpus else "."))
     if on_gpus:
         say(f"Step time: single's FLOPs at an assumed MFU of {mfu:.0%} of the {gpu}'s peak, divided over the GPUs, "
-            f"a pipeline's bubble, and the traffic model's bytes over {links.words(study.nodes)}, without overlap; "
+            f"a pipeline's bubble, and the traffic model's bytes over {links.words(study.nodes)}, less what the "
+            "strategy sends under its computation; "
             f"{summary_words(published_summary(mfu))}.")
         if duration is not None:
             say(duration_words(study, duration, budget_s))

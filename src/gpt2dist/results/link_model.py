@@ -18,12 +18,11 @@ import pandas as pd
 
 from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.schema import Preset
-from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.config.strategies import STRATEGIES, check_run
 from gpt2dist.errors import UsageError
-from gpt2dist.pipeline.study import Run, model_of, planned_spec
-from gpt2dist.results.plan import gpu_step_seconds
-from gpt2dist.system.hardware import COMPUTE_DTYPE, PEAK_FLOPS, peak_flops
+from gpt2dist.pipeline.study import Run, planned_spec
+from gpt2dist.results.plan import gpu_compute_seconds, gpu_step_seconds
+from gpt2dist.system.hardware import COMPUTE_DTYPE
 from gpt2dist.system.links import Links
 
 # Data-parallel strategies of a process per GPU, whose collectives span every GPU, so nodes' links carry them
@@ -70,17 +69,11 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mf
     if gpus_per_node < 1 or not node_counts or min(node_counts) < 1:
         raise UsageError(f"--gpus-per-node and --nodes count at least 1, got {gpus_per_node} GPUs per node and nodes "
                          f"{','.join(map(str, node_counts))}")
-    peak = peak_flops(gpu, precision)
-    if peak is None:
-        raise UsageError(f"no peak FLOP/s known for {precision} on GPU '{gpu}' (known: {', '.join(PEAK_FLOPS)})")
     if not 0 < mfu <= 1:
         raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu}")
-    t = preset.train
     rows = []
     for size, strategy, nodes in itertools.product(sizes, PROJECTED_STRATEGIES, node_counts):
-        m, n = model_of(preset, size), gpus_per_node * nodes
-        tokens_per_gpu = t.micro_batch_size * m.n_positions
-        compute_s = tokens_per_gpu * flops_per_token(m) / (peak * mfu)
+        n = gpus_per_node * nodes
         spec = planned_spec(preset_name, preset, Run(strategy, precision, n, 0, nodes, size=size), "cuda",
                             weak_scaling=True)
         row = {"size": size or "", "strategy": strategy, "nodes": nodes, "gpus": n}
@@ -89,7 +82,8 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mf
         except UsageError as exc:
             rows.append(row | {"note": f"not projected: {exc}"})
             continue
-        step_s = gpu_step_seconds(spec, gpu, mfu, links)
+        compute_s, step_s = gpu_compute_seconds(spec, gpu, mfu) / n, gpu_step_seconds(spec, gpu, mfu, links)
+        tokens_per_gpu = spec.train.micro_batch_size * spec.model.n_positions
         rows.append(row | {"compute_ms": compute_s * 1e3, "communication_ms": (step_s - compute_s) * 1e3,
                            "step_ms": step_s * 1e3, "tokens_per_s": n * tokens_per_gpu / step_s,
                            "scaling_efficiency": compute_s / step_s, "note": "projection"})

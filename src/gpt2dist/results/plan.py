@@ -42,11 +42,9 @@ STUDY_FIXED_S = 60.0
 CHECKPOINTED_COMPUTE = 4 / 3
 
 
-def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float, links: Links) -> float:
-    """A GPU cluster's step by the step model (results.prediction): one GPU's step of the whole global batch at
-    `mfu` of its peak in the spec's arithmetic (a third more with activation checkpointing), divided among its
-    processes, and the traffic model's bytes at the bus bandwidth of the cluster's `links`, less the part the
-    strategy sends under its computation."""
+def gpu_compute_seconds(spec: RunSpec, gpu: str, mfu: float) -> float:
+    """One GPU's step of the spec's whole global batch at `mfu` of its peak in the spec's arithmetic, a third more
+    with activation checkpointing: single's step, which the step model divides among the processes."""
     peak = peak_flops(gpu, spec.precision)
     if peak is None:
         raise UsageError(f"no peak FLOP/s known for {spec.precision} on GPU '{gpu}' (known: {', '.join(PEAK_FLOPS)})")
@@ -54,12 +52,18 @@ def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float, links: Links) -> float
         raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu:g}")
     m, t = spec.model, spec.train
     single = t.global_batch_size * m.n_positions * flops_per_token(m) / (peak * mfu)
-    if t.activation_checkpointing == "block":
-        single *= CHECKPOINTED_COMPUTE
+    return single * CHECKPOINTED_COMPUTE if t.activation_checkpointing == "block" else single
+
+
+def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float, links: Links) -> float:
+    """A GPU cluster's step by the step model (results.prediction): gpu_compute_seconds divided among its
+    processes, and the traffic model's bytes at the bus bandwidth of the cluster's `links`, less the part the
+    strategy sends under its computation."""
+    hidden = overlap(spec)
     facts = {"strategy": spec.strategy, "nproc": spec.nproc, "nodes": spec.nodes, "emulated": False,
              "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": links.bus_bytes_per_s(spec.nodes) / 1e9,
-             "hidden_comm_bytes": overlap(spec).bytes_per_step, "hidden_under": overlap(spec).under}
-    return predicted_step_time(facts, single, "cuda", t)
+             "hidden_comm_bytes": hidden.bytes_per_step, "hidden_under": hidden.under}
+    return predicted_step_time(facts, gpu_compute_seconds(spec, gpu, mfu), "cuda", spec.train)
 
 
 def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float], links: Links,

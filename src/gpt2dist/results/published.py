@@ -68,8 +68,7 @@ def predictions(table: pd.DataFrame, mfu: float) -> pd.DataFrame:
     if not 0 < mfu <= 1:
         raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu:g}")
     rows = []
-    for row in table.itertuples(index=False):
-        row = pd.Series(row._asdict())
+    for _, row in table.iterrows():
         out = {"left_out": row.outside and f"outside the registry: {row.outside}"}
         tokens = int(row.global_batch) * int(row.seq_len)
         out["published_tokens_per_s"] = tokens / row.step_s if row.step_s else math.nan

@@ -1,6 +1,7 @@
 """How a cluster's GPUs are linked, as the bus bandwidth a ring all-reduce can reach over each link: inside a node
-(NVLink by generation, a two-GPU bridge, PCIe, or through host memory where peer-to-peer is off) and across nodes (the node's NICs: InfiniBand, RoCE or
-Ethernet). Datasheet rates per direction; a measured all-reduce reaches most of a link's rate, never more.
+(NVLink by generation, a two-GPU bridge, PCIe, or through host memory where peer-to-peer is off) and across nodes
+(the node's NICs: InfiniBand, RoCE or Ethernet). Datasheet rates per direction; a measured all-reduce reaches most
+of a link's rate, never more.
 
 Across nodes NCCL runs one ring per NIC, each carrying its share of the bytes, so the bus bandwidth is the node's
 NICs together, capped by the link inside the node: 8 NDR NICs give 400 GB/s, one EDR NIC 12.5 GB/s."""
@@ -23,7 +24,7 @@ INSIDE_NODE = {"nvlink4": 450e9, "nvlink3": 300e9, "nvlink2": 150e9, "nvlink-bri
 # Per NIC and direction
 ACROSS_NODES = {"ndr": 50e9, "hdr": 25e9, "edr": 12.5e9, "roce400": 50e9, "roce200": 25e9, "roce100": 12.5e9,
                 "eth25": 3.125e9, "eth10": 1.25e9}
-# What a GPU's usual node has, by the fragment of its name (system.hardware's keys, the longest that matches
+# What a GPU's usual node has, by the name its own contains as whole words (system.hardware.named_in, the longest
 # wins): its link inside the node, its NICs and how many. DGX H100/H200: NVLink 4, 8 NDR; DGX A100: NVLink 3,
 # 8 HDR; DGX-1 (V100): NVLink 2, 4 EDR; PCIe cards: PCIe of their generation, one NIC per node.
 USUAL_NODE = {"H200": ("nvlink4", "ndr", 8), "H100": ("nvlink4", "ndr", 8), "H100 NVL": ("pcie5", "ndr", 1),
