@@ -21,9 +21,11 @@ PARAMS = str(REPO / "params.yaml")
 # each command with the arguments that make it valid, and its numeric options (a list option takes a list)
 COMMANDS = {
     "plan": (["--params", PARAMS, "--preset", "paper", "--gpus", "8"], ["--mfu", "--gpus", "--nodes", "--memory-gb",
-                                                                        "--budget-s"]),
-    "recommend": (["--params", PARAMS, "--gpus", "8"], ["--gpus", "--nodes", "--memory-gb", "--tokens", "--mfu"]),
-    "project-scaling": (["--params", PARAMS, "--preset", "paper"], ["--mfu", "--gpus-per-node", "--nodes"]),
+                                                                        "--budget-s", "--nics"]),
+    "recommend": (["--params", PARAMS, "--gpus", "8"], ["--gpus", "--nodes", "--memory-gb", "--tokens", "--mfu",
+                                                       "--nics"]),
+    "project-scaling": (["--params", PARAMS, "--preset", "paper"], ["--mfu", "--gpus-per-node", "--nodes", "--nics"]),
+    "validate-published": ([], ["--mfu"]),
     "doctor": (["--params", PARAMS, "--preset", "paper", "--no-gpu"], ["--gpus", "--nodes"]),
     "dvc-yaml": (["--params", PARAMS, "--preset", "paper", "--out", "{tmp}/dvc.yaml"], ["--gpus", "--nodes"]),
     "selftest": (["--params", PARAMS, "--preset", "cpu", "--only", "no-such-config"], ["--timeout"]),
@@ -113,6 +115,23 @@ SETS = st.one_of(st.text(max_size=12), st.builds(lambda key, value: f"{key}={val
 def test_any_sizes_are_a_plan_or_one_error_line(sizes):
     assert_answer_or_one_error(*invoke("plan", "--params", PARAMS, "--preset", "paper-sizes", "--gpus", "8",
                                        "--sizes", sizes))
+
+
+# the cluster's text options: a GPU's name, its links, the arithmetic and the model sizes
+TEXT_CASES = [(command, option) for command in ("plan", "recommend", "project-scaling")
+              for option in ("--gpu", "--link-inside", "--link-across")] + [
+    ("recommend", "--precision"), ("project-scaling", "--precision"), ("recommend", "--sizes"),
+    ("project-scaling", "--sizes")]
+NAMES = st.one_of(NUMBERS, st.sampled_from(["H100", "GH200", "h100 pcie", "pcie3-host", "ndr", "fp8", "bf16", "xl",
+                                            "small,,xl", "nvlink4 ", "NVLINK4"]))
+
+
+@pytest.mark.parametrize("command, option", TEXT_CASES, ids=[f"{c}{o}" for c, o in TEXT_CASES])
+@seed(20261128)
+@settings(max_examples=4, deadline=None)
+@given(value=NAMES)
+def test_any_name_of_a_gpu_link_arithmetic_or_size_is_an_answer_or_one_error_line(command, option, value):
+    assert_answer_or_one_error(*invoke(command, *with_value(COMMANDS[command][0], option, value)))
 
 
 @seed(20261126)

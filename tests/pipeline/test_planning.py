@@ -188,3 +188,15 @@ def test_doctor_names_a_cpu_only_torch_for_a_gpu_study():
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error:") and "a CUDA build of torch" in error
     assert f"needed by all {PAPER_CONFIGURATIONS} configurations" in error
+
+
+def test_the_workflow_passes_snakemakes_lint(tmp_path):
+    """Every rule in a container, helpers in rules/common.smk: `snakemake --lint` finds nothing. The control: a
+    copy whose plot rule names no container is flagged for it."""
+    clean = run(["snakemake", "--lint"], REPO, check=False)
+    assert clean.returncode == 0 and "Lints for" not in clean.stdout + clean.stderr, clean.stdout[-3000:]
+    work = copy_workflow(tmp_path)
+    plot = work / "workflow" / "rules" / "plot.smk"
+    plot.write_text(re.sub(r"\n    container:\n.*\n", "\n", plot.read_text()))
+    flagged = run(["snakemake", "--lint"], work, check=False)
+    assert flagged.returncode != 0 and "Lints for rule plot" in flagged.stdout + flagged.stderr

@@ -37,6 +37,19 @@ CONFIGS = {run.config_id: run for run in gs.configurations(STUDY)}
 OUTPUTS = gs.stage_outputs(STUDY)
 
 
+# Runs across a cluster's nodes (rule train_across_nodes in train.smk)
+ACROSS_NODES = [run_id for run_id, run in RUNS.items() if run.nodes > 1 and not run.emulated]
+
+
+def run_pattern(across_nodes):
+    """The run ids one of the two train rules takes (its planned ones, and the added repeats of their
+    configurations; ADDED is added.smk's)."""
+    planned = [re.escape(run_id) for run_id in RUNS if (run_id in ACROSS_NODES) == across_nodes]
+    added = [re.escape(config) + r"-r\d+" for config, run in CONFIGS.items()
+             if (run.nodes > 1 and not run.emulated) == across_nodes] if ADDED.rounds else []
+    return "|".join(planned + added) or "(?!)"  # (?!): matches nothing when there are none
+
+
 def slurm_resources(run_of):
     """A job's SLURM resources (gs.slurm_request), one callable per key; `run_of(wildcards)` is its run."""
     return {key: (lambda wildcards, key=key: gs.slurm_request(STUDY, run_of(wildcards))[key])

@@ -2,15 +2,6 @@
 # in does not have: under it, such a job runs on the host (rule train_across_nodes, below) and srun starts each
 # task inside the image (GPT2DIST_IMAGE; launch/slurm.py). Emulated nodes live on this machine and need no srun.
 IN_IMAGE = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
-ACROSS_NODES = [run_id for run_id, run in RUNS.items() if run.nodes > 1 and not run.emulated]
-
-
-def run_pattern(across_nodes):
-    """The run ids a train rule takes: its planned ones, and the added repeats of their configurations."""
-    planned = [re.escape(run_id) for run_id in RUNS if (run_id in ACROSS_NODES) == across_nodes]
-    added = [re.escape(config) + r"-r\d+" for config, run in CONFIGS.items()
-             if (run.nodes > 1 and not run.emulated) == across_nodes] if ADDED.rounds else []
-    return "|".join(planned + added) or "(?!)"  # (?!): matches nothing when there are none
 
 
 # One job per run id. checkpoint.pt is deliberately not an output: Snakemake deletes an
@@ -61,10 +52,13 @@ rule train:
         "{params.image}{params.command} > {log} 2>&1 || test -s {output.record}; {params.progress} || true"
 
 
+# Its software is the image's either way: without --sdm apptainer the directive starts nothing (as for train's);
+# under it, the job starts on the host and srun puts each task in the image.
 use rule train as train_across_nodes with:
     wildcard_constraints:
         run=run_pattern(across_nodes=True),
-    container: None
+    container:
+        None if IN_IMAGE else config["container"]
 
 
 # Order only, no command: marks that every configuration's repeat {round} has trained. Through one
