@@ -7,7 +7,9 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +24,7 @@ import yaml
 from gpt2dist.cli import WARNING_CONTINUED
 from gpt2dist.data.shards import write_shards
 from gpt2dist.launch.lifetime import ended
+from gpt2dist.launch.locks import MACHINE_LOCK_ENV
 from gpt2dist.system.conditions import QUIET_WAIT_ENV
 
 # The system pieces some tests need, each with the variable that makes its absence a failure; .ci/run
@@ -123,6 +126,14 @@ def pytest_runtest_protocol(item, nextitem):
         with _flocked(base / "turnstile.lock", fcntl.LOCK_EX):
             fcntl.flock(machine, fcntl.LOCK_EX if runs_alone(item) else fcntl.LOCK_SH)
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_lock_of_this_worker(tmp_path_factory) -> None:
+    """gpt2dist's machine lock keeps two timed runs off one machine. The tests that time runs hold the machine alone
+    (`alone`, ALONE_FIXTURES), so each worker's launches take a lock of their own: the other worker's launch fills
+    the core that one launch's single-process phases (the CLI, torchrun's imports, a 1-process run) leave idle."""
+    os.environ[MACHINE_LOCK_ENV] = str(tmp_path_factory.getbasetemp() / "gpt2dist-machine.lock")
 
 
 def made_once(config: pytest.Config, name: str, make) -> Path:
@@ -436,3 +447,59 @@ def has_metrics(out: Path):
 
 def has_checkpoint(out: Path):
     return lambda: (out / "rank0.json").exists() and rank_report(out).get("checkpoint_step", 0) > 0
+
+
+# Kill-and-resume: a run killed after a checkpoint, then the same command, must end bitwise where the uninterrupted
+# run ends (test_train_cli.py for most strategies, test_signals.py for ddp's and horovod's launchers).
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every rank, as a node failure would (torchrun starts ranks in new sessions)."""
+    family = [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children(recursive=True))]
+    for pid in family:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    psutil.wait_procs([psutil.Process(pid) for pid in family if psutil.pid_exists(pid)], timeout=30)
+
+
+def _start(args):
+    return subprocess.Popen([sys.executable, "-m", "gpt2dist", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+RESUME_STEPS = 12
+RESUME_EXTRA = ["--max-steps", str(RESUME_STEPS), "--set", "train.checkpoint_interval=2"]
+
+
+def kill_point(case: str) -> int:
+    """The checkpoint after which the case's run is killed: drawn over the run, seeded by the case's name so
+    a failure repeats, and printed so the log says which."""
+    step = random.Random(case).randrange(2, RESUME_STEPS, 2)
+    print(f"{case}: killed once the checkpoint of step {step} exists")
+    return step
+
+
+def kill_after_checkpoint(args, out, step: int) -> None:
+    proc = _start(args)
+    deadline = time.monotonic() + 120
+    while not checkpoint_at_least(out, step) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _kill_tree(proc)
+    # "running" if every process died at once; "interrupted" if a rank outlived the snapshot of the
+    # family, saw its launcher die and stopped cleanly. Either way the run did not finish.
+    assert run_record(out)["status"] in ("running", "interrupted"), "the run finished before it could be killed"
+
+
+def checkpoint_at_least(out, step: int) -> bool:
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return rank_report(out).get("checkpoint_step", 0) >= step
+    return False
+
+
+def assert_resumed_exactly(resumed_dir, whole_dir) -> None:
+    """Bitwise: every step's loss and the final parameters equal the uninterrupted run's."""
+    resumed, uninterrupted = read_metrics(resumed_dir), read_metrics(whole_dir)
+    assert [line["step"] for line in resumed] == list(range(RESUME_STEPS))
+    assert [line["loss"] for line in resumed] == [line["loss"] for line in uninterrupted]
+    a, b = final_params(resumed_dir), final_params(whole_dir)
+    assert all(torch.equal(a[k], b[k]) for k in a)

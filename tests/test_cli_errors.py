@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpt2dist.errors import failure_line
 from gpt2dist.results.inputs import SUMMARY_KEYS
@@ -45,6 +46,12 @@ CASES = {
     # a study directory whose summary.json is not collect's (a KeyError traceback before)
     "report-foreign-summary": "summary.json is not what `gpt2dist collect` writes (no preset, hardware, device",
     "recommend-foreign-summary": "summary.json is not what `gpt2dist collect` writes (no preset, hardware, device",
+    # export: a run it cannot export, or an --out it would overwrite; init: weights that are not there
+    "export-without-checkpoint": "has no checkpoint.pt: export needs a run's checkpoint",
+    "export-without-record": "has no run.json: export reads the run's model settings from its record",
+    "export-into-a-full-out": "exists and is not an empty directory; export into a new or empty one",
+    "train-init-from-missing": "does not exist: name the directory holding config.json and model.safetensors",
+    "train-init-from-without-weights": "has no model.safetensors: save the model there with save_pretrained",
 }
 
 
@@ -92,7 +99,24 @@ def _args(case: str, tmp: Path, shards: Path, params: Path) -> list:
     if case == "progress-unreadable-estimate":
         (tmp / "estimate.json").write_text("{")
         return ["progress", "--params", params, "--runs", tmp, "--estimate", tmp / "estimate.json"]
+    if case.startswith("export"):
+        (tmp / "run").mkdir()
+        if case == "export-without-checkpoint":
+            (tmp / "run" / "run.json").write_text('{"status": "failed"}')
+        elif case == "export-without-record":
+            torch.save({"model": {}}, tmp / "run" / "checkpoint.pt")
+        else:
+            (tmp / "out").mkdir()
+            (tmp / "out" / "notes.txt").write_text("mine")
+        return ["export", "--run", tmp / "run", "--out", tmp / "out"]
     train = ["train", "--data", shards, "--out", tmp / "run", "--strategy", "single", "--params", params]
+    if case == "train-init-from-missing":
+        return [*train, "--init-from", missing]
+    if case == "train-init-from-without-weights":
+        (tmp / "gpt2").mkdir()
+        (tmp / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 2,
+                                                              "n_embd": 32, "n_positions": 32, "vocab_size": 512}))
+        return [*train, "--init-from", tmp / "gpt2"]
     if case == "train-resume-from-params":
         return [*train, "--resume-from", params]
     if case == "train-resume-from-empty-json":

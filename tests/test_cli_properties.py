@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import shutil
 import sys
 
@@ -188,4 +189,29 @@ def test_a_file_of_any_content_where_another_kind_is_expected_is_one_error_line(
     if where == "estimate" and code == 0:  # an estimate is advice: one it cannot read is said and left out
         return
     assert code == 2, (where, content, out, err)
+    assert_answer_or_one_error(code, out, err)
+
+
+# A safetensors header (8 bytes of its length, then JSON) that promises bytes the file lacks
+PROMISING = b'{"transformer.wte.weight": {"dtype": "F32", "shape": [512, 32], "data_offsets": [0, 65536]}}'
+
+
+@seed(20261126)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=CONTENTS, where=st.sampled_from(["config.json", "model.safetensors", "checkpoint.pt"]))
+@example(content=len(PROMISING).to_bytes(8, "little") + PROMISING, where="model.safetensors")
+def test_transformers_files_of_any_content_are_one_error_line(content, where, shards, params_file, tmp_path_factory):
+    """--init-from's config.json or model.safetensors, or the checkpoint that export reads, given as any bytes: one
+    line naming the file, never a parser's traceback."""
+    folder = tmp_path_factory.mktemp("transformers")
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 32, "vocab_size": 512}  # the tiny preset's
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", **shape}))
+    (folder / where).write_bytes(content)
+    if where == "checkpoint.pt":
+        args = ["export", "--run", str(folder), "--out", str(folder / "hf")]
+    else:
+        args = ["train", "--data", str(shards), "--out", str(folder / "run"), "--params", str(params_file),
+                "--strategy", "single", "--print-command", "--init-from", str(folder)]
+    code, out, err = invoke(*args)
+    assert code == 2 and where in err, (where, content, out, err)
     assert_answer_or_one_error(code, out, err)

@@ -10,6 +10,7 @@ import yaml
 from gpt2dist.config import machine
 from gpt2dist.config.planning import check_plan_fits
 from gpt2dist.config.presets import EMULATED_BF16, read_params, resolve_preset, section_keys
+from gpt2dist.config.schema import InitWeights
 from gpt2dist.config.strategies import STRATEGIES, check_run, degrees_of
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
@@ -185,6 +186,20 @@ def test_fingerprint_changes_with_computation_not_paths(params_file, shards):
     base = spec_for(params_file, shards)
     assert base.fingerprint() == spec_for(params_file, shards, out=Path("/elsewhere")).fingerprint()
     assert base.fingerprint() != spec_for(params_file, shards, overrides=["train.lr=1e-3"]).fingerprint()
+
+
+def test_weights_a_run_starts_from_enter_its_identity_by_content_not_path(params_file, shards):
+    """A run started from other weights computes something else, wherever they lie; a run started from none keeps
+    the identity runs had before --init-from existed, so their checkpoints still resume. The control: another hash
+    is another run."""
+    base = spec_for(params_file, shards)
+    here, there, other = (base.model_copy(update={"init_from": InitWeights(path=path, sha256=digest)})
+                          for path, digest in (("/a", "0" * 64), ("/b", "0" * 64), ("/a", "1" * 64)))
+    assert here.fingerprint() == there.fingerprint() != base.fingerprint()
+    assert here.computation_fingerprint() == there.computation_fingerprint() != base.computation_fingerprint()
+    assert other.fingerprint() != here.fingerprint()
+    assert other.computation_fingerprint() != here.computation_fingerprint()
+    assert "init_from" not in base._identity()
 
 
 def test_a_cpu_plan_on_a_gpu_machine_names_the_regenerate_command(params_file, tmp_path):

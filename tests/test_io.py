@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from gpt2dist.io import atomic_open, atomic_write_text, file_kind
+from gpt2dist.io import atomic_directory, atomic_open, atomic_write_text, file_kind
 
 from conftest import REPO
 
@@ -50,3 +50,23 @@ def test_files_are_told_apart_by_their_first_bytes(tmp_path):
                      "blank.json": "an empty file", "notes.txt": "a text file", "train.bin": "a binary file",
                      "nothing": "missing"}
     assert file_kind(REPO / "params.yaml") == "a params file" and file_kind(tmp_path) == "a directory"
+
+
+def test_a_directory_appears_whole_or_not_at_all(tmp_path):
+    """Filled beside its name and renamed: a failure leaves neither it nor a temporary; an empty directory of that
+    name is replaced, its files readable as atomic_open's are. The control: a directory holding files is not."""
+    target, umask = tmp_path / "export", os.umask(0)
+    os.umask(umask)
+    with pytest.raises(RuntimeError), atomic_directory(target) as work:
+        (work / "config.json").write_text("{}")
+        raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+    target.mkdir()
+    with atomic_directory(target) as work:
+        (work / "weights").write_bytes(b"1")
+        os.chmod(work / "weights", 0o600)  # as safetensors creates its files
+    assert (target / "weights").read_bytes() == b"1" and [p.name for p in tmp_path.iterdir()] == ["export"]
+    assert stat.S_IMODE((target / "weights").stat().st_mode) == 0o666 & ~umask
+    with pytest.raises(OSError), atomic_directory(target) as work:
+        (work / "other").write_text("")
+    assert [p.name for p in target.iterdir()] == ["weights"] and [p.name for p in tmp_path.iterdir()] == ["export"]

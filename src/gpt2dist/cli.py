@@ -19,7 +19,7 @@ import typer
 from gpt2dist.config.schema import PRECISIONS
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import Interrupted, UsageError, error_line
-from gpt2dist.system.hardware import PEAK_FLOPS
+from gpt2dist.system.hardware import PEAK_FLOPS, gpu_memory_gb, named_in
 from gpt2dist.system.links import ACROSS_NODES, INSIDE_NODE
 
 # click's plain help: rich's boxed tables cut option names and wrap descriptions to a few words at 80 columns
@@ -84,8 +84,10 @@ Params = Annotated[Path, typer.Option(help="Parameter file.")]
 
 
 def _named_gpu(value: str | None) -> str | None:
-    if value is not None and not value.strip():
-        raise typer.BadParameter(f"name a GPU: {', '.join(PEAK_FLOPS)}, or leave it out for the H100")
+    """A GPU this knows the peaks and memory of, named alone or inside a device name ("NVIDIA H100 80GB HBM3")."""
+    if value is not None and named_in(value, PEAK_FLOPS) is None:
+        raise typer.BadParameter(f"{value!r} names no GPU whose peaks are known: name one of {', '.join(PEAK_FLOPS)} "
+                                 "(or a device name containing one), or leave it out for the H100")
     return value
 
 
@@ -219,6 +221,9 @@ def train(
     resume_from: Annotated[Optional[Path], typer.Option(help="Continue another run's checkpoint (its checkpoint.pt or "
                                                         "directory) under this strategy and process count, when --out "
                                                         "has none of its own.")] = None,
+    init_from: Annotated[Optional[Path], typer.Option(help="Start from the weights of a transformers GPT-2 directory "
+                                                      "(config.json, model.safetensors: save_pretrained's) of the "
+                                                      "preset's shape, instead of a random init.")] = None,
 ) -> None:
     """Train GPT-2 with one strategy; re-running the same command resumes from the last checkpoint."""
     from gpt2dist.launch import commands, emulated, runner
@@ -251,7 +256,7 @@ def train(
                              nproc=sum(h.slots for h in host_list) if host_list else nproc or 1, params=params,
                              preset=preset, overrides=overrides, node_gpus=host_gpus, device=device,
                              nodes=spread, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
-                             resume_from=resume_from, size=size)
+                             resume_from=resume_from, size=size, init_from=init_from)
     if host_list:
         typer.echo("\n".join(runner.print_multinode(spec, host_list)))
         return
@@ -261,6 +266,22 @@ def train(
     shown = runner.start(spec, print_only=print_command, emulation=emulation)
     if print_command:
         typer.echo(shown)
+
+
+@app.command()
+@one_line_errors
+def export(
+    run: Annotated[Path, typer.Option(help="Run directory: its checkpoint.pt and run.json.")],
+    out: Annotated[Path, typer.Option(help="Directory to write (new or empty): config.json, model.safetensors, the "
+                                      "tokenizer's files, run.json, export.json.")],
+) -> None:
+    """Write a run's model as a transformers GPT-2 directory that GPT2LMHeadModel.from_pretrained loads offline."""
+    from gpt2dist.training.hf_format import export_run
+
+    done = export_run(run, out)
+    tokenizer = done["tokenizer"]["name"] if done["tokenizer"] else f"none ({done['no_tokenizer']})"
+    say(f"ok: {out}: GPT-2 of {done['parameters']:,} parameters ({done['dtype']}) from {run} at step "
+        f"{done['checkpoint_step']}; tokenizer: {tokenizer}")
 
 
 @app.command()
@@ -498,7 +519,9 @@ def plan(
     link_inside: LinkInside = None,
     link_across: LinkAcross = None,
     nics: Nics = None,
-    memory_gb: Annotated[str, typer.Option(help="GPU memory sizes to check the fit against, in GB.")] = "80,40",
+    memory_gb: Annotated[Optional[str], typer.Option(help="GPU memory sizes to check the fit against, in GB "
+                                                     "[default: those the --gpu ships with, e.g. 80,40 for the "
+                                                     "A100].")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Also write the plan as CSV here.")] = None,
     output_format: Annotated[str, typer.Option("--format", help="table (for a terminal, 100 columns), or csv or "
                                                "json: the whole table, every column, nothing else.")] = "table",
@@ -520,7 +543,7 @@ def plan(
 
     if output_format not in ("table", "csv", "json"):
         raise UsageError(f"--format {output_format!r}: choose table, csv or json")
-    sizes = numbers(memory_gb, "--memory-gb", POSITIVE, "80,40")
+    sizes = numbers(memory_gb, "--memory-gb", POSITIVE, "80,40") if memory_gb is not None else None
     models = _model_sizes(model_sizes)
     study = _study(params, preset, gpus, nodes)
     if study.device != "cuda" and (gpu, mfu, link_inside, link_across, nics) != (None,) * 5:
@@ -532,6 +555,7 @@ def plan(
         raise UsageError("--budget-s checks a study planned on GPUs at its own sizes: add --gpus N, and leave out "
                          "--sizes")
     gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
+    sizes = sizes or list(gpu_memory_gb(gpu))
     links = links_of(gpu, link_inside, link_across, nics)
     table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes, links=links, sizes=models)
     duration = study_seconds(study, table) if study.device == "cuda" and not models else None
@@ -591,7 +615,8 @@ def recommend(
     gpus: Annotated[int, typer.Option(help="GPUs per node of the cluster.", callback=COUNT.callback)],
     nodes: Annotated[int, typer.Option(help="Nodes of the cluster.", callback=COUNT.callback)] = 1,
     gpu: GpuModel = None,
-    memory_gb: Annotated[float, typer.Option(help="Memory of one GPU, GB.", callback=POSITIVE.callback)] = 80.0,
+    memory_gb: Annotated[Optional[float], typer.Option(help="Memory of one GPU, GB [default: the most the --gpu "
+                                                       "ships with].", callback=POSITIVE.callback)] = None,
     params: Params = Path("params.yaml"),
     preset: Annotated[str, typer.Option(help="Preset whose model and micro-batch to train.")] = "paper",
     precision: Annotated[str, typer.Option(help="Arithmetic of the runs.")] = "bf16",
@@ -624,6 +649,7 @@ def recommend(
     stored = read_stored(directories)
     name, chosen = resolve_preset(params, preset, cuda=True)
     gpu, mfu = gpu or DEFAULT_GPU, mfu or DEFAULT_MFU
+    memory_gb = memory_gb or max(gpu_memory_gb(gpu))
     links = links_of(gpu, link_inside, link_across, nics)
     sizes = _model_sizes(model_sizes) or preset_sizes(chosen)
     say(f"Recommendation (a prediction, not a measurement) for {nodes} node(s) of {gpus} {gpu} "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -40,6 +41,28 @@ def atomic_open(path: Path | str, mode: str = "w") -> Iterator[IO[Any]]:
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_directory(path: Path | str) -> Iterator[Path]:
+    """Fill a temporary directory beside `path`, fsync its files, then rename it to `path` (absent or empty); on
+    error, delete it: a directory under the final name is always complete. Its files are made readable as
+    atomic_open's are (libraries such as safetensors create theirs 0600)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    os.chmod(work, 0o777 & ~_umask())  # mkdtemp creates 0700
+    try:
+        yield work
+        for file in work.rglob("*"):
+            if file.is_file():
+                os.chmod(file, 0o666 & ~_umask())
+                with open(file, "rb") as handle:
+                    os.fsync(handle.fileno())
+        os.replace(work, path)  # over an empty directory too; a non-empty one raises
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
         raise
 
 

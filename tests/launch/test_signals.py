@@ -15,7 +15,8 @@ import pytest
 from gpt2dist.launch.lifetime import ended
 from gpt2dist.launch.locks import RANKS_LOCK
 
-from conftest import Launch, gpt2dist, has_checkpoint, has_metrics, rank_report, read_metrics, run_record, train_args
+from conftest import (RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, gpt2dist, has_checkpoint, has_metrics,
+                      Launch, rank_report, read_metrics, run_record, train_args)
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +34,14 @@ CASES += [pytest.param("ddp", signal.SIGINT, id="ddp-SIGINT"), pytest.param("fsd
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy, sig", CASES)
-def test_a_signal_to_the_launcher_stops_every_rank(strategy, sig, shards, params_file, tmp_path, launches):
+def test_a_signal_to_the_launcher_stops_every_rank(strategy, sig, shards, params_file, tmp_path, launches, trained):
+    """SIGKILL leaves the record to the next launch: the same command resumes, bitwise as the session's
+    uninterrupted run (ddp's and horovod's kill-and-resume: every other strategy's is in test_train_cli.py)."""
     out = tmp_path / "run"
-    launch = Launch(train_args(shards, params_file, out, strategy, *LONG, nproc=2), out, tmp_path / "stderr.txt")
+    steps = RESUME_EXTRA if sig == signal.SIGKILL else LONG
+    launch = Launch(train_args(shards, params_file, out, strategy, *steps, nproc=2), out, tmp_path / "stderr.txt")
     launches.append(launch)
+    # the first checkpoint of a 12-step run leaves it ten steps to be killed in
     launch.wait_for(has_checkpoint(out) if sig == signal.SIGKILL else has_metrics(out))
     assert len(launch.family) >= 4, "expected the launcher, its launcher child and two ranks"
 
@@ -49,11 +54,10 @@ def test_a_signal_to_the_launcher_stops_every_rank(strategy, sig, shards, params
     if sig == signal.SIGKILL:  # the record's writer died; the same command resumes from the last checkpoint
         assert record["status"] == "running"
         saved = rank_report(out)["checkpoint_step"]
-        gpt2dist(*train_args(shards, params_file, out, strategy, "--max-steps", saved + 2,
-                             "--set", "train.checkpoint_interval=2", nproc=2))
+        gpt2dist(*train_args(shards, params_file, out, strategy, *RESUME_EXTRA, nproc=2))
         record = run_record(out)
-        assert record["status"] == "completed" and record["resumed_from_step"] == saved
-        assert [line["step"] for line in read_metrics(out)] == list(range(saved + 2))
+        assert record["status"] == "completed" and 0 < record["resumed_from_step"] == saved < RESUME_STEPS
+        assert_resumed_exactly(out, trained(strategy, nproc=2))
         return
     stderr = launch.log.read_text()
     assert "Traceback" not in stderr, stderr
@@ -125,14 +129,14 @@ def test_ranks_of_an_earlier_launcher_keep_a_new_one_out(shards, params_file, tm
 
 
 @pytest.mark.timeout(300)
-def test_a_launcher_killed_at_the_record_hand_over_resumes_to_the_same_end(shards, params_file, tmp_path, launches):
+def test_a_launcher_killed_at_the_record_hand_over_resumes_to_the_same_end(shards, params_file, tmp_path, launches,
+                                                                          trained):
     """The moment between rank 0 reporting a completed run and its launcher writing run.json: the launcher is
     stopped (SIGSTOP) while training, the ranks finish, then it is killed. run.json still says running, the
     checkpoint the pipeline drops is still there (it goes only once run.json says completed), and the same
-    command completes the record without training again."""
-    steps = ["--max-steps", 6, "--set", "train.checkpoint_interval=2", "--no-keep-checkpoint"]
-    whole, out = tmp_path / "whole", tmp_path / "run"
-    gpt2dist(*train_args(shards, params_file, whole, "ddp", *steps, nproc=2))
+    command completes the record without training again: the numbers of the session's uninterrupted run."""
+    steps = ["--no-keep-checkpoint"]  # the preset's 12 steps, as the session's run
+    whole, out = trained("ddp", nproc=2), tmp_path / "run"
     launch = Launch(train_args(shards, params_file, out, "ddp", *steps, nproc=2), out, tmp_path / "stderr.txt")
     launches.append(launch)
     launch.wait_for(has_metrics(out))
@@ -148,7 +152,7 @@ def test_a_launcher_killed_at_the_record_hand_over_resumes_to_the_same_end(shard
 
     gpt2dist(*train_args(shards, params_file, out, "ddp", *steps, nproc=2))
     record = run_record(out)
-    assert record["status"] == "completed" and record["resumed_from_step"] == 6
+    assert record["status"] == "completed" and record["resumed_from_step"] == 12
     numbers = [[(line["step"], line.get("loss"), line.get("val_loss")) for line in read_metrics(run)]
                for run in (out, whole)]
     assert numbers[0] == numbers[1]

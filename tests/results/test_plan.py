@@ -20,6 +20,23 @@ def paper_plan(tmp_path_factory) -> tuple[str, pd.DataFrame]:
     return " ".join(result.stdout.splitlines()), pd.read_csv(out).set_index("config_id")  # prose wraps at 100
 
 
+@pytest.mark.parametrize("gpu, columns", [("H200", ["141GB"]), ("A100", ["80GB", "40GB"]), (None, ["80GB"])])
+def test_the_fit_is_checked_against_the_gpus_own_memory(gpu, columns):
+    """Without --memory-gb, the sizes the --gpu ships with (the control: the H100's 80 GB, by default)."""
+    out = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper", "--gpus", "8",
+                   *(["--gpu", gpu] if gpu else [])).stdout
+    header = next(line for line in out.splitlines() if line.split()[:1] == ["GiB"])
+    assert [word for word in header.split() if word.endswith("GB")] == columns, header
+
+
+def test_a_gpu_whose_peaks_are_unknown_is_one_error_line():
+    """GH200, a Grace Hopper board, is no H200: named, it is refused with the known names rather than priced."""
+    result = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper", "--gpus", "8", "--gpu", "GH200",
+                      check=False)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "'GH200' names no GPU whose peaks are known: name one of H200, H200 NVL, H100" in result.stderr
+
+
 def test_the_paper_plan_says_what_fits_which_gpu(paper_plan):
     text, table = paper_plan
     assert "a prediction, not a measurement" in text
@@ -67,7 +84,7 @@ def test_the_plan_fits_100_columns_and_states_what_it_assumes():
     ("--memory-gb", "80,forty", "error: --memory-gb '80,forty': 'forty' is not a number; give a comma-separated "
                                 "list, e.g. 80,40"),
     ("--mfu", "1.5", "error: Invalid value for '--mfu': 1.5 is above 1"),
-    ("--gpu", "a toaster", "error: no usual links known for GPU 'a toaster'"),
+    ("--gpu", "a toaster", "error: Invalid value for '--gpu': 'a toaster' names no GPU whose peaks are known"),
     ("--link-across", "ib", "error: --link-across 'ib': choose one of ndr, hdr, edr"),
     ("--format", "yaml", "error: --format 'yaml': choose table, csv or json"),
     ("--sizes", "small,huge", "error: --sizes 'small,huge': name GPT-2 sizes from small, medium, large, xl"),

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from gpt2dist.config.schema import PRECISIONS
-from gpt2dist.system.hardware import COMPUTE_DTYPE, PEAK_FLOPS, gpu_peaks, mfu, peak_flops
+from gpt2dist.system.hardware import COMPUTE_DTYPE, GPU_MEMORY_GB, PEAK_FLOPS, gpu_memory_gb, gpu_peaks, mfu, peak_flops
 
 # torch.cuda.get_device_name() strings as the drivers report them, and the datasheet column each is.
 DEVICE_NAMES = {
@@ -59,6 +59,14 @@ def test_a_name_counts_only_as_whole_words():
     assert gpu_peaks("GH200") is None and gpu_peaks("NVIDIA GH200 480GB") is None
     assert gpu_peaks("H100-80GB") is PEAK_FLOPS["H100"] and gpu_peaks("h200") is PEAK_FLOPS["H200"]
     assert gpu_peaks("A1000") is None  # the control: a longer model number is another GPU
+
+
+def test_every_gpu_with_peaks_has_its_memory():
+    """The plan checks the fit against the memory the named GPU ships with: an H200's 141 GB, not the H100's 80."""
+    assert GPU_MEMORY_GB.keys() == PEAK_FLOPS.keys()
+    assert all(sizes == tuple(sorted(sizes, reverse=True)) for sizes in GPU_MEMORY_GB.values())  # the largest first
+    assert gpu_memory_gb("NVIDIA H200") == (141,) and gpu_memory_gb("NVIDIA A100-SXM4-40GB") == (80, 40)
+    assert gpu_memory_gb("NVIDIA H100 NVL") == (94,) and gpu_memory_gb("GH200") is None
 
 
 def test_unknown_gpu_and_override():

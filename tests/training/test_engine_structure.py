@@ -17,10 +17,9 @@ from gpt2dist.training.loop import Trainer
 from gpt2dist.training.model import VOCAB_MULTIPLE, chunked_head_loss, compiled_head_loss, head_loss
 from gpt2dist.training.strategies import REGISTRY
 
-from conftest import gpt2dist, run_record, train_args
+from conftest import (RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, gpt2dist, kill_after_checkpoint, kill_point,
+                      run_record, train_args)
 from test_equivalence import assert_follows_reference
-from test_train_cli import RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, kill_after_checkpoint, kill_point
-
 # The ops through which the host waits for a value the device computed: .item(), float(t), bool(t), `if t`.
 READ_BACKS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default}
 

@@ -16,8 +16,8 @@ def _fsdp_run(shards, params_file, out, precision, *extra, nproc=2):
 
 
 @pytest.mark.timeout(600)
-def test_mixed_precision_policy_runs_and_is_recorded(single_in, shards, params_file, tmp_path):
-    default, _ = _fsdp_run(shards, params_file, tmp_path / "default", "bf16")
+def test_mixed_precision_policy_runs_and_is_recorded(single_in, trained, shards, params_file, tmp_path):
+    default = run_record(trained("fsdp", nproc=2, precision="fp16"))  # a reduced precision, without the policy
     assert default["wrapping"] == {"fully_shard_modules": 3, "param_dtype": "float32", "reduce_dtype": "float32"}
     assert default["config"]["train"]["fsdp_mixed_precision"] is False
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 from test_equivalence import assert_follows_in_precision, assert_follows_reference, train_with_fault
-from test_train_cli import RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, kill_after_checkpoint, kill_point
-
 from gpt2dist.config.memory import predict
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.strategies import rank_blocks, stage_blocks
 from gpt2dist.training.strategies.pipeline_parallel import PipelineParallel
 
-from conftest import gpt2dist, read_metrics, run_record, train_args
+from conftest import (RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, gpt2dist, kill_after_checkpoint, kill_point,
+                      read_metrics, run_record, train_args)
 
 pytestmark = pytest.mark.slow
 
@@ -64,24 +63,22 @@ def test_checkpoint_is_single_s_portable_state(reference, gpipe):
 
 
 @pytest.mark.timeout(300)
-def test_three_stages_follow_single_process(shards, params_file, tmp_path):
+def test_three_stages_follow_single_process(deeper_single, shards, params_file, tmp_path):
     """4 blocks over 3 stages: an uneven split, and a middle stage outside the tied weight's group."""
-    deeper = ("--set", "model.n_layer=4")
-    single, pp = tmp_path / "single", tmp_path / "pp"
-    gpt2dist(*train_args(shards, params_file, single, "single", *deeper))
-    gpt2dist(*train_args(shards, params_file, pp, "pp", *deeper, nproc=3))
-    assert_follows_reference(single, pp)
+    pp = tmp_path / "pp"
+    gpt2dist(*train_args(shards, params_file, pp, "pp", "--set", "model.n_layer=4", nproc=3))
+    assert_follows_reference(deeper_single(4), pp)
     assert run_record(pp)["wrapping"]["blocks_per_stage"] == [2, 1, 1]
 
 
 @pytest.mark.timeout(300)
-def test_bf16_pipeline_follows_single_in_bf16(single_in, shards, params_file, tmp_path):
-    gpt2dist(*train_args(shards, params_file, tmp_path, "pp", nproc=2, precision="bf16"))
-    assert_follows_in_precision(single_in("fp32"), single_in("bf16"), tmp_path)
-    low, full = read_metrics(tmp_path), read_metrics(single_in("fp32"))
+def test_bf16_pipeline_follows_single_in_bf16(single_in, trained):
+    run = trained("pp", nproc=2, precision="bf16")  # the run pp's kill-and-resume compares with
+    assert_follows_in_precision(single_in("fp32"), single_in("bf16"), run)
+    low, full = read_metrics(run), read_metrics(single_in("fp32"))
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(low, full, strict=True)) > 1e-6  # autocast in the stages
     assert low[-1]["loss"] < 0.95 * low[0]["loss"]
-    assert all(0 < line["val_loss"] < 10 for line in read_metrics(tmp_path, "eval"))
+    assert all(0 < line["val_loss"] < 10 for line in read_metrics(run, "eval"))
 
 
 class UntiedPipeline(PipelineParallel):
@@ -120,30 +117,23 @@ def test_refused_pipelines_name_the_fix(extra, precision, nproc, expected, shard
 INTERLEAVED = [("interleaved-1f1b", 2), ("zero-bubble", 2), ("interleaved-1f1b", 4), ("zero-bubble", 4)]
 
 
-@pytest.fixture(scope="module")
-def deeper_single(shards, params_file, tmp_path_factory):
+@pytest.fixture
+def deeper_single(trained):
     """single's run of a model with a block for each of 2 virtual stages on up to 4 ranks, per depth."""
-    runs = {}
-
-    def run(n_layer: int):
-        if n_layer not in runs:
-            runs[n_layer] = tmp_path_factory.mktemp(f"single-{n_layer}-blocks")
-            gpt2dist(*train_args(shards, params_file, runs[n_layer], "single", "--set", f"model.n_layer={n_layer}"))
-        return runs[n_layer]
-
-    return run
+    return lambda n_layer: trained("single", "--set", f"model.n_layer={n_layer}")
 
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("schedule, nproc", INTERLEAVED, ids=[f"{s}-n{n}" for s, n in INTERLEAVED])
-def test_interleaved_schedules_follow_single_process(schedule, nproc, deeper_single, shards, params_file, tmp_path):
+def test_interleaved_schedules_follow_single_process(schedule, nproc, deeper_single, trained):
     """Two stages per rank (rank r: stages r and r + nproc), interleaved 1F1B and the zero-bubble schedule
-    (backward split into input and weight gradients), against single's run of the same depth."""
+    (backward split into input and weight gradients), against single's run of the same depth. (zero-bubble's
+    2-rank run is the one its kill-and-resume compares with.)"""
     n_layer = 2 * nproc
-    gpt2dist(*train_args(shards, params_file, tmp_path, "pp", "--set", f"model.n_layer={n_layer}", "--set",
-                         f"train.pipeline_schedule={schedule}", nproc=nproc))
-    assert_follows_reference(deeper_single(n_layer), tmp_path)
-    record = run_record(tmp_path)
+    run = trained("pp", "--set", f"model.n_layer={n_layer}", "--set", f"train.pipeline_schedule={schedule}",
+                  nproc=nproc)
+    assert_follows_reference(deeper_single(n_layer), run)
+    record = run_record(run)
     assert record["wrapping"] == {"stages": 2 * nproc, "blocks_per_stage": [1] * 2 * nproc, "schedule": schedule,
                                   "micro_batches": 4}
     # rank 0 holds the embeddings and blocks 0 and nproc, predicted to the byte

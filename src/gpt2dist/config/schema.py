@@ -320,6 +320,14 @@ PLACEMENT_TRAIN = ("tensor_parallel_size", "pipeline_schedule", "pipeline_virtua
                    "activation_checkpointing")
 
 
+class InitWeights(_Strict):
+    """A transformers GPT-2 directory a run starts from, and its weights' hash when the run was launched."""
+
+    path: str = Field(description="Directory with config.json and model.safetensors, as save_pretrained writes it.")
+    sha256: str = Field(description="sha256 of model.safetensors; of its shards' `sha256sum` lines where it is "
+                        "sharded (model.safetensors.index.json).")
+
+
 class RunSpec(_Strict):
     """One training run, fully resolved. Written to OUT/spec.json; every rank reads it."""
 
@@ -343,6 +351,8 @@ class RunSpec(_Strict):
     resume_from: str | None = Field(None, description="Another run's checkpoint.pt to continue from when out_dir has "
                                     "none: the same computation, trained so far under another strategy or process "
                                     "count (its checkpoint is in single's layout).")
+    init_from: InitWeights | None = Field(None, description="Weights the run starts from instead of GPT-2's "
+                                          "random init (--init-from); a checkpoint of its own still resumes.")
     attempt: str | None = Field(None, description="The launch this spec belongs to, set by `gpt2dist train`, "
                                 "which writes the run's record; None for ranks started by hand from printed "
                                 "commands, whose rank 0 then writes it.")
@@ -363,9 +373,12 @@ class RunSpec(_Strict):
 
     def _identity(self) -> dict:
         # where the processes run (nodes) changes no number they compute: a checkpoint resumes on other nodes;
-        # nor does which checkpoint a run started from, nor the size's name (its shape is in the model)
+        # nor does which checkpoint a run started from, nor the size's name (its shape is in the model); the weights
+        # it started from do, by content, and only where there are such (earlier runs' fingerprints stay)
         identity = self.model_dump(exclude={"out_dir", "data_dir", "keep_checkpoint", "stale_checkpoint", "attempt",
-                                            "nodes", "resume_from", "size"})
+                                            "nodes", "resume_from", "size", "init_from"})
+        if self.init_from is not None:
+            identity["init_from"] = self.init_from.sha256
         identity["train"].pop("max_steps")  # extending a run is a resume, not a new run
         identity["train"].pop("ledger_steps")  # tracing changes no number the run computes
         identity["train"].pop("checkpoint_minutes")  # nor does when it saves

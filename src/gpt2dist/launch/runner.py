@@ -45,10 +45,11 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
 def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: int, params: Path,
                preset: str | None, overrides: list[str], node_gpus: int | None = None, nodes: int = 1,
                device: str | None = None, keep_checkpoint: bool = True, stale_checkpoint: str = "fail",
-               resume_from: Path | None = None, size: str | None = None) -> RunSpec:
+               resume_from: Path | None = None, size: str | None = None, init_from: Path | None = None) -> RunSpec:
     """The validated RunSpec; `device` defaults to what this machine has (cuda when visible), and the run is checked
     against this machine's GPUs, or `node_gpus` per node where it is meant for other machines (--hosts). `size`: the
-    preset's model at that size (config.sizes)."""
+    preset's model at that size (config.sizes). `init_from`: a transformers GPT-2 directory to start from, checked
+    against the model here, before any rank starts."""
     _choice(strategy, STRATEGY_NAMES, "--strategy")
     _choice(precision, PRECISIONS, "--precision")
     if size is not None and not size.strip():
@@ -79,10 +80,15 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
         raise UsageError(f"preset '{name}' is a study for GPU nodes and this machine has no CUDA GPU; train it on a "
                          "GPU node (print its commands for other machines with --hosts and --gpus), or choose a CPU "
                          "preset such as cpu")
+    init = None
+    if init_from is not None:
+        from gpt2dist.training.hf_format import read_source  # loads torch: only a run started from weights pays it
+
+        init = read_source(init_from, chosen.model)
     spec = RunSpec(data_dir=str(Path(data).resolve()), out_dir=str(Path(out).resolve()), preset=name,
                    strategy=strategy, precision=precision, nproc=nproc, nodes=nodes, device=device, model=chosen.model,
                    size=size, train=chosen.train, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
-                   resume_from=str(resume_from) if resume_from else None)
+                   resume_from=str(resume_from) if resume_from else None, init_from=init)
     preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
     check_run(spec, gpus if node_gpus is None else node_gpus)
     return spec

@@ -38,6 +38,13 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
     "RTX 3090": {"fp32": 35.6e12, "tf32": 35.6e12, "bf16": 71e12, "fp16": 71e12},
 }
 
+# The memory each of those GPUs ships with, in GB as its datasheet states it, the largest first (A100 and V100 were
+# sold with two): what a plan checks a run's predicted peak against unless told other sizes.
+GPU_MEMORY_GB: dict[str, tuple[float, ...]] = {
+    "H200": (141,), "H200 NVL": (141,), "H100": (80,), "H100 NVL": (94,), "H100 PCIe": (80,), "A100": (80, 40),
+    "V100": (32, 16), "V100-PCIE": (32, 16), "TITAN RTX": (24,), "RTX 3090": (24,),
+}
+
 # The arithmetic each --precision runs its matmuls in, i.e. the peak its MFU is measured against.
 # Apex amp casts to fp16 (O1 per op, O2 the whole model).
 COMPUTE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "apex-O1": "fp16", "apex-O2": "fp16"}
@@ -55,6 +62,12 @@ def gpu_peaks(device_name: str) -> dict[str, float] | None:
     """The per-dtype peaks of the most specific table entry naming this GPU, None when unknown."""
     name = named_in(device_name, PEAK_FLOPS)
     return PEAK_FLOPS[name] if name else None
+
+
+def gpu_memory_gb(device_name: str) -> tuple[float, ...] | None:
+    """The memory sizes the GPU this names ships with, None when unknown."""
+    name = named_in(device_name, GPU_MEMORY_GB)
+    return GPU_MEMORY_GB[name] if name else None
 
 
 def peak_flops(device_name: str, precision: str, override_tflops: float | None = None) -> float | None:

@@ -92,6 +92,10 @@ class Trainer:
                                         pin_memory=pin)
         self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=strategy.sharded_grads)
         model = build_model(spec.model, seed=t.seed)
+        if spec.init_from is not None:  # into single's layout, which every strategy places from here
+            from gpt2dist.training.hf_format import load_init  # here: safetensors only where a run starts from weights
+
+            load_init(model, spec.init_from, spec.model)
         if t.activation_checkpointing == "block":
             checkpoint_blocks(model)
         conflict = strategy.compile_conflict or self.precision.compile_conflict
