@@ -99,10 +99,11 @@ def test_the_stated_error_is_the_leave_one_out_over_the_stored_studies():
     (["--gpus", "8", "--tokens", "nan"], "error: Invalid value for '--tokens': 'nan' is not a finite number"),
     (["--gpus", "8", "--mfu", "2"], "error: Invalid value for '--mfu': 2 is above 1"),
     (["--gpus", "8", "--precision", "fp8"], "error: --precision 'fp8' is not one of fp32, tf32, bf16, fp16"),
-    (["--gpus", "8", "--gpu", ""], "error: Invalid value for '--gpu': name a GPU: H200, "),
-    (["--gpus", "8", "--gpu", "GH200"], "error: no usual links known for GPU 'GH200'"),
+    (["--gpus", "8", "--gpu", ""], "error: Invalid value for '--gpu': '' names no GPU whose peaks are known: name "
+                                   "one of H200, "),
+    # a Grace Hopper board is no H200, whatever links are given: refused before it is priced
     (["--gpus", "8", "--gpu", "GH200", "--link-inside", "nvlink4", "--link-across", "ndr", "--nics", "1"],
-     "error: no peak FLOP/s known for bf16 on GPU 'GH200'"),
+     "error: Invalid value for '--gpu': 'GH200' names no GPU whose peaks are known"),
 ])
 def test_bad_recommend_input_is_one_error_line(args, message):
     result = gpt2dist("recommend", "--params", REPO / "params.yaml", *args, check=False)
