@@ -5,6 +5,7 @@ beyond the noise of every other, in words where the data gives no number."""
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -170,3 +171,42 @@ def test_two_pairs_give_no_interval_in_numbers_but_in_words():
     assert text.count("not distinguishable from it with 2 pairs (run more repeats to tell)") == 2, text
     runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [98, 111, 104]})
     assert "too few for a useful interval" not in answer_markdown(rank(runs, summary))
+
+
+def contradictions(text: str) -> list[str]:
+    """Sentences that cite an interval ("the interval includes 1") without giving one, or after saying there is none."""
+    sentences = [part for line in text.splitlines() for part in re.split(r"(?<=\.) (?=[A-Z])", line)]
+    return [sentence for sentence in sentences if "interval includes" in sentence and (
+        "no interval" in sentence or "too few for a useful interval" in sentence
+        or not re.search(r"\([\d.,]+ to [\d.,]+\)", sentence))]
+
+
+# each a study whose answer has its own kinds of verdict: 2 and 3 pairs, within a placement and against the study's
+# fastest, one run, a disturbed one
+VERDICT_STUDIES = {
+    "two-pairs": ({"ddp-fp32-n1": [100, 125], "single-fp32-n1": [99, 121], "ddp-fp32-n2": [112, 104],
+                   "fsdp-fp32-n2": [70, 75]}, {}),
+    "three-pairs": ({"ddp-fp32-n1": [100, 125, 90], "single-fp32-n1": [99, 121, 93], "ddp-fp32-n2": [112, 104, 95],
+                     "fsdp-fp32-n2": [70, 75, 72], "tp-fp32-n2": [110, 100, 99]}, {}),
+    "one-run": ({"ddp-fp32-n1": [100], "ddp-fp32-n2": [101, 111, 104]}, {}),
+    "disturbed": ({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [98, 111, 104]}, {"fsdp-fp32-n2": {0, 1, 2}}),
+}
+
+
+@pytest.mark.parametrize("name", VERDICT_STUDIES)
+def test_no_sentence_of_the_answer_cites_an_interval_it_does_not_have(name):
+    """Over every kind of verdict, in a placement's lines and in its sentence against the study's fastest (where
+    '2 pairs ... too few for a useful interval ... the interval includes 1' once stood side by side)."""
+    per_round, disturbed = VERDICT_STUDIES[name]
+    groups = rank(*study(per_round, disturbed))
+    text = answer_markdown(groups)
+    assert contradictions(text) == [], text
+    if name == "two-pairs":  # the case that contradicted itself, in both places
+        assert [group["vs_study_fastest"]["gap"] for group in groups if group.get("vs_study_fastest")] == \
+            ["not distinguishable"]
+        assert "of the study's fastest, ddp-fp32-n1: not distinguishable from it with 2 pairs (run more" in text
+        assert "- single fp32: 0.98 (2 pairs of runs: too few for a useful interval at this level) of ddp fp32, not " \
+               "distinguishable from it with 2 pairs" in text
+    # the control: the old wording of that sentence is caught
+    assert contradictions("That is 0.95 (2 pairs of runs: too few for a useful interval at this level) of the "
+                          "study's fastest: not distinguishable from it (the interval includes 1).")

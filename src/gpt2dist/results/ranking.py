@@ -132,6 +132,13 @@ GAP_WORDS = {
 }
 
 
+def _gap_words(row: dict) -> str:
+    """The verdict beside _ratio's numbers: where those said there is no useful interval, no word cites one."""
+    if row.get("pairs") == 2 and row["gap"] == "not distinguishable":
+        return "not distinguishable from it with 2 pairs (run more repeats to tell)"
+    return GAP_WORDS[row["gap"]]
+
+
 def _name(row: dict) -> str:
     return f"{row['strategy']} {row['precision']}"
 
@@ -150,10 +157,7 @@ def _line(row: dict, best: dict) -> str:
               "in the noise)"
     elif why:
         why = f"; per step it spends {why} more than {_name(best)}"
-    words = GAP_WORDS[row["gap"]]
-    if row.get("pairs") == 2 and row["gap"] == "not distinguishable":  # _ratio said there is no useful interval
-        words = "not distinguishable from it with 2 pairs (run more repeats to tell)"
-    return f"- {_name(row)}{twin}: {_ratio(row)} of {_name(best)}, {words}{why}"
+    return f"- {_name(row)}{twin}: {_ratio(row)} of {_name(best)}, {_gap_words(row)}{why}"
 
 
 def _fastest_words(group: dict) -> str:
@@ -170,7 +174,7 @@ def answer_markdown(answer: list[dict]) -> str:
         versus = group.get("vs_study_fastest")
         beside = "" if versus is None else (
             f" That is {_ratio(versus)} of the {_fastest_words(group)}, {versus['config_id']}: "
-            f"{GAP_WORDS[versus['gap']]}.")
+            f"{_gap_words(versus)}.")
         top = [row for row in group["ranked"] if row.get("tier") == 1]
         placed = [row for row in group["ranked"] if row.get("tier")]
         if not others:
