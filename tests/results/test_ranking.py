@@ -80,10 +80,14 @@ def test_dataparallel_over_one_device_is_said_to_be_singles_computation():
     (group,) = rank(runs, summary)
     assert {row["config_id"]: row["same_as"] for row in group["ranked"]} == {"single-n1": None, "dp-n1": "single-n1"}
     assert "- dp fp32 (single fp32's computation, in DataParallel over one device): " in answer_markdown([group])
-    # where it is the highest on average it is named so too, not as single's rival
+    # where it is the highest on average it still does not head the placement: single does, and it follows as
+    # single's computation, which its ratio to single measures
     (ahead,) = rank(*study({"single-n1": [97, 99, 101], "dp-n1": [100, 101, 102]}))
-    assert ("Highest on average: dp fp32 (single fp32's computation, in DataParallel over one device) at "
-            in answer_markdown([ahead]))
+    assert [row["config_id"] for row in ahead["ranked"]] == ["single-n1", "dp-n1"]
+    text = answer_markdown([ahead])
+    assert "At its head, as the computation that DataParallel over one device wraps: single fp32 at " in text
+    assert "Highest on average" not in text  # which it is not
+    assert "- dp fp32 (single fp32's computation, in DataParallel over one device): 1.0" in answer_markdown([ahead])
     # the control: at two processes DataParallel is a rival of its own
     (two,) = rank(*study({"ddp-n2": [100, 101, 102], "dp-n2": [97, 99, 101]}))
     assert all(row["same_as"] is None for row in two["ranked"])

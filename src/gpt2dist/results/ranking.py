@@ -47,7 +47,9 @@ def rank(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
     answer = []
     for _, group in groups:
         ordered = group.sort_values("tokens_per_s", ascending=False).to_dict("records")
-        best = ordered[0]
+        # a wrapper of single's computation (dp at one process) is no rival of single's: never the placement's top
+        best = next((row for row in ordered if not same_computation(row, ordered)), ordered[0])
+        ordered = [best, *(row for row in ordered if row is not best)]
         level = 1 - (1 - LEVEL) / max(1, len(ordered) - 1)
         tier_of = tiers(ordered, lambda row, anchor: against(row, anchor, level)["gap"])
         rows = []
@@ -62,7 +64,8 @@ def rank(runs: pd.DataFrame, summary: pd.DataFrame) -> list[dict]:
                 entry |= against(row, best, level) | {"ledger_gap_s": why_slower(row, best)}
             rows.append({key: _json_safe(value) for key, value in entry.items()})
         # the placement's best against the study's fastest (at its size): does adding processes pay at all?
-        overall = (fastest[fastest["size"] == best["size"]] if "size" in fastest else fastest).iloc[0].to_dict()
+        candidates = (fastest[fastest["size"] == best["size"]] if "size" in fastest else fastest).to_dict("records")
+        overall = next((row for row in candidates if not same_computation(row, candidates)), candidates[0])
         versus = None if best["config_id"] == overall["config_id"] else {
             "config_id": overall["config_id"], **{k: _json_safe(v) for k, v in against(best, overall).items()}}
         answer.append({"placement": Placement.of(best).words(), "nproc": int(best["nproc"]), "level": level,
@@ -181,13 +184,15 @@ def answer_markdown(answer: list[dict]) -> str:
             lines.append(f"**{group['placement']}**: {_name(best)} at {_tokens(best)}, the only configuration "
                          f"here.{beside}")
         elif len(top) == 1 and len(placed) > 1:
-            lines.append(f"**{group['placement']}**: fastest is **{_name(best)}**{_twin(best)} at {_tokens(best)}, "
+            lines.append(f"**{group['placement']}**: fastest is **{_name(best)}** at {_tokens(best)}, "
                          f"beyond the noise of every other configuration here.{beside}")
         elif len(top) > 1:
             names = ", ".join(_name(row) for row in top)
+            # a wrapper of single's computation may average higher than single; it still does not head the tier
+            head = "Highest on average" if best["tokens_per_s"] >= max(row["tokens_per_s"] for row in top) else \
+                "At its head, as the computation that DataParallel over one device wraps"
             lines.append(f"**{group['placement']}**: the top tier holds {len(top)} configurations that cannot be "
-                         f"told apart: {names}. Highest on average: {_name(best)}{_twin(best)} at {_tokens(best)}."
-                         f"{beside}")
+                         f"told apart: {names}. {head}: {_name(best)} at {_tokens(best)}.{beside}")
         else:
             lines.append(f"**{group['placement']}**: {_name(best)} at {_tokens(best)}; nothing here can be placed "
                          f"against it.{beside}")
