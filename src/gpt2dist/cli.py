@@ -444,6 +444,13 @@ def report(
     from gpt2dist.results.inputs import read_summary
 
     read_summary(results)  # a missing or foreign summary is told before pandas and scipy load
+    for place in against or []:
+        if place.exists() and not place.is_dir():
+            raise UsageError(f"--against {place} is a file: give a study's results directory (one with summary.json), "
+                             "or a directory of them such as docs/reference")
+        if not place.exists():  # the pipeline names docs/reference, which a copy of the workflow may lack
+            say(f"warning: --against {place}: no such directory, so no study there to compare with", err=True,
+                indent=WARNING_CONTINUED)
     from gpt2dist.results.report import report as run_report
 
     typer.echo(f"ok: {run_report(results, against or [])}")

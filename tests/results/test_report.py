@@ -49,6 +49,25 @@ def test_a_claim_judged_otherwise_in_another_stored_study_is_marked_unstable(tmp
     # and without other studies, no column at all (the reference's own findings.md, rebuilt from its bundle)
     gpt2dist("report", "--results", own)
     assert "other stored" not in (own / "findings.md").read_text() and len(claim_row(own)) == 3
+    # looked for and not found: said, in findings.md, and a place that does not exist on stderr
+    done = gpt2dist("report", "--results", own, "--against", tmp_path / "missing")
+    assert f"warning: --against {tmp_path / 'missing'}: no such directory" in " ".join(done.stderr.split())
+    assert "No other stored study of preset `cpu` was found to set these verdicts beside" in \
+        (own / "findings.md").read_text()
+    assert len(claim_row(own)) == 3
+
+
+def test_a_file_given_as_the_studies_to_compare_with_is_one_error_line(tmp_path):
+    """A params file where a results directory belongs once wrote a report and said ok; the control: its
+    directory is read (it holds no study of this preset, which findings.md says)."""
+    own = tmp_path / "results"
+    own.mkdir()
+    shutil.copy(REFERENCE / "summary.json", own / "summary.json")
+    refused = gpt2dist("report", "--results", own, "--against", REPO / "params.yaml", check=False)
+    assert refused.returncode == 2 and refused.stderr.startswith(f"error: --against {REPO / 'params.yaml'} is a file")
+    assert refused.stderr.count("\n") == 1 and not (own / "findings.md").exists()
+    gpt2dist("report", "--results", own, "--against", REPO)
+    assert "No other stored study of preset `cpu` was found" in (own / "findings.md").read_text()
 
 
 def test_findings_say_why_their_intervals_are_narrower_than_the_answers(reference_study):

@@ -374,7 +374,9 @@ def report(results: Path, against: list[Path] = ()) -> Path:
     others = stored_studies(against, summary, results)
     compared = (f" Beside each verdict: the same claim in the {len(others)} other stored "
                 f"stud{'ies' if len(others) > 1 else 'y'} of preset `{summary['preset']}`; a verdict they do not "
-                "share is marked unstable." if others else "")
+                "share is marked unstable." if others else
+                f" No other stored study of preset `{summary['preset']}` was found to set these verdicts beside (in "
+                f"{', '.join(str(place) for place in against)}), so none is checked for stability." if against else "")
     atomic_write_text(results / "findings.md", f"""# The seed studies' claims, checked: preset `{summary['preset']}`{uncommitted(summary)}
 
 Hardware: {summary['hardware']}. Verdicts use undisturbed runs only; see summary.md for the numbers. Each interval here is 95% for its own comparison; the answer in summary.md widens its intervals for the number of comparisons in a placement, so the same ratio can show a wider interval there.{compared}
