@@ -128,3 +128,33 @@ def test_numbers_the_docs_quote_are_the_stored_studys(page, said, stored, source
     first = folded[start]
     other = str((int(first) + 1) % 10) if first.isdigit() else ("a" if first != "a" else "b")
     assert quoted_number_mismatches(folded[:start] + other + folded[start + 1:], said, stored_text, source) is not None
+
+
+NUMBER_WORDS = {word: n for n, word in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split())}
+# a whole list's count ("the nine strategies", "all 12 figures"), not a few of it ("compares two strategies")
+COUNTED = re.compile(rf"\b(?:the|all|its|our) ({'|'.join(NUMBER_WORDS)}|\d+) (strategies|presets|figures|claims)\b",
+                     re.IGNORECASE)
+
+
+def stated_counts(text: str) -> list[tuple[int, str]]:
+    """Every count the prose states of a whole fixed list of the code's ("the nine strategies", "all 12 figures")."""
+    return [(int(n) if n.isdigit() else NUMBER_WORDS[n.lower()], what.lower()) for n, what in COUNTED.findall(text)]
+
+
+def test_every_count_the_docs_state_is_the_codes():
+    """docs/index.md once said "the nine strategies" when there were twelve: a count of strategies, presets,
+    figures or claims in the README or the manual is the registry's own. The control: that sentence is caught."""
+    import yaml
+
+    from gpt2dist.config.strategies import STRATEGIES
+    from gpt2dist.results.findings import CLAIMS
+    from gpt2dist.results.plots import FIGURES
+
+    presets = yaml.safe_load((REPO / "params.yaml").read_text())["presets"]
+    truth = {"strategies": len(STRATEGIES), "presets": len(presets), "figures": len(FIGURES), "claims": len(CLAIMS)}
+    wrong = [(page.relative_to(REPO), n, what) for page in [README, *sorted((REPO / "docs").glob("*.md"))]
+             for n, what in stated_counts(page.read_text()) if n != truth[what]]
+    assert wrong == [], f"counts that are not the code's {truth}: {wrong}"
+    assert stated_counts("it runs the nine strategies") == [(9, "strategies")] != [(truth["strategies"], "strategies")]
+    assert stated_counts("it compares two strategies") == []  # a few of them, no count of the list
