@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from gpt2dist.errors import UsageError
-from gpt2dist.launch.commands import launch_env, local_command, multinode_commands, parse_hosts
+from gpt2dist.launch.commands import WORKER_FILE, launch_env, local_command, multinode_commands, parse_hosts
 
 SPEC = Path("/runs/ddp-bf16-n16-r0/spec.json")
 
@@ -20,12 +20,20 @@ def test_parse_hosts():
 
 
 def test_local_commands():
-    assert local_command("python", 1, SPEC) is None
-    torchrun = local_command("torchrun", 2, SPEC)
-    assert torchrun[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--standalone" in torchrun and "--nproc-per-node=2" in torchrun and torchrun[-1] == str(SPEC)
+    assert local_command("python", 1, SPEC, "cpu") is None
+    # on GPUs each rank is a fresh interpreter (no process that forks ranks may have touched CUDA)
+    torchrun = local_command("torchrun", 2, SPEC, "cuda")
+    assert torchrun[:3] == [sys.executable, "-m", "torch.distributed.run"] and "fork" not in " ".join(torchrun)
+    assert torchrun[-3:] == ["-m", "gpt2dist.launch.worker", str(SPEC)]
+    # on CPUs torchrun forks them, from a process that imported the worker, which each runs as a file
+    forking = local_command("torchrun", 2, SPEC, "cpu")
+    assert forking[:3] == [sys.executable, "-m", "gpt2dist.launch.forking_torchrun"]
+    assert forking[-4:] == ["--start-method=fork", "--run-path", str(WORKER_FILE), str(SPEC)]
+    assert WORKER_FILE.is_file() and WORKER_FILE.read_text().startswith('"""Entry point of one training rank')
+    for command in (torchrun, forking):
+        assert "--standalone" in command and "--nproc-per-node=2" in command
     # Gloo's controller on CPUs and GPUs alike (horovodrun's mpirun line fails on Open MPI 5)
-    assert local_command("horovodrun", 2, SPEC)[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
+    assert local_command("horovodrun", 2, SPEC, "cpu")[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
 
 
 def test_torchrun_two_nodes_by_eight_gpus():

@@ -29,9 +29,9 @@ def kill_a_rank_once_it_trains(run_dir, killed: list[int], timeout_s: float = 30
     spec, deadline = str(run_dir / "spec.json"), time.monotonic() + timeout_s
     ranks: list[psutil.Process] = []
     while time.monotonic() < deadline:
-        if not ranks:  # the worker processes, once their launcher started them
-            ranks = [p for p in psutil.process_iter(["cmdline"])
-                     if spec in (p.info["cmdline"] or []) and "gpt2dist.launch.worker" in (p.info["cmdline"] or [])]
+        if not ranks:  # the worker processes, once their launcher (torchrun, which names the spec too) started them
+            named = {p.pid: p for p in psutil.process_iter(["cmdline", "ppid"]) if spec in (p.info["cmdline"] or [])}
+            ranks = [p for p in named.values() if p.info["ppid"] in named]
         elif (run_dir / "rank0.json").exists():  # written as the run starts: it is training now
             os.kill(ranks[-1].pid, signal.SIGKILL)
             killed.append(ranks[-1].pid)

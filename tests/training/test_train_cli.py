@@ -190,7 +190,7 @@ def test_bad_input_fails_with_one_line(case, expected, shards, params_file, tmp_
 
 def test_print_command_and_multinode(shards, params_file, tmp_path):
     local = gpt2dist(*train_args(shards, params_file, tmp_path, "ddp", "--print-command", nproc=2))
-    assert "torch.distributed.run --standalone --nproc-per-node=2 -m gpt2dist.launch.worker" in local.stdout
+    assert "gpt2dist.launch.forking_torchrun --standalone --nproc-per-node=2 --start-method=fork" in local.stdout
     # the hosts' 16 processes must divide the global batch, as a run here must (checked like any other run)
     multi = gpt2dist(*train_args(shards, params_file, tmp_path, "horovod", "--hosts", "cpu-a:8,cpu-b:8",
                                   "--gpus", "0", "--set", "train.global_batch_size=32", nproc=16))

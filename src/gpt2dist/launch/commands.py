@@ -1,7 +1,8 @@
 """Launcher command lines: plain python, torchrun, horovodrun and mpirun, one node or many.
 
-Every rank runs `python -m gpt2dist.launch.worker SPEC` with the resolved RunSpec, so launchers
-differ only in how they start processes and tell them their rank.
+Every rank runs gpt2dist.launch.worker with the resolved RunSpec (`python -m gpt2dist.launch.worker SPEC`, or
+its file in a rank that torchrun forks on CPUs), so launchers differ only in how they start processes and tell
+them their rank.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gpt2dist.config.schema import DEFAULT_PORT
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
 
+WORKER_FILE = Path(__file__).with_name("worker.py")  # a forked rank runs it as a file: its name, without importing it
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
                     "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
@@ -57,11 +59,15 @@ def horovodrun_bin() -> str:
     return found
 
 
-def local_command(launcher: str, nproc: int, spec_path: Path) -> list[str] | None:
-    """The command for one machine; None means train inside this process."""
+def local_command(launcher: str, nproc: int, spec_path: Path, device: str) -> list[str] | None:
+    """The command for one machine; None means train inside this process. On CPUs torchrun forks its ranks
+    from a process that imported them (forking_torchrun); on GPUs each rank is a fresh interpreter."""
     if launcher == "python":
         return None
     if launcher == "torchrun":
+        if device == "cpu":
+            return [sys.executable, "-m", "gpt2dist.launch.forking_torchrun", "--standalone",
+                    f"--nproc-per-node={nproc}", "--start-method=fork", "--run-path", str(WORKER_FILE), str(spec_path)]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                 "-m", "gpt2dist.launch.worker", str(spec_path)]
     if launcher == "horovodrun":

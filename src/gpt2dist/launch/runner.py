@@ -175,7 +175,7 @@ def _launch_mode(spec: RunSpec, emulation: emulated.Emulation | None) -> tuple[L
             facts = {"nodes": allocation.nodes, "ranks_per_node": allocation.ranks_per_node,
                      **({"horovod_launch": horovod.via, "horovod_launch_why": horovod.why} if horovod else {})}
             return (lambda s: _with_srun(s, command, allocation, facts)), " ".join(command)
-    command = commands.local_command(launcher, spec.nproc, out / "spec.json")
+    command = commands.local_command(launcher, spec.nproc, out / "spec.json", spec.device)
     if command is None:
         return _in_process, f"(in this process) {spec.strategy}"
     return (lambda s: _with_local_launcher(s, command)), " ".join(command)

@@ -1,7 +1,9 @@
-"""Entry point of one training rank: `python -m gpt2dist.launch.worker SPEC_JSON`."""
+"""Entry point of one training rank: `python -m gpt2dist.launch.worker SPEC_JSON`, or this file run in a
+rank that torchrun forked (forking_torchrun)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 from pathlib import Path
 
@@ -38,4 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    lifetime.exit_now(main())
+    code = main()
+    if multiprocessing.parent_process() is None:
+        lifetime.exit_now(code)
+    elif code:  # forked by torchrun's agent (forking_torchrun), which learns a rank's end from how it returns
+        sys.exit(code)

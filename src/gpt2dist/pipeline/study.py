@@ -33,10 +33,10 @@ LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped l
 RUN_ID = re.compile(rf"^(?P<strategy>{'|'.join(map(re.escape, STRATEGY_NAMES))})-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
                     rf"-n(?P<nproc>\d+)(?:-(?P<size>{SIZE_NAME[1:-1]}))?(?:-(?P<nodes>\d+)nodes(?:-(?P<link>\d+(?:\.\d+)?)mbit)?)?"
                     r"-r(?P<repeat>\d+)$")
-# The modules each stage's command runs (ranks start as gpt2dist.launch.worker; a selftest runs
-# `gpt2dist train`). A stage's code is every module these can import (pipeline.imports), so a change
+# The modules each stage's command runs (ranks start as gpt2dist.launch.worker, forked on CPUs by
+# gpt2dist.launch.forking_torchrun; a selftest runs `gpt2dist train`). A stage's code is every module these can import (pipeline.imports), so a change
 # anywhere in what a stage runs re-runs it, and nobody keeps that list by hand.
-TRAINING = ["gpt2dist.launch.runner", "gpt2dist.launch.worker"]
+TRAINING = ["gpt2dist.launch.runner", "gpt2dist.launch.worker", "gpt2dist.launch.forking_torchrun"]
 STAGE_ENTRIES = {
     "prepare": ["gpt2dist.data.prepare"],
     "selftest": ["gpt2dist.selftest", *TRAINING],
