@@ -332,6 +332,25 @@ def single_in(trained):
     return lambda precision, *extra: trained("single", *extra, precision=precision)
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of the bytes asked for, mounted in tmp_path (as root) and unmounted after the test: a disk that
+    fills up."""
+    mounted: list[Path] = []
+
+    def mount(size_bytes: int) -> Path:
+        require("GPT2DIST_REQUIRE_IMAGE", "GPT2DIST_REQUIRE_NODES", missing=None if os.geteuid() == 0 else "root")
+        where = tmp_path / f"disk{len(mounted)}"
+        where.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)], check=True)
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "--lazy", str(where)], check=True)
+
+
 def gpt2dist(*args: str, check: bool = True, env: dict | None = None, **popen) -> subprocess.CompletedProcess:
     """Run the real `gpt2dist` command line."""
     env = {**(env or os.environ), "PYTHONUNBUFFERED": "1"}

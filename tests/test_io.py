@@ -3,6 +3,7 @@ files told apart by their first bytes, so a file of the wrong kind gets a senten
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import stat
@@ -11,7 +12,8 @@ import threading
 import pytest
 import torch
 
-from gpt2dist.io import atomic_directory, atomic_open, atomic_write_text, file_kind
+from gpt2dist.errors import UsageError
+from gpt2dist.io import atomic_directory, atomic_open, atomic_write_text, file_kind, ran_out_of_disk
 
 from conftest import REPO
 
@@ -23,6 +25,26 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
         handle.write("half")
         raise RuntimeError("interrupted")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_a_write_that_fills_the_disk_is_one_line_and_leaves_the_old_file(small_disk):
+    """torch.save onto a full disk raised torch's 'unexpected pos' traceback: it is one line naming the disk, the
+    file as it was, and no temporary left to hold the space. The control: on the same disk with room, a write's
+    own error is still that error, not a full disk."""
+    disk = small_disk(256 * 1024)
+    target = disk / "checkpoint.pt"
+    torch.save({"w": torch.zeros(16_384)}, target)  # 64 KiB of floats
+    before = target.read_bytes()
+    with pytest.raises(UsageError, match=rf"^no space left on the disk holding {disk} \(0.25 MiB\) while writing "
+                                         r"checkpoint.pt; free space there or write elsewhere. checkpoint.pt is as it "
+                                         r"was before this write"), atomic_open(target, "wb") as handle:
+        torch.save({"w": torch.zeros(262_144)}, handle)  # 1 MiB: more than the disk
+    assert target.read_bytes() == before and [p.name for p in disk.iterdir()] == ["checkpoint.pt"]
+    with pytest.raises(RuntimeError, match="^interrupted$"), atomic_open(target, "wb") as handle:
+        torch.save({"w": torch.zeros(1024)}, handle)
+        raise RuntimeError("interrupted")
+    assert target.read_bytes() == before
+    assert ran_out_of_disk(OSError(errno.ENOSPC, "No space left on device"), disk)  # said by the OSError itself
 
 
 def test_a_pipe_is_written_to_not_replaced(tmp_path):

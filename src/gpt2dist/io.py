@@ -1,9 +1,11 @@
-"""Files: written atomically (a reader never sees a half-written file under its final name), and told apart
-by their first bytes before they are read, so a file of the wrong kind gets a sentence, not a parser's traceback."""
+"""Files: written atomically (a reader never sees a half-written file under its final name; a write that runs out
+of disk is one line, the file as it was before), and told apart by their first bytes before they are read, so a
+file of the wrong kind gets a sentence, not a parser's traceback."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -12,6 +14,12 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from gpt2dist.errors import UsageError
+
+# Less free than this on the file system a write failed on: it ran out of disk (torch's writer reports a full disk
+# as "unexpected pos", without the OSError)
+FULL_BELOW_BYTES = 64 << 10
 
 
 def _umask() -> int:
@@ -38,10 +46,37 @@ def atomic_open(path: Path | str, mode: str = "w") -> Iterator[IO[Any]]:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        full = isinstance(exc, Exception) and ran_out_of_disk(exc, path.parent)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if full:
+            raise out_of_disk(path, f"{path.name} is as it was before this write") from exc
         raise
+
+
+def out_of_disk(path: Path, kept: str) -> UsageError:
+    """The one line for a write of `path` that ran out of disk; `kept`: what the failed write left as it was."""
+    size = shutil.disk_usage(path.parent).total
+    size_words = f"{size / 2**30:,.1f} GiB" if size >= 2**30 else f"{size / 2**20:,.2f} MiB"
+    return UsageError(f"no space left on the disk holding {path.parent} ({size_words}) while writing "
+                      f"{path.name}; free space there or write elsewhere. {kept} (a run's last checkpoint is intact: "
+                      "once there is room, re-run the same command to resume from it)")
+
+
+def ran_out_of_disk(exc: BaseException, directory: Path) -> bool:
+    """Whether a failed write ran out of disk: ENOSPC (or a quota) anywhere in its causes, or, for writers that
+    do not pass the OSError on, next to no free space left where it wrote."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return False
+    return stats.f_bfree * stats.f_frsize < FULL_BELOW_BYTES
 
 
 @contextlib.contextmanager

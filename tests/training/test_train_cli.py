@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from gpt2dist.training.loop import Trainer
 from gpt2dist.training.loop import run as train
 
 from conftest import (RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, gpt2dist, kill_after_checkpoint,
-                      kill_point, read_metrics, run_record, train_args)
+                      kill_point, rank_report, read_metrics, run_record, train_args)
 
 pytestmark = pytest.mark.slow
 
@@ -197,3 +198,25 @@ def test_print_command_and_multinode(shards, params_file, tmp_path):
     assert "horovodrun -np 16 -H cpu-a:8,cpu-b:8 --gloo" in multi.stdout and "mpirun -np 16" in multi.stdout
     assert '"nproc": 16' in (tmp_path / "spec.json").read_text()
     assert not (tmp_path / "run.json").exists()
+
+
+def test_a_full_disk_is_one_line_and_the_same_command_resumes_once_there_is_room(shards, params_file, reference,
+                                                                                small_disk):
+    """A full disk under --out ended in torch's 'unexpected pos' traceback. On a disk with room for one checkpoint
+    and half of the next, the run stops at its second checkpoint with one error line naming the disk; the first
+    stays intact, and once the disk has room the same command resumes from it to the uninterrupted run's end,
+    bitwise (the control that the disk did fill where planned: the first checkpoint was written)."""
+    size = (reference / "checkpoint.pt").stat().st_size
+    out = small_disk(size + size // 2 + (64 << 10))  # 64 KiB for the spec, the records and the metrics
+    args = train_args(shards, params_file, out, "single")
+    failed = gpt2dist(*args, check=False)
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    assert len(errors) == 1 and errors[0].startswith(f"error: no space left on the disk holding {out} ("), errors
+    assert "while writing checkpoint.pt; free space there or write elsewhere" in errors[0]
+    assert run_record(out)["status"] == "failed" and "no space left" in run_record(out)["error"]
+    assert rank_report(out)["checkpoint_step"] == 6 and [p.name for p in out.glob(".*.tmp")] == []
+    subprocess.run(["mount", "-o", f"remount,size={4 * size}", str(out)], check=True)
+    resumed = gpt2dist(*args)
+    assert f"resumed from {out / 'checkpoint.pt'} at step 6" in resumed.stderr
+    assert_resumed_exactly(out, reference)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from gpt2dist.io import atomic_write_text
+from gpt2dist.io import atomic_write_text, out_of_disk, ran_out_of_disk
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -78,7 +78,12 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         if self._handle:
             self.history.append(record)
-            self._handle.write(json.dumps(record) + "\n")
+            try:
+                self._handle.write(json.dumps(record) + "\n")
+            except OSError as exc:
+                if ran_out_of_disk(exc, self.path.parent):
+                    raise out_of_disk(self.path, "The lines before it are kept") from exc
+                raise
 
     def close(self) -> None:
         if self._handle:
