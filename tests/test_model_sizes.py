@@ -13,7 +13,8 @@ from gpt2dist.config.presets import resolve_preset
 from gpt2dist.config.sizes import GPT2_SIZES
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
-from gpt2dist.pipeline.study import config_id, parse_run_id, plan_study, train_command
+from gpt2dist.config.configuration import config_id
+from gpt2dist.pipeline.study import parse_run_id, plan_study, train_command
 
 from conftest import REPO, TINY_PRESET
 

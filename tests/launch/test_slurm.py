@@ -161,4 +161,4 @@ def test_train_in_a_two_task_job_starts_its_ranks_with_srun(shards, params_file,
 def test_train_without_srun_starts_its_ranks_on_this_node(shards, params_file, tmp_path):
     # an image without SLURM's commands, run by `snakemake --sdm apptainer` inside the job
     shown = _train_command_in_a_job(shards, params_file, tmp_path / "run", str(tmp_path))
-    assert "torch.distributed.run --standalone --nproc-per-node=2" in shown and shown.split()[0] != "srun"
+    assert "forking_torchrun --standalone --nproc-per-node=2" in shown and shown.split()[0] != "srun"

@@ -14,7 +14,9 @@ import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpt2dist.config.configuration import Configuration
 from gpt2dist.config.memory import overflow
+from gpt2dist.config.placement import Placement
 from gpt2dist.config.presets import resolve_preset, section_keys
 from gpt2dist.config.schema import PRECISIONS, SIZE_NAME, STRATEGY_NAMES, ModelConfig, Preset, RunSpec
 from gpt2dist.config.sizes import sized
@@ -53,16 +55,6 @@ def stage_code(stage: str) -> list[str]:
             for path in code_closure(STAGE_ENTRIES[stage])]
 
 
-def config_id(strategy: str, precision: str, nproc: int, nodes: int = 1, link_mbit: float | None = None,
-              size: str | None = None) -> str:
-    """A configuration's name in run ids, tables and figures: ddp-bf16-n8, ddp-bf16-n8-2nodes-100mbit, and at a model
-    size of the study's, ddp-bf16-n8-medium."""
-    base = f"{strategy}-{precision}-n{nproc}" + (f"-{size}" if size else "")
-    if nodes == 1:
-        return base
-    return f"{base}-{nodes}nodes" + (f"-{link_mbit:g}mbit" if link_mbit else "")
-
-
 @dataclass(frozen=True)
 class Run:
     strategy: str
@@ -75,8 +67,13 @@ class Run:
     size: str | None = None  # a model size of the study's (config.sizes); None: the preset's model
 
     @property
+    def configuration(self) -> Configuration:
+        return Configuration(self.strategy, self.precision,
+                             Placement(self.nproc, self.nodes, self.emulated, self.link_mbit, self.size))
+
+    @property
     def config_id(self) -> str:
-        return config_id(self.strategy, self.precision, self.nproc, self.nodes, self.link_mbit, self.size)
+        return self.configuration.id
 
     @property
     def run_id(self) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 from pydantic import ValidationError
 
+from gpt2dist.config.configuration import config_id
 from gpt2dist.config.machine import describe_cpu
 from gpt2dist.config.memory import predict as predict_memory
 from gpt2dist.config.placement import Kind, Placement
@@ -33,7 +34,7 @@ from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
 from gpt2dist.pipeline.duration import wall_seconds
-from gpt2dist.pipeline.study import Study, added_round_file, config_id, configurations
+from gpt2dist.pipeline.study import Study, added_round_file, configurations
 from gpt2dist.results.compact import write_compact_views
 from gpt2dist.results.convergence import energy_per_token, needs_more_steps, reference_rows, target_loss, to_target
 from gpt2dist.results.disturbance import conditions_of, disturbance, outliers

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from gpt2dist.config.configuration import config_id
 from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.sizes import size_words
 from gpt2dist.config.strategies import BAI, PATWARDHAN, REFERENCE, STRATEGIES, called
-from gpt2dist.pipeline.study import config_id
 from gpt2dist.results.link_model import worst_error
 from gpt2dist.results.statistics import log_interval, paired_ratio, ratio_text, verdict
 

@@ -28,6 +28,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from gpt2dist.config.configuration import configuration_name  # noqa: E402
 from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES  # noqa: E402
 from gpt2dist.config.placement import Kind, Placement  # noqa: E402
 from gpt2dist.config.strategies import REFERENCE  # noqa: E402
@@ -129,7 +130,7 @@ def _words(keys: tuple, *, nproc_at: int | None = None) -> str:
 
 def _row_label(row: dict) -> str:
     label = row.get("label")
-    return (f"{label}: " if isinstance(label, str) and label else "") + f"{row['strategy']} {row['precision']}"
+    return (f"{label}: " if isinstance(label, str) and label else "") + configuration_name(row["strategy"], row["precision"])
 
 
 def _rows(ax: plt.Axes, data: pd.DataFrame) -> np.ndarray:

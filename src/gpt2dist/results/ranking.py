@@ -11,6 +11,7 @@ import math
 
 import pandas as pd
 
+from gpt2dist.config.configuration import configuration_name
 from gpt2dist.config.placement import Placement
 from gpt2dist.config.sizes import size_words
 from gpt2dist.config.strategies import REFERENCE, describe
@@ -143,7 +144,7 @@ def _gap_words(row: dict) -> str:
 
 
 def _name(row: dict) -> str:
-    return f"{row['strategy']} {row['precision']}"
+    return configuration_name(row["strategy"], row["precision"])
 
 
 def _twin(row: dict) -> str:

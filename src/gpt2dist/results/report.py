@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
+from gpt2dist.config.configuration import Configuration
 from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.io import atomic_write_text
 from gpt2dist.pipeline.study import FIGURES, LINK_FIGURE
@@ -221,7 +222,7 @@ def convergence_markdown(configs: pd.DataFrame, target: float | dict[str, float 
             *(["size"] if "size" in configs else []), "strategy", "precision", "processes", "reached", "steps (median)", "training s to target (95% interval)",
             "J to target (95% interval)", "needs more steps than single fp32?"])
         table = f"{left_out}\n\n" * bool(left_out) + tabulate(rows, headers=headers, tablefmt="github")
-    flagged = [f"{row['strategy']} {row['precision']} x{row['nproc']}" for row in configs.to_dict("records")
+    flagged = [Configuration.of(row).name_with_processes() for row in configs.to_dict("records")
                if isinstance(row.get("numerics"), str) and row.get("numerics")]
     return f"""## Time to the target loss
 

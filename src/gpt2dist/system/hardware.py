@@ -38,6 +38,10 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
     "RTX 3090": {"fp32": 35.6e12, "tf32": 35.6e12, "bf16": 71e12, "fp16": 71e12},
 }
 
+# What a forecast (plan, recommend, project-scaling) assumes where it is not told: the GPU, and the share of its peak
+# the computation reaches (llm.c trains GPT-2 on 8 H100s at about 0.4)
+FORECAST_GPU, FORECAST_MFU = "H100", 0.4
+
 # The memory each of those GPUs ships with, in GB as its datasheet states it, the largest first (A100 and V100 were
 # sold with two): what a plan checks a run's predicted peak against unless told other sizes.
 GPU_MEMORY_GB: dict[str, tuple[float, ...]] = {

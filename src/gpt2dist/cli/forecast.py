@@ -1,0 +1,202 @@
+"""Commands that predict before anything runs: the plan of a study, a recommendation for a GPU cluster, the link model's
+projection, and the planner held to published GPU measurements."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gpt2dist.cli.common import (COUNT, POSITIVE, AssumedMfu, GpuModel, Gpus, LinkAcross, LinkInside, ModelSizes, Nics,
+                                 Nodes, Params, PresetName, app, cuda_visible, numbers, one_line_errors, planned_study,
+                                 say)
+from gpt2dist.errors import UsageError
+from gpt2dist.system.hardware import FORECAST_GPU, FORECAST_MFU, gpu_memory_gb
+
+
+def _model_sizes(text: str | None) -> list[str]:
+    """--sizes' GPT-2 sizes, in the order given."""
+    from gpt2dist.config.sizes import GPT2_SIZES
+
+    if text is None:
+        return []
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [part for part in chosen if part not in GPT2_SIZES]
+    if not chosen or unknown:
+        raise UsageError(f"--sizes {text!r}: name GPT-2 sizes from {', '.join(GPT2_SIZES)}, e.g. --sizes "
+                         "small,medium,large,xl")
+    return list(dict.fromkeys(chosen))
+
+
+@app.command()
+@one_line_errors
+def plan(
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpus: Gpus = None,
+    nodes: Nodes = None,
+    gpu: GpuModel = None,
+    mfu: AssumedMfu = None,
+    link_inside: LinkInside = None,
+    link_across: LinkAcross = None,
+    nics: Nics = None,
+    memory_gb: Annotated[Optional[str], typer.Option(help="GPU memory sizes to check the fit against, in GB "
+                                                     "[default: those the --gpu ships with, e.g. 80,40 for the "
+                                                     "A100].")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Also write the plan as CSV here.")] = None,
+    output_format: Annotated[str, typer.Option("--format", help="table (for a terminal, 100 columns), or csv or "
+                                               "json: the whole table, every column, nothing else.")] = "table",
+    model_sizes: Annotated[Optional[str], typer.Option("--sizes", help="GPT-2 sizes to plan the study's "
+                                                       "configurations at instead of their own, e.g. "
+                                                       "small,medium,large,xl.")] = None,
+    budget_s: Annotated[Optional[float], typer.Option("--budget-s", help="Fail (one error line, status 2) when the "
+                                                      "study on GPUs is predicted to take longer than this many "
+                                                      "seconds: a job's or a lease's time limit.")] = None,
+) -> None:
+    """Before running: each configuration's predicted memory per rank and step time, the study's duration, and
+    what will not fit a GPU's memory (at GPT-2's larger sizes too, with --sizes)."""
+    from gpt2dist.io import atomic_open
+    from gpt2dist.results.plan import plan as plan_table
+    from gpt2dist.results.plan import study_seconds
+    from gpt2dist.results.forecast_words import plan_report
+    from gpt2dist.system.links import links_of
+
+    if output_format not in ("table", "csv", "json"):
+        raise UsageError(f"--format {output_format!r}: choose table, csv or json")
+    sizes = numbers(memory_gb, "--memory-gb", POSITIVE, "80,40") if memory_gb is not None else None
+    models = _model_sizes(model_sizes)
+    study = planned_study(params, preset, gpus, nodes)
+    if study.device != "cuda" and (gpu, mfu, link_inside, link_across, nics) != (None,) * 5:
+        raise UsageError(f"--gpu, --mfu and the links set a GPU's step time, and preset '{study.preset_name}' is "
+                         "planned here for CPUs; leave them out, or plan for GPUs with --gpus N")
+    if budget_s is not None and not 0 < budget_s < math.inf:
+        raise UsageError(f"--budget-s {budget_s:g}: give the seconds the study may take, above 0 (e.g. 540)")
+    if budget_s is not None and (study.device != "cuda" or models):
+        raise UsageError("--budget-s checks a study planned on GPUs at its own sizes: add --gpus N, and leave out "
+                         "--sizes")
+    gpu, mfu = gpu or FORECAST_GPU, mfu or FORECAST_MFU
+    sizes = sizes or list(gpu_memory_gb(gpu))
+    links = links_of(gpu, link_inside, link_across, nics)
+    table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes, links=links, sizes=models)
+    duration = study_seconds(study, table) if study.device == "cuda" and not models else None
+    if budget_s is not None and duration["total"] > budget_s:
+        raise UsageError(f"preset '{study.preset_name}' is predicted to take {duration['total']:,.0f} s on "
+                         f"{study.gpus} {gpu} GPU(s), over --budget-s {budget_s:g}: cut its runs (study.runs, "
+                         "study.repeats, study.selftests) or steps (train.max_steps), or give it more time")
+    if out:
+        with atomic_open(out, "w") as handle:
+            table.to_csv(handle, index=False)
+    if output_format != "table":
+        typer.echo(table.to_csv(index=False) if output_format == "csv" else table.to_json(orient="records", indent=1))
+        return
+
+    for kind, text in plan_report(study, table, gpu=gpu, mfu=mfu, memory_gb=sizes, links=links, duration=duration,
+                                  budget_s=budget_s):
+        say(text) if kind == "prose" else typer.echo(text)
+    if out:
+        typer.echo(f"ok: {out}")
+
+
+@app.command()
+@one_line_errors
+def recommend(
+    gpus: Annotated[int, typer.Option(help="GPUs per node of the cluster.", callback=COUNT.callback)],
+    nodes: Annotated[int, typer.Option(help="Nodes of the cluster.", callback=COUNT.callback)] = 1,
+    gpu: GpuModel = None,
+    memory_gb: Annotated[Optional[float], typer.Option(help="Memory of one GPU, GB [default: the most the --gpu "
+                                                       "ships with].", callback=POSITIVE.callback)] = None,
+    params: Params = Path("params.yaml"),
+    preset: Annotated[str, typer.Option(help="Preset whose model and micro-batch to train.")] = "paper",
+    precision: Annotated[str, typer.Option(help="Arithmetic of the runs.")] = "bf16",
+    tokens: Annotated[float, typer.Option(help="Tokens to train.", callback=POSITIVE.callback)] = 1e10,
+    mfu: AssumedMfu = None,
+    link_inside: LinkInside = None,
+    link_across: LinkAcross = None,
+    nics: Nics = None,
+    model_sizes: ModelSizes = None,
+    studies: Annotated[Optional[list[Path]], typer.Option(
+        "--study", help="A collected study (results directory) whose runs measure the model's error; repeatable. "
+        "Default: the reference studies under docs/reference.")] = None,
+) -> None:
+    """Rank the strategies for a GPU cluster by predicted hours to train --tokens, with memory fit, an interval
+    from the step-time model's leave-one-out error on stored studies, and what it extrapolates beyond."""
+    from gpt2dist.config.presets import resolve_preset
+    from gpt2dist.pipeline.study import preset_sizes
+    from gpt2dist.results.forecast_words import recommend_report
+    from gpt2dist.results.recommend import read_stored
+    from gpt2dist.system.links import links_of
+
+    directories = studies or sorted(p.parent / p.name.removesuffix(".tar.gz")
+                                    for p in (params.parent / "docs" / "reference").glob("*.tar.gz"))
+    if not directories:
+        raise UsageError("no stored study to measure the model's error on: pass --study <results directory>")
+    stored = read_stored(directories)
+    name, chosen = resolve_preset(params, preset, cuda=True)
+    gpu, mfu = gpu or FORECAST_GPU, mfu or FORECAST_MFU
+    memory_gb = memory_gb or max(gpu_memory_gb(gpu))
+    links = links_of(gpu, link_inside, link_across, nics)
+    sizes = _model_sizes(model_sizes) or preset_sizes(chosen)
+    for kind, text in recommend_report(name, chosen, stored, sizes, gpu=gpu, gpus=gpus, nodes=nodes,
+                                       precision=precision, mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links):
+        say(text) if kind == "prose" else typer.echo(text)
+
+
+@app.command("project-scaling")
+@one_line_errors
+def project_scaling(
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpu: GpuModel = None,
+    precision: Annotated[str, typer.Option(help="Arithmetic of the projected runs.")] = "bf16",
+    mfu: AssumedMfu = None,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.", callback=COUNT.callback)] = 8,
+    nodes: Annotated[str, typer.Option(help="Node counts, e.g. 1,2,4,8.")] = "1,2,4,8",
+    link_inside: LinkInside = None,
+    link_across: LinkAcross = None,
+    nics: Nics = None,
+    model_sizes: ModelSizes = None,
+) -> None:
+    """Project a preset's data-parallel strategies to GPU clusters with the link model (a projection, not a
+    measurement: compute from FLOPs at an assumed MFU, communication from the traffic model)."""
+    from gpt2dist.config.presets import resolve_preset
+    from gpt2dist.pipeline.study import preset_sizes
+    from gpt2dist.results.forecast_words import projection_report
+    from gpt2dist.system.links import links_of
+
+    counts = numbers(nodes, "--nodes", COUNT, "1,2,4,8")
+    name, chosen = resolve_preset(params, preset, cuda=cuda_visible())
+    gpu, mfu = gpu or FORECAST_GPU, mfu or FORECAST_MFU
+    links = links_of(gpu, link_inside, link_across, nics)
+    sizes = _model_sizes(model_sizes) or preset_sizes(chosen)
+    for kind, text in projection_report(name, chosen, sizes, counts, gpu=gpu, precision=precision, mfu=mfu,
+                                        gpus_per_node=gpus_per_node, links=links):
+        say(text) if kind == "prose" else typer.echo(text)
+
+
+@app.command("validate-published")
+@one_line_errors
+def validate_published(
+    mfu: AssumedMfu = None,
+    table: Annotated[Optional[Path], typer.Option(help="A table of measurements in published_gpt2.csv's columns "
+                                                   "[default: the one gpt2dist ships].")] = None,
+    output_format: Annotated[str, typer.Option("--format", help="table (for a terminal), or csv or json: every row "
+                                               "with its prediction, nothing else.")] = "table",
+) -> None:
+    """Hold the planner to GPT-2 training that others measured on GPUs and published: each row's throughput and
+    memory predicted beside the published ones, and within each source's machine whether the planner orders every
+    two rows as they were measured."""
+    from gpt2dist.results.forecast_words import validation_report
+    from gpt2dist.results.published import TABLE, read_table, validation
+
+    if output_format not in ("table", "csv", "json"):
+        raise UsageError(f"--format {output_format!r}: choose table, csv or json")
+    mfu = mfu or FORECAST_MFU
+    predicted, ordered, summary = validation(read_table(table or TABLE), mfu)
+    if output_format != "table":
+        typer.echo(predicted.to_csv(index=False) if output_format == "csv" else predicted.to_json(orient="records",
+                                                                                                  indent=1))
+        return
+    for kind, text in validation_report(predicted, ordered, summary, mfu, table):
+        say(text) if kind == "prose" else typer.echo(text)

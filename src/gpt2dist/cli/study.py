@@ -1,0 +1,192 @@
+"""Commands of a study: gather its runs (collect, add-round), draw and word it (plot, report), pack and rebuild it
+(bundle, figures), and its duration (estimate, progress)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gpt2dist.cli.common import (COUNT, WARNING_CONTINUED, Gpus, Nodes, Params, PresetName, RunsDir, app,
+                                 one_line_errors, planned_study, say)
+from gpt2dist.errors import UsageError
+
+
+@app.command()
+@one_line_errors
+def collect(
+    runs: RunsDir = Path("results/runs"),
+    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
+    out: Annotated[Path, typer.Option(help="Where metrics.csv, runs.csv, summary.csv and summary.json go.")] = Path("results"),
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpus: Gpus = None,
+    nodes: Nodes = None,
+    mixed_hardware: Annotated[bool, typer.Option(help="Compare runs made on different hardware (GPU or CPU model, "
+                                                      "NVLink or PCIe) instead of refusing; the summary names them.")] = False,
+) -> None:
+    """Gather every run of the study (with the repeats its added rounds decided) into one tidy table and a
+    per-configuration summary."""
+    from gpt2dist.pipeline.study import with_added_runs
+    from gpt2dist.results.collect import collect as run_collect
+
+    study = with_added_runs(planned_study(params, preset, gpus, nodes), out)
+    result = run_collect(study, runs, data, out, mixed_hardware=mixed_hardware)
+    typer.echo(f"ok: {len(result['configs'])} configurations of preset {result['preset']} summarised in {out}")
+
+
+@app.command("add-round")
+@one_line_errors
+def add_round(
+    round_: Annotated[int, typer.Option("--round", help="Which added round to decide (1 for the first).",
+                                        callback=COUNT.callback)],
+    runs: RunsDir = Path("results/runs"),
+    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
+    results: Annotated[Path, typer.Option(help="The study's results directory (rounds/ is written there).")] =
+    Path("results"),
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpus: Gpus = None,
+    nodes: Nodes = None,
+) -> None:
+    """Decide an added round: rank the runs so far and name the repeats that configurations still undecided (and
+    their placement's top) train next, within study.added_repeats' budget; the pipeline runs it after the
+    planned rounds."""
+    import tempfile
+
+    from gpt2dist.pipeline.study import with_added_runs
+    from gpt2dist.results.added_repeats import decide_round
+
+    study = planned_study(params, preset, gpus, nodes)
+    if round_ > study.preset.study.added_repeats.rounds:
+        raise UsageError(f"--round {round_}: preset '{study.preset_name}' adds at most "
+                         f"{study.preset.study.added_repeats.rounds} rounds (study.added_repeats.rounds)")
+    study = with_added_runs(study, results, upto=round_ - 1)
+    with tempfile.TemporaryDirectory(prefix="gpt2dist-round-") as scratch:
+        plan = decide_round(study, round_, runs, data, results, Path(scratch))
+    typer.echo(f"ok: added round {round_}: " + (f"{len(plan['runs'])} runs ({', '.join(plan['runs'])})"
+                                                if plan["runs"] else f"no runs: {plan['stopped']}"))
+
+
+@app.command()
+@one_line_errors
+def plot(results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results")) -> None:
+    """Draw the study's figures (PNG and SVG) from the collected tables."""
+    from gpt2dist.results.inputs import read_summary
+
+    read_summary(results)  # a missing or foreign summary is told before matplotlib loads
+    from gpt2dist.results.plots import plot as run_plot
+
+    typer.echo(f"ok: {len(run_plot(results))} figure files in {results / 'figures'}")
+
+
+@app.command()
+@one_line_errors
+def report(
+    results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results"),
+    against: Annotated[Optional[list[Path]], typer.Option(
+        help="Other stored studies to set each claim's verdict beside: a study's results directory, or a directory "
+             "of them (docs/reference); those of another preset are skipped. Repeatable.")] = None,
+) -> None:
+    """Write results/summary.md and findings.md: the answer, the comparison table, the claims and the environment."""
+    from gpt2dist.results.inputs import read_summary
+
+    read_summary(results)  # a missing or foreign summary is told before pandas and scipy load
+    for place in against or []:
+        if place.exists() and not place.is_dir():
+            raise UsageError(f"--against {place} is a file: give a study's results directory (one with summary.json), "
+                             "or a directory of them such as docs/reference")
+        if not place.exists():  # the pipeline names docs/reference, which a copy of the workflow may lack
+            say(f"warning: --against {place}: no such directory, so no study there to compare with", err=True,
+                indent=WARNING_CONTINUED)
+    from gpt2dist.results.report import report as run_report
+
+    typer.echo(f"ok: {run_report(results, against or [])}")
+
+
+@app.command()
+@one_line_errors
+def bundle(
+    out: Annotated[Path, typer.Option(help="Archive to write (.tar.gz).")],
+    runs: RunsDir = Path("results/runs"),
+    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpus: Gpus = None,
+    nodes: Nodes = None,
+) -> None:
+    """Pack the study's run records, shard description and parameters into one verifiable archive."""
+    from gpt2dist.results.bundle import write_bundle
+
+    description = write_bundle(planned_study(params, preset, gpus, nodes), runs, data, params, out)
+    missing = f", {len(description['missing_runs'])} missing (listed in its bundle.json)" if description[
+        "missing_runs"] else ""
+    typer.echo(f"ok: {out}: {len(description['runs'])} runs of preset {description['preset']}{missing}")
+
+
+@app.command()
+@one_line_errors
+def figures(
+    source: Annotated[Path, typer.Option("--from", help="Bundle written by `gpt2dist bundle`.")],
+    out: Annotated[Path, typer.Option(help="Directory for the tables, figures, summary.md and findings.md.")] = Path(
+        "results/from-bundle"),
+) -> None:
+    """Verify a bundle and rebuild every table, figure and finding from it, without training."""
+    from gpt2dist.results.bundle import rebuild
+
+    summary = rebuild(source, out)
+    typer.echo(f"ok: {len(summary['configs'])} configurations of preset {summary['preset']} rebuilt in {out}")
+
+
+@app.command()
+@one_line_errors
+def estimate(
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpus: Gpus = None,
+    nodes: Nodes = None,
+    runs: RunsDir = Path("results/runs"),
+    out: Annotated[Path, typer.Option(help="JSON file with the expected seconds of every job.")] = Path(
+        "results/estimate.json"),
+) -> None:
+    """Time a few steps of the preset's model here and print how long the rest of the study will take."""
+    from gpt2dist.pipeline.duration import estimate_line, finished_runs, write_estimate
+    from gpt2dist.pipeline.study import configurations, selftest_file
+    from gpt2dist.selftest import CALIBRATION_STEPS, calibrate
+    from gpt2dist.system.conditions import run_cpus
+    from gpt2dist.system.hardware import visible_gpus
+
+    study = planned_study(params, preset, gpus, nodes)
+    finished = finished_runs(study, runs)
+    if len(finished) == len(study.runs):
+        typer.echo(f"estimate: all {len(study.runs)} runs of preset '{study.preset_name}' are done; nothing to time")
+        return
+    if study.device == "cuda" and not visible_gpus():
+        typer.echo(f"estimate: none made here: preset '{study.preset_name}' trains on GPUs and this host has none "
+                   "(a cluster's login node); each finished run prints how many are done")
+        return
+    precisions = sorted({run.precision for run in study.runs})
+    typer.echo(f"estimate: timing {CALIBRATION_STEPS} steps of preset '{study.preset_name}''s model in "
+               f"{' and '.join(precisions)}, one process...")
+    checked = {run.config_id for run in configurations(study) if Path(selftest_file(run)).exists()}
+    typer.echo(estimate_line(write_estimate(study, calibrate(study, params), len(run_cpus()), out), finished, checked))
+
+
+@app.command()
+@one_line_errors
+def progress(
+    params: Params = Path("params.yaml"),
+    preset: PresetName = None,
+    gpus: Gpus = None,
+    nodes: Nodes = None,
+    runs: RunsDir = Path("results/runs"),
+    estimate: Annotated[Path, typer.Option(help="Written by `gpt2dist estimate`.")] = Path("results/estimate.json"),
+) -> None:
+    """Print how many runs of the study are done and about how long the rest takes."""
+    from gpt2dist.pipeline.duration import finished_runs, progress_line
+    from gpt2dist.results.inputs import read_json
+
+    study = planned_study(params, preset, gpus, nodes)
+    planned = read_json(estimate, "gpt2dist estimate") if estimate.exists() else None
+    typer.echo(progress_line(study, finished_runs(study, runs), planned))

@@ -1,0 +1,178 @@
+"""What the forecasting commands say around their tables, worded here so that the commands only print it: `gpt2dist
+plan` (what was planned and assumed, how memory and step time were predicted, the study's duration on GPUs, what
+does not fit and what of the cluster the runs leave idle) and `gpt2dist recommend` (the ranking per model size, the
+step-time model's error on stored studies, what it extrapolates beyond), `gpt2dist project-scaling` and `gpt2dist
+validate-published`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from tabulate import tabulate
+
+from gpt2dist.config.memory import USABLE_SHARE
+from gpt2dist.config.schema import Preset
+from gpt2dist.config.sizes import parameter_count
+from gpt2dist.pipeline.study import Study, model_of
+from gpt2dist.results.plan import duration_words, fit_lines, plan_text
+from gpt2dist.results.link_model import projection
+from gpt2dist.results.published import TIE, published_summary, summary_words
+from gpt2dist.results.recommend import HIGH, LOW, extrapolations, recommend, verdict_line
+from gpt2dist.system.links import Links
+
+
+Part = tuple[str, str]  # ("prose", text to wrap to the terminal) or ("table", text printed as it is)
+
+
+def plan_report(study: Study, table: pd.DataFrame, *, gpu: str, mfu: float, memory_gb: list[float], links: Links,
+                duration: dict[str, float] | None, budget_s: float | None) -> list[Part]:
+    """What `gpt2dist plan` prints around its table: what was planned and assumed, the table (one per model size),
+    how memory and step time were predicted, the study's duration on GPUs and what does not fit."""
+    said: list[Part] = []
+    on_gpus = study.device == "cuda"
+    t, m = study.preset.train, study.preset.model
+    each = f", {table['repeats'].iloc[0]} each" if table["repeats"].nunique() == 1 else ""
+    said.append(("prose", f"Plan of preset {study.preset_name} ({len(study.runs)} runs of "
+                          f"{table['config_id'].nunique()} configurations{each}) on "
+                          + (f"{study.nodes} node(s) of {study.gpus} {gpu} GPUs{cluster_unused(study)}" if on_gpus
+                             else "CPUs") + ": a prediction, not a measurement."))
+    said.append(("prose", f"Assumed: micro-batches of {t.micro_batch_size} sequences of {m.n_positions} tokens per "
+                          f"rank, a global batch of {t.global_batch_size} sequences (the rest by gradient "
+                          f"accumulation), {t.max_steps} steps"
+                          + (f", compute at {mfu:.0%} MFU of the {gpu}'s peak." if on_gpus else ".") + "\n"))
+    by_size = "size" in table  # a study of model sizes, or --sizes: a table per size
+    if not by_size:
+        said.append(("table", plan_text(table, memory_gb if on_gpus else [])))
+    for model_size, part in table.groupby("size", sort=False) if by_size else []:
+        said.append(("table", f"\nGPT-2 {model_size}, {part['parameters'].iloc[0] / 1e6:,.0f}M parameters:"))
+        ran = part[part["cannot_run"] == ""]
+        if len(ran):
+            said.append(("table", plan_text(ran, memory_gb if on_gpus else [])))
+        for line in fit_lines(part, memory_gb if on_gpus else []):
+            said.append(("prose", line))
+    said.append(("prose", "\nMemory per rank: the model state (parameters, gradients, AdamW's state) on the rank "
+                          "that holds the most, counted as every collected run checks it on rank 0; activations of "
+                          "one forward pass with the logits, and communication buffers, estimated (not yet checked on "
+                          "a GPU)" + (f". Spare is what is left of {USABLE_SHARE:.0%} of the GPU's memory, in GiB (the "
+                                      "CUDA context and the allocator take the rest)." if on_gpus else ".")))
+    if on_gpus:
+        said.append(("prose", f"Step time: single's FLOPs at an assumed MFU of {mfu:.0%} of the {gpu}'s peak, divided "
+                              f"over the GPUs, a pipeline's bubble, and the traffic model's bytes over "
+                              f"{links.words(study.nodes)}, less what the strategy sends under its computation; "
+                              f"{summary_words(published_summary(mfu))}."))
+        if duration is not None:
+            said.append(("prose", duration_words(study, duration, budget_s)))
+    else:
+        said.append(("prose", "Step time on CPUs: `gpt2dist estimate` times this machine."))
+    for line in fit_lines(table, memory_gb) if on_gpus and not by_size else []:
+        said.append(("prose", line))
+    return said
+
+
+def cluster_unused(study: Study) -> str:
+    """What of the cluster the study's runs leave idle, said beside it: the runs are the preset's, not the cluster's."""
+    nodes = max(run.nodes for run in study.runs)
+    per_node = max(-(-run.nproc // run.nodes) for run in study.runs)
+    unused = ([f"{nodes} node(s)"] if nodes < study.nodes else []) + (
+        [f"{per_node} GPU(s) per node"] if per_node < study.gpus else [])
+    return (f" (its runs use at most {' and '.join(unused)}: preset {study.preset_name}'s study.runs name no larger "
+            "run; add one, with a global batch of at least micro-batch x GPUs, to use the rest)" if unused else "")
+
+
+def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | None], *, gpu: str, gpus: int,
+                     nodes: int, precision: str, mfu: float, tokens: float, memory_gb: float, links: Links) -> list[Part]:
+    """What `gpt2dist recommend` prints: the cluster and assumptions, per model size a table of the strategies by
+    predicted hours with their verdict, then the step-time model's error on the stored studies and what it
+    extrapolates beyond."""
+    said: list[Part] = [("prose", f"Recommendation (a prediction, not a measurement) for {nodes} node(s) of {gpus} "
+                                  f"{gpu} ({memory_gb:g} GB) linked by {links.words(nodes)}, preset {name}'s model"
+                                  + (f" at {len(sizes)} sizes" if sizes != [None] else "") + f" in {precision}, "
+                                  f"{tokens:,.0f} tokens, each GPU at the preset's micro-batch of "
+                                  f"{chosen.train.micro_batch_size} (a global batch that follows the GPUs: "
+                                  f"{chosen.train.micro_batch_size * gpus * nodes} sequences), compute at an assumed "
+                                  f"MFU of {mfu:.0%}:")]
+    for size in sizes:
+        table, errors = recommend(name, chosen, stored, gpu=gpu, gpus_per_node=gpus, nodes=nodes, precision=precision,
+                                  mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links, size=size)
+        if size:
+            said.append(("prose", f"\nGPT-2 {size}, {parameter_count(model_of(chosen, size)) / 1e6:,.0f}M parameters:"))
+        runnable = table[table["note"] == ""]
+        shown = runnable[["strategy", "gpus", "fits", "peak_gib", "step_ms", "hours", "hours_low",
+                          "hours_high"]].astype({"gpus": int})
+        said.append(("table", "\n" + tabulate(shown, headers="keys", tablefmt="github", showindex=False,
+                                              floatfmt=",.2f")))
+        said += [("prose", f"{row.strategy}: {row.note}") for row in table[table["note"] != ""].itertuples()]
+        said.append(("prose", "\n" + verdict_line(runnable[runnable["fits"]])))
+
+    def spread(column: str) -> str:
+        e = errors[column].dropna()
+        return f"median |error| {e.abs().median():.0%}, {e.quantile(LOW):+.0%} to {e.quantile(HIGH):+.0%}"
+
+    corrected = any(s.device == "cuda" for s in stored)
+    said.append(("prose", f"The step-time model's error (predicted / measured - 1, {LOW:.0%} to {HIGH:.0%} "
+                          f"percentiles) on {len(errors)} configurations of the stored studies "
+                          f"({', '.join(s.name for s in stored)}): as it runs here, {spread('uncorrected_error')}; "
+                          "with each strategy's correction learned from its other configurations (left out one at a "
+                          f"time), {spread('error')}. The hours' intervals span the "
+                          f"{'corrected' if corrected else 'uncorrected'} errors' percentiles, the strategy's own "
+                          "where it has three or more."))
+    said += [("prose", f"Extrapolating: {note}.") for note in extrapolations(stored, gpus * nodes, nodes)]
+    said.append(("prose", f"On GPUs others measured: {summary_words(published_summary(mfu))}."))
+    return said
+
+
+def projection_report(name: str, chosen: Preset, sizes: list[str | None], counts: list[int], *, gpu: str,
+                      precision: str, mfu: float, gpus_per_node: int, links: Links) -> list[Part]:
+    """What `gpt2dist project-scaling` prints: its assumptions, the projected table, and why a strategy has none."""
+    table = projection(name, chosen, gpu=gpu, precision=precision, mfu=mfu, gpus_per_node=gpus_per_node,
+                       node_counts=counts, links=links, sizes=sizes)
+    projected = table["note"] == "projection"
+    columns = ["size"] * (sizes != [None]) + ["strategy", "nodes", "gpus", "compute_ms", "communication_ms", "step_ms",
+                                             "tokens_per_s", "scaling_efficiency"]
+    said: list[Part] = [
+        ("prose", f"Projection (not a measurement) of preset {name}: {gpu} {precision} at an assumed MFU of {mfu:.0%}, "
+                  f"{gpus_per_node} GPUs per node, {links.words(max(counts))}, weak scaling: each GPU at the preset's "
+                  f"micro-batch of {chosen.train.micro_batch_size}, the global batch growing with the GPUs; "
+                  "communication a strategy overlaps with its computation counts only where the computation cannot "
+                  "cover it.\n"),
+        ("table", tabulate(table.loc[projected, columns], headers="keys", tablefmt="github", showindex=False,
+                           floatfmt=",.2f"))]
+    said += [("prose", f"\n{row.strategy}{f' ({row.size})' if row.size else ''}: {row.note}")
+             for row in table.loc[~projected].drop_duplicates(["size", "strategy"]).itertuples(index=False)]
+    return said
+
+
+def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, summary: dict, mfu: float,
+                      table: Path | None) -> list[Part]:
+    """What `gpt2dist validate-published` prints: each published row beside its prediction, which pairs each
+    source's machine orders as published, the rows left out and the summary."""
+    def shown(values, form: str) -> list[str]:
+        return ["" if pd.isna(value) else format(value, form) for value in values]
+
+    rows = predicted[predicted["left_out"] == ""]
+    said: list[Part] = [
+        ("prose", f"Published GPU measurements of GPT-2-family training against the planner (compute at an assumed "
+                  f"MFU of {mfu:.0%}; each row's links as its source describes them):\n"),
+        ("table", tabulate(
+            {"row": rows["row"], "group": rows["group"], "strategy": rows["strategy"], "precision": rows["precision"],
+             "GPUs": rows["gpus"], "nodes": rows["nodes"],
+             "published ktok/s": shown(rows["published_tokens_per_s"] / 1e3, ",.1f"),
+             "predicted ktok/s": shown(rows["predicted_tokens_per_s"] / 1e3, ",.1f"),
+             "error": shown(rows["throughput_error"], "+.0%"), "published GiB": shown(rows["memory_gib"], ".1f"),
+             "predicted GiB": shown(rows["predicted_memory_gib"], ".1f"),
+             "memory error": shown(rows["memory_error"], "+.0%")},
+            headers="keys", tablefmt="github", disable_numparse=True, colalign=("left",) * 4 + ("right",) * 8)),
+        ("table", "")]
+    for group, part in ordered.groupby("group", sort=False):
+        wrong = part[~part["ordered"]]
+        said.append(("prose", f"{group}: {int(part['ordered'].sum())} of {len(part)} pairs ordered as published"
+                              + ("" if wrong.empty else "; not: " + ", ".join(
+                                  f"{r.first} / {r.second} published {r.published_ratio:.2f}, predicted "
+                                  f"{r.predicted_ratio:.2f}" for r in wrong.itertuples()))))
+    said += [("prose", f"{row.row} ({row.group}) left out: {row.left_out}")
+             for row in predicted[predicted["left_out"] != ""].itertuples()]
+    said.append(("prose", f"\nIn all: {summary_words(summary)}. Pairs whose published throughputs are within "
+                          f"{TIE:.0%} of each other are ties, not counted. The table, with each row's source and what "
+                          f"is unclear about it: {table or 'src/gpt2dist/results/published_gpt2.csv'}."))
+    return said
