@@ -112,8 +112,9 @@ def test_too_few_or_only_disturbed_repeats_are_said_in_words_never_nan():
 
 
 def test_a_configuration_run_once_by_plan_is_not_told_to_run_more():
-    """cpu-emulated-bf16 plans one repeat of its bf16 rows (an emulated bf16 step costs ten fp32 ones): the answer
-    says the plan made them unplaceable and how to change it, not 'run more' as if the machine had failed it. The
+    """A study may plan one repeat of a row (cpu-emulated-bf16 once did for its bf16 rows, an emulated bf16 step
+    costing ten fp32 ones): the answer says the plan made it unplaceable and how to change it, not 'run more' as if
+    the machine had failed it. The
     control: one repeat left because the others were disturbed still asks for more."""
     runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [70]})
     summary["planned_repeats"] = summary["config_id"].map({"ddp-fp32-n2": 3, "fsdp-fp32-n2": 1})
