@@ -60,21 +60,21 @@ def test_auto_on_an_emulating_cpu_keeps_cpu_where_params_has_no_variant(tmp_path
 
 
 def test_the_emulated_bf16_variant_is_the_cpu_study_with_fewer_shorter_bf16_runs():
-    """Every fp32 configuration of cpu, repeated as often; bf16 once, and only where it can differ from fp32's
-    answer (the 1-process baseline and every 2-process configuration); all runs shorter."""
+    """Every fp32 configuration of cpu, repeated as often; bf16 only where it tells the emulation's cost apart from a
+    strategy's (single at 1 process, ddp at 2), repeated as often so that it is placed; all runs shorter."""
     cpu, emulated = plan_study(REPO_PARAMS, "cpu", 0), plan_study(REPO_PARAMS, EMULATED_BF16, 0)
     repeats = collections.Counter(r.config_id for r in emulated.runs)
     cpu_repeats = collections.Counter(r.config_id for r in cpu.runs)
     assert {c: n for c, n in repeats.items() if "-fp32-" in c} == {c: n for c, n in cpu_repeats.items() if "-fp32-" in c}
     bf16 = {c for c in repeats if "-bf16-" in c}
-    assert bf16 == {c for c in cpu_repeats if "-bf16-" in c and (c == "single-bf16-n1" or c.endswith("-n2"))}
-    assert {repeats[c] for c in bf16} == {1}
+    assert bf16 == {"single-bf16-n1", "ddp-bf16-n2"} and {repeats[c] for c in bf16} == {cpu_repeats["ddp-bf16-n2"]}
+    assert emulated.preset.study.added_repeats.rounds == 1 and emulated.preset.study.added_repeats.max_minutes == 2
     assert emulated.preset.model == cpu.preset.model and emulated.preset.data == cpu.preset.data
     assert emulated.preset.train.max_steps < cpu.preset.train.max_steps
     measured = (emulated.preset.train.max_steps - emulated.preset.study.excluded_steps
                 - emulated.preset.train.ledger_steps)
     assert measured >= 5  # steps left for the throughput statistics
-    assert "36 runs (3 repeats of 10 configurations, 1 repeat of 6 configurations)" in caption_facts(emulated)
+    assert "12 configurations, 36 runs (3 repeats each)" in caption_facts(emulated)
     assert "60 runs (3 repeats each)" in caption_facts(cpu)
 
 
