@@ -39,7 +39,7 @@ report: "workflow/report/workflow.rst"
 # finished train job then prints the time left. A failed calibration costs the estimate, not the study.
 onstart:
     try:
-        shell(gs.estimate_command(STUDY, PARAMS))
+        shell(jobs.estimate_command(STUDY, PARAMS))
     except subprocess.CalledProcessError:
         print("warning: no estimate of the study's duration (the error above); the study goes on", file=sys.stderr)
 

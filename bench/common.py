@@ -34,12 +34,12 @@ def random_shards(vocab: int, tokens: int = 2_000_000) -> Path:
 
 
 def single_trainer(preset: str, precision: str, overrides: list[str]) -> Trainer:
-    from gpt2dist.config.presets import resolve_preset
+    from gpt2dist.config.presets import load_params
 
-    vocab = resolve_preset(REPO / "params.yaml", preset, overrides=overrides)[1].model.vocab_size
-    data = random_shards(vocab)
-    spec = build_spec(data=data, out=data / "run", strategy="single", precision=precision, nproc=1,
-                      params=REPO / "params.yaml", preset=preset, overrides=overrides)
+    params = load_params(REPO / "params.yaml")
+    data = random_shards(params.preset(preset, overrides=overrides)[1].model.vocab_size)
+    spec = build_spec(data=data, out=data / "run", strategy="single", precision=precision, nproc=1, params=params,
+                      preset=preset, overrides=overrides)
     return Trainer(spec, REGISTRY["single"](spec))
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common import REPO, median, random_shards, ratio_interval
 
-from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.presets import load_params
 
 
 def throughput(data: Path, out: Path, strategy: str, nproc: int, args) -> tuple[float, float]:
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    data = random_shards(resolve_preset(REPO / "params.yaml", args.preset)[1].model.vocab_size)
+    data = random_shards(load_params(REPO / "params.yaml").preset(args.preset)[1].model.vocab_size)
     work = Path(tempfile.mkdtemp(prefix="gpt2dist-scaling-"))
     single, ddp, busy = [], [], []
     for r in range(args.rounds):

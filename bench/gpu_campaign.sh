@@ -126,9 +126,11 @@ step_selftest() {
   commands=$("$python" - $(study_config) <<'PY'
 import sys
 from pathlib import Path
-from gpt2dist.pipeline.study import configurations, plan_study, selftest_command
+from gpt2dist.config.presets import load_params
+from gpt2dist.pipeline.jobs import selftest_command
+from gpt2dist.pipeline.study import configurations, plan_study
 config = dict(arg.split("=", 1) for arg in sys.argv[1:])
-study = plan_study(Path("params.yaml"), config["preset"], int(config["gpus_per_node"]))
+study = plan_study(load_params(Path("params.yaml")), config["preset"], int(config["gpus_per_node"]))
 for run in configurations(study):
     print(f"{selftest_command(study, run)} > logs/selftest/{run.config_id}.log 2>&1 "
           f"&& echo 'selftest: {run.config_id} passed' || {{ echo 'selftest: {run.config_id} FAILED'; exit 1; }}")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import REPO, machine_line, median, random_shards, ratio_interval
 
-from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.presets import load_params
 from gpt2dist.launch.commands import launch_env, local_command
 from gpt2dist.system.conditions import LoadMonitor
 
@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
-    data = random_shards(vocab=resolve_preset(REPO / "params.yaml", "cpu")[1].model.vocab_size, tokens=200_000)
+    data = random_shards(vocab=load_params(REPO / "params.yaml").preset("cpu")[1].model.vocab_size, tokens=200_000)
     with LoadMonitor() as monitor:
         for nproc in args.nproc:
             out = data / f"run-n{nproc}"

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from gpt2dist.config.memory import predict
-from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import STRATEGY_NAMES, RunSpec
 from gpt2dist.config.strategies import REFERENCE, check_run, describe
 from gpt2dist.errors import UsageError
@@ -45,7 +45,7 @@ def trained(params: Path, data: Path, out: Path, strategy: str, nproc: int, args
 
 def runnable(params: Path, strategy: str, nproc: int, args, device: str, gpus: int) -> str | None:
     """Why this node cannot run the strategy at nproc, or None."""
-    preset = resolve_preset(params, args.preset, overrides=args.overrides)[1]
+    preset = load_params(params).preset(args.preset, overrides=args.overrides)[1]
     spec = RunSpec(data_dir="", out_dir="", preset=args.preset, strategy=strategy, precision=args.precision,
                    nproc=nproc, device=device, model=preset.model, train=preset.train)
     try:
@@ -76,7 +76,7 @@ def main() -> None:
 
     params = REPO / "params.yaml"
     device = "cuda" if gpus else "cpu"
-    vocab = resolve_preset(params, args.preset, overrides=args.overrides)[1].model.vocab_size
+    vocab = load_params(params).preset(args.preset, overrides=args.overrides)[1].model.vocab_size
     data, work = random_shards(vocab), Path(tempfile.mkdtemp(prefix="gpt2dist-memory-"))
     print(f"preset={args.preset} precision={args.precision} device={device} "
           f"{torch.cuda.get_device_name(0) if gpus else ''}".rstrip())

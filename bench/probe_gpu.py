@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from common import single_trainer
 
-from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.presets import load_params
 from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.system.hardware import mfu, peak_flops
 from gpt2dist.training.model import build_model, transformer_blocks
@@ -157,7 +157,7 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = True
     name = torch.cuda.get_device_name(0)
     peak = peak_flops(name, "bf16")
-    _, preset = resolve_preset(REPO / "params.yaml", "paper")
+    _, preset = load_params(REPO / "params.yaml").preset("paper")
     per_token = flops_per_token(preset.model)
     global_batch, T = preset.train.global_batch_size, preset.model.n_positions
     tokens = global_batch * T

@@ -9,12 +9,13 @@ import yaml
 
 from gpt2dist.config import machine
 from gpt2dist.config.planning import check_plan_fits
-from gpt2dist.config.presets import EMULATED_BF16, read_params, resolve_preset, section_keys
+from gpt2dist.config.presets import EMULATED_BF16, load_params
 from gpt2dist.config.schema import InitWeights
 from gpt2dist.config.strategies import STRATEGIES, check_run, degrees_of
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
-from gpt2dist.pipeline.study import caption_facts, plan_study
+from gpt2dist.pipeline.jobs import caption_facts
+from gpt2dist.pipeline.study import plan_study
 
 from conftest import REPO, TINY_PRESET
 
@@ -22,12 +23,12 @@ REPO_PARAMS = REPO / "params.yaml"
 
 
 def load_preset(path, name, overrides=()):
-    return resolve_preset(path, name, overrides=overrides)[1]
+    return load_params(path).preset(name, overrides=overrides)[1]
 
 
 def spec_for(params_file, shards, **kw):
     args = dict(data=shards, out=Path("/tmp/unused"), strategy="single", precision="fp32", nproc=1,
-                params=params_file, preset=None, overrides=[], node_gpus=8)
+                params=load_params(params_file), preset=None, overrides=[], node_gpus=8)
     args.update(kw)
     return build_spec(**args)
 
@@ -44,25 +45,25 @@ def test_paper_preset_is_gpt2_small():
 
 
 def test_auto_picks_by_cuda_and_by_the_cpus_bf16():
-    assert resolve_preset(REPO_PARAMS, None, cuda=False, cpu_bf16="native")[0] == "cpu"
-    assert resolve_preset(REPO_PARAMS, None, cuda=False, cpu_bf16="unknown")[0] == "cpu"
-    assert resolve_preset(REPO_PARAMS, None, cuda=False, cpu_bf16="emulated")[0] == EMULATED_BF16
-    assert resolve_preset(REPO_PARAMS, None, cuda=True, cpu_bf16="emulated")[0] == "paper"
-    assert resolve_preset(REPO_PARAMS, "paper", cuda=False)[0] == "paper"
-    assert resolve_preset(REPO_PARAMS, "cpu", cuda=False, cpu_bf16="emulated")[0] == "cpu"  # named: taken as named
+    assert load_params(REPO_PARAMS).preset(None, cuda=False, cpu_bf16="native")[0] == "cpu"
+    assert load_params(REPO_PARAMS).preset(None, cuda=False, cpu_bf16="unknown")[0] == "cpu"
+    assert load_params(REPO_PARAMS).preset(None, cuda=False, cpu_bf16="emulated")[0] == EMULATED_BF16
+    assert load_params(REPO_PARAMS).preset(None, cuda=True, cpu_bf16="emulated")[0] == "paper"
+    assert load_params(REPO_PARAMS).preset("paper", cuda=False)[0] == "paper"
+    assert load_params(REPO_PARAMS).preset("cpu", cuda=False, cpu_bf16="emulated")[0] == "cpu"  # named: taken as named
     expected = EMULATED_BF16 if machine.cpu_bf16() == "emulated" else "cpu"  # without cpu_bf16: this machine's
-    assert resolve_preset(REPO_PARAMS, None, cuda=False)[0] == expected
+    assert load_params(REPO_PARAMS).preset(None, cuda=False)[0] == expected
 
 
 def test_auto_on_an_emulating_cpu_keeps_cpu_where_params_has_no_variant(tmp_path):
     path = _params_with(tmp_path, {"cpu": TINY_PRESET, "paper": TINY_PRESET})
-    assert resolve_preset(path, None, cuda=False, cpu_bf16="emulated")[0] == "cpu"
+    assert load_params(path).preset(None, cuda=False, cpu_bf16="emulated")[0] == "cpu"
 
 
 def test_the_emulated_bf16_variant_is_the_cpu_study_with_fewer_shorter_bf16_runs():
     """Every fp32 configuration of cpu, repeated as often; bf16 only where it tells the emulation's cost apart from a
     strategy's (single at 1 process, ddp at 2), repeated as often so that it is placed; all runs shorter."""
-    cpu, emulated = plan_study(REPO_PARAMS, "cpu", 0), plan_study(REPO_PARAMS, EMULATED_BF16, 0)
+    cpu, emulated = plan_study(load_params(REPO_PARAMS), "cpu", 0), plan_study(load_params(REPO_PARAMS), EMULATED_BF16, 0)
     repeats = collections.Counter(r.config_id for r in emulated.runs)
     cpu_repeats = collections.Counter(r.config_id for r in cpu.runs)
     assert {c: n for c, n in repeats.items() if "-fp32-" in c} == {c: n for c, n in cpu_repeats.items() if "-fp32-" in c}
@@ -83,12 +84,12 @@ def test_a_group_of_runs_repeats_as_often_as_it_says(tmp_path):
                                               {"strategies": ["ddp"], "precisions": ["fp32"], "nproc": [2],
                                                "repeats": 1}]}
     path = _params_with(tmp_path, {"tiny": {**TINY_PRESET, "study": study}})
-    assert [r.run_id for r in plan_study(path, "tiny", 0).runs] == ["single-fp32-n1-r0", "ddp-fp32-n2-r0",
+    assert [r.run_id for r in plan_study(load_params(path), "tiny", 0).runs] == ["single-fp32-n1-r0", "ddp-fp32-n2-r0",
                                                                      "single-fp32-n1-r1"]
     study["runs"][1]["repeats"] = 0
     path = _params_with(tmp_path, {"tiny": {**TINY_PRESET, "study": study}})
     with pytest.raises(UsageError, match="repeats: Input should be greater than or equal to 1"):
-        plan_study(path, "tiny", 0)
+        plan_study(load_params(path), "tiny", 0)
 
 
 def test_set_overrides_one_dotted_key(params_file):
@@ -117,19 +118,19 @@ def test_bad_values_name_the_key(params_file, override, fragment):
 
 def test_unknown_preset_lists_available(params_file):
     with pytest.raises(UsageError, match=r"unknown preset 'huge' \(available: tiny\)"):
-        resolve_preset(params_file, "huge")
+        load_params(params_file).preset("huge")
 
 
 def test_missing_params_file(tmp_path):
     with pytest.raises(UsageError, match="not found"):
-        read_params(tmp_path / "nope.yaml")
+        load_params(tmp_path / "nope.yaml").raw
 
 
 def test_params_without_presets(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump({"preset": "auto"}))
     with pytest.raises(UsageError, match="no 'presets' mapping"):
-        read_params(path)
+        load_params(path).raw
 
 
 @pytest.mark.parametrize(
@@ -205,13 +206,13 @@ def test_weights_a_run_starts_from_enter_its_identity_by_content_not_path(params
 def test_a_cpu_plan_on_a_gpu_machine_names_the_regenerate_command(params_file, tmp_path):
     """The committed dvc.yaml plans the cpu study (--gpus 0); on a GPU node it must stop, not train it on CUDA."""
     with pytest.raises(UsageError, match=r"planned for CPU .* this machine has 8 CUDA GPUs; .*gpt2dist dvc-yaml"):
-        check_plan_fits(params_file, 0, 8)
-    check_plan_fits(params_file, 0, 0)  # a CPU machine
-    check_plan_fits(params_file, 8, 8)  # a regenerated plan
-    check_plan_fits(params_file, 8, 0)  # planned on a login node for the cluster's GPUs
+        check_plan_fits(load_params(params_file), 0, 8)
+    check_plan_fits(load_params(params_file), 0, 0)  # a CPU machine
+    check_plan_fits(load_params(params_file), 8, 8)  # a regenerated plan
+    check_plan_fits(load_params(params_file), 8, 0)  # planned on a login node for the cluster's GPUs
     pinned = tmp_path / "params.yaml"
     pinned.write_text(yaml.safe_dump({**yaml.safe_load(params_file.read_text()), "gpus_per_node": 0}))
-    check_plan_fits(pinned, 0, 8)  # a CPU study on a GPU machine, said in params.yaml
+    check_plan_fits(load_params(pinned), 0, 8)  # a CPU study on a GPU machine, said in params.yaml
 
 
 def test_every_description_has_a_runtime_class_its_launcher_can_start():
@@ -267,7 +268,7 @@ def test_a_mapping_of_another_kind_replaces_the_parents_whole(tmp_path):
 ])
 def test_a_bad_extends_is_one_error(tmp_path, presets, message):
     with pytest.raises(UsageError, match=message):
-        resolve_preset(_params_with(tmp_path, presets), "a")
+        load_params(_params_with(tmp_path, presets)).preset("a")
 
 
 def test_the_schema_accepts_extending_presets_and_refuses_unknown_sections(tmp_path):
@@ -321,12 +322,12 @@ def test_two_cpus_of_one_name_are_told_apart_by_family_model_and_instruction_set
 
 def test_an_extending_presets_values_are_watched_where_they_are_written():
     """DVC watches params by key: an extending preset's sections come from itself and its parents."""
-    keys = section_keys(REPO_PARAMS, EMULATED_BF16)
+    keys = load_params(REPO_PARAMS).section_keys(EMULATED_BF16)
     assert keys["model"] == ["presets.cpu.model"]  # not `presets.cpu-emulated-bf16.model`, which is not written
     assert keys["train"] == [f"presets.{EMULATED_BF16}.train", "presets.cpu.train"]
-    raw = read_params(REPO_PARAMS)
+    raw = load_params(REPO_PARAMS).raw
     for name in raw["presets"]:
-        found = section_keys(REPO_PARAMS, name)
+        found = load_params(REPO_PARAMS).section_keys(name)
         assert {"data", "model", "train", "study"} <= found.keys(), name
         for key in (k for ks in found.values() for k in ks):
             _, preset, section = key.split(".")

@@ -12,7 +12,7 @@ from gpt2dist.config.placement import Placement
 from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES
 from gpt2dist.config.sizes import GPT2_SIZES
 from gpt2dist.errors import UsageError
-from gpt2dist.pipeline.study import Run, parse_run_id
+from gpt2dist.pipeline.run import parse_run_id, Run
 
 PLACEMENTS = st.builds(
     lambda nproc, nodes, link, size: Placement(nproc * nodes, nodes, nodes > 1 and link is not None, link, size),

@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpt2dist.config.memory import model_state, predict
-from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import parameter_shapes
 from gpt2dist.config.strategies import STRATEGIES, Description, describe
@@ -74,7 +74,7 @@ def test_zero1s_busiest_rank_is_planned_and_rank_0_is_what_a_run_is_checked_agai
     """ZeroRedundancyOptimizer gives each tensor whole to the emptiest rank: for GPT-2 medium over 4 ranks another
     rank ends with more AdamW state than rank 0, so the plan counts that rank, while collect compares rank 0's
     prediction with what rank 0 measured. The control: at 8 ranks rank 0 is the busiest, and both agree."""
-    _, preset = resolve_preset(REPO / "params.yaml", "paper", size="medium")
+    _, preset = load_params(REPO / "params.yaml").preset("paper", size="medium")
 
     def spec(nproc: int) -> RunSpec:
         return RunSpec(data_dir="", out_dir="", preset="paper", strategy="zero1", precision="bf16", nproc=nproc,
@@ -86,6 +86,13 @@ def test_zero1s_busiest_rank_is_planned_and_rank_0_is_what_a_run_is_checked_agai
     assert describe("zero1").busiest_rank(eight) == 0 and predict(eight) == predict(eight, busiest=False)
     shares = describe("zero1").partition(four)
     assert sorted(shape for share in shares for shape in share) == sorted(parameter_shapes(preset.model).values())
+    # more ranks than tensors: each tensor to an empty rank of its own, the ranks past them holding nothing, counted
+    # without a list per rank (recommend --gpus 99999999999 once filled 12 GB with them)
+    huge, tensors = spec(10**11), len(parameter_shapes(preset.model))
+    shares = describe("zero1").partition(huge)
+    assert len(shares) == tensors and all(len(share) == 1 for share in shares)
+    assert shares == describe("zero1").partition(spec(tensors))
+    assert describe("zero1").optimizer_shapes(huge, rank=10**11 - 1) == [] and describe("zero1").busiest_rank(huge) == 0
 
 
 @pytest.mark.slow  # a start of the bench per example (it refuses before importing torch)
@@ -111,7 +118,7 @@ def test_a_chunked_head_loss_is_planned_with_one_chunks_logits():
     """GPT-2 small at micro-batch 16, context 1024, bf16: the whole loss's logits and their float32 softmax and
     gradient are 16k tokens x 50257 x 10 bytes (7.7 GiB), which train.head_loss_chunk_tokens cuts to one chunk's
     plus the two gradients the chunked loss keeps; the control: a chunk as large as the micro-batch plans no less."""
-    _, preset = resolve_preset(REPO / "params.yaml", "paper")
+    _, preset = load_params(REPO / "params.yaml").preset("paper")
 
     def activations(chunk: int) -> int:
         train = preset.train.model_copy(update={"micro_batch_size": 16, "head_loss_chunk_tokens": chunk})

@@ -9,12 +9,14 @@ import copy
 import pytest
 import yaml
 
-from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.presets import load_params
 from gpt2dist.config.sizes import GPT2_SIZES
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.config.configuration import config_id
-from gpt2dist.pipeline.study import parse_run_id, plan_study, train_command
+from gpt2dist.pipeline.jobs import train_command
+from gpt2dist.pipeline.run import parse_run_id
+from gpt2dist.pipeline.study import plan_study
 
 from conftest import REPO, TINY_PRESET
 
@@ -42,7 +44,7 @@ def test_a_run_id_names_its_size_and_reads_back(run_id, size):
 
 
 def test_each_size_of_a_group_is_a_configuration_of_its_own(tmp_path):
-    study = plan_study(params_with(tmp_path, SIZED), "tiny", 0)
+    study = plan_study(load_params(params_with(tmp_path, SIZED)), "tiny", 0)
     assert {run.config_id for run in study.runs} == {"single-fp32-n1-narrow", "single-fp32-n1-wide",
                                                      "ddp-fp32-n2-wide"}
     assert study.sizes == ["narrow", "wide"]
@@ -50,7 +52,7 @@ def test_each_size_of_a_group_is_a_configuration_of_its_own(tmp_path):
     assert "--size wide" in train_command(study, wide)
     assert (study.model("wide").n_embd, study.model("narrow").n_embd) == (64, 16)
     # the control: a group without sizes trains the preset's own model under ids without a size
-    plain = plan_study(params_with(tmp_path, [{k: v for k, v in SIZED[0].items() if k != "sizes"}]), "tiny", 0)
+    plain = plan_study(load_params(params_with(tmp_path, [{k: v for k, v in SIZED[0].items() if k != "sizes"}])), "tiny", 0)
     assert plain.sizes == [None] and "--size" not in train_command(plain, plain.runs[0])
 
 
@@ -58,7 +60,7 @@ def test_train_at_a_size_trains_that_shape_and_set_still_changes_it(tmp_path, sh
     path = params_with(tmp_path, SIZED)
 
     def model(*overrides: str, size: str | None = None):
-        return build_spec(data=shards, out=tmp_path / "out", strategy="single", precision="fp32", nproc=1, params=path,
+        return build_spec(data=shards, out=tmp_path / "out", strategy="single", precision="fp32", nproc=1, params=load_params(path),
                           preset="tiny", overrides=list(overrides), size=size).model
 
     preset_model = model()
@@ -73,7 +75,7 @@ def test_the_size_travels_in_the_spec_and_the_run_record_but_is_no_part_of_its_i
     path = params_with(tmp_path, SIZED)
 
     def spec(size: str | None, *overrides: str):
-        return build_spec(data=shards, out=tmp_path / "out", strategy="single", precision="fp32", nproc=1, params=path,
+        return build_spec(data=shards, out=tmp_path / "out", strategy="single", precision="fp32", nproc=1, params=load_params(path),
                           preset="tiny", overrides=list(overrides), size=size)
 
     wide = spec("wide")
@@ -104,7 +106,7 @@ def test_a_bad_size_is_one_error_naming_the_fix(tmp_path, change, message):
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump({"preset": "tiny", "container": "unused.sif", "presets": {"tiny": preset}}))
     with pytest.raises(UsageError) as refused:
-        plan_study(path, "tiny", 0)
+        plan_study(load_params(path), "tiny", 0)
     assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
@@ -112,7 +114,7 @@ def test_a_size_the_gpus_cannot_hold_is_dropped_saying_why_and_what_would_fit(tm
     """paper-sizes on 8 GPUs of 80 GB: DDP's replicated XL state and activations do not fit, the sharded
     strategies do; at 40 GB, large's DDP is dropped too. The controls: with no GPU memory stated, or planned for
     CPUs, nothing is dropped for memory."""
-    study = plan_study(REPO / "params.yaml", "paper-sizes", 8)
+    study = plan_study(load_params(REPO / "params.yaml"), "paper-sizes", 8)
     assert study.sizes == ["small", "medium", "large", "xl"]
     assert set(study.dropped) == {"ddp-bf16-n8-xl"}
     assert study.dropped["ddp-bf16-n8-xl"] == ("predicted peak 73.1 GiB per GPU, 90% of a 80 GB GPU is 67.1 GiB; it "
@@ -120,9 +122,9 @@ def test_a_size_the_gpus_cannot_hold_is_dropped_saying_why_and_what_would_fit(tm
     assert {"fsdp-bf16-n8-xl", "zero2-bf16-n8-xl", "pp-bf16-n8-xl", "ddp-bf16-n8-large"} <= {
         run.config_id for run in study.runs}
     assert {"ddp-bf16-n8-large", "ddp-bf16-n8-xl", "fsdp-bf16-n8-xl"} <= set(
-        plan_study(paper_sizes_with(tmp_path, gpu_memory_gb=40), "paper-sizes", 8).dropped)
-    assert not plan_study(paper_sizes_with(tmp_path, gpu_memory_gb=None), "paper-sizes", 8).dropped
-    assert not plan_study(REPO / "params.yaml", "paper-sizes", 0).dropped
+        plan_study(load_params(paper_sizes_with(tmp_path, gpu_memory_gb=40)), "paper-sizes", 8).dropped)
+    assert not plan_study(load_params(paper_sizes_with(tmp_path, gpu_memory_gb=None)), "paper-sizes", 8).dropped
+    assert not plan_study(load_params(REPO / "params.yaml"), "paper-sizes", 0).dropped
 
 
 def paper_sizes_with(tmp_path, **study_keys) -> object:
@@ -135,7 +137,7 @@ def paper_sizes_with(tmp_path, **study_keys) -> object:
 
 
 def test_resolving_a_size_leaves_the_rest_of_the_preset_alone():
-    _, plain = resolve_preset(REPO / "params.yaml", "paper")
-    _, xl = resolve_preset(REPO / "params.yaml", "paper", size="xl")
+    _, plain = load_params(REPO / "params.yaml").preset("paper")
+    _, xl = load_params(REPO / "params.yaml").preset("paper", size="xl")
     assert (xl.model.n_layer, xl.model.n_head, xl.model.n_embd) == GPT2_SIZES["xl"]
     assert xl.train == plain.train and xl.model.n_positions == plain.model.n_positions

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.study import plan_study, resume_cases
 
 from conftest import gpt2dist
@@ -35,7 +36,7 @@ def every_strategy(params_file, tmp_path_factory) -> Path:
 
 
 def test_every_strategy_has_a_resume_case(every_strategy):
-    study = plan_study(every_strategy, None, 0)
+    study = plan_study(load_params(every_strategy), None, 0)
     assert sorted(run.config_id for run in resume_cases(study)) == sorted(EVERY_STRATEGY)
 
 

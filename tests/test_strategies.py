@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from gpt2dist.config.presets import resolve_preset
-from gpt2dist.config.schema import STRATEGY_NAMES, TrainConfig
+from gpt2dist.config.presets import load_params
+from gpt2dist.config.schema import (
+    ALL_FORWARDS_FIRST,
+    INTERLEAVED_SCHEDULES,
+    PIPELINE_SCHEDULES,
+    STRATEGY_NAMES,
+    TrainConfig,
+)
 from gpt2dist.config.strategies import BAI, STRATEGIES, called
 from gpt2dist.pipeline.imports import PACKAGE
 
@@ -23,14 +29,14 @@ HOMES = ("config/schema.py", "config/strategies.py", "training/strategies/")
 PACKAGE_NAMES = {("system/environment.py", "horovod"), ("system/doctor.py", "horovod")}
 
 
-def named_strategies(path: Path) -> list[tuple[int, str]]:
-    """String constants in a module's code (not its docstrings or messages' prose) that are a strategy's name."""
+def named_in_code(path: Path, names) -> list[tuple[int, str]]:
+    """String constants in a module's code (not its docstrings or messages' prose) that are one of `names`."""
     tree = ast.parse(path.read_text())
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
                   and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
     return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in STRATEGIES
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
             and id(node) not in docstrings]
 
 
@@ -39,7 +45,7 @@ def test_no_module_outside_the_registry_names_a_strategy(path):
     relative = path.relative_to(PACKAGE).as_posix()
     if relative.startswith(HOMES):
         return
-    named = [(line, name) for line, name in named_strategies(path) if (relative, name) not in PACKAGE_NAMES]
+    named = [(line, name) for line, name in named_in_code(path, STRATEGIES) if (relative, name) not in PACKAGE_NAMES]
     assert not named, f"{relative} names strategies {named}: ask config.strategies"
 
 
@@ -47,7 +53,36 @@ def test_the_check_finds_a_named_strategy(tmp_path):
     """Negative control: a comparison with a strategy's name, as the code had before the registry."""
     probe = tmp_path / "probe.py"
     probe.write_text('"""Mentions ddp in prose."""\nif spec.strategy == "ddp":\n    pass\n')
-    assert named_strategies(probe) == [(2, "ddp")]
+    assert named_in_code(probe, STRATEGIES) == [(2, "ddp")]
+
+
+# Where a pipeline schedule may be named: the list of them and the strategy that runs each
+SCHEDULE_HOMES = ("config/schema.py", "training/strategies/pipeline_parallel.py")
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_but_the_schema_and_pp_names_a_pipeline_schedule(path):
+    """Which schedules interleave and which runs every forward first are said once, in config.schema (memory and
+    degrees once tested for "gpipe" each)."""
+    relative = path.relative_to(PACKAGE).as_posix()
+    if relative.startswith(SCHEDULE_HOMES):
+        return
+    named = named_in_code(path, PIPELINE_SCHEDULES)
+    assert not named, f"{relative} names pipeline schedules {named}: use config.schema's tables of them"
+
+
+def test_the_check_finds_a_named_schedule(tmp_path):
+    """Negative control: the test memory.py's prediction made before the schema said it."""
+    probe = tmp_path / "probe.py"
+    probe.write_text('if spec.train.pipeline_schedule != "gpipe":\n    pass\n')
+    assert named_in_code(probe, PIPELINE_SCHEDULES) == [(1, "gpipe")]
+
+
+def test_pp_runs_every_schedule_of_the_schema_and_no_other():
+    from gpt2dist.training.strategies.pipeline_parallel import SCHEDULES
+
+    assert tuple(SCHEDULES) == PIPELINE_SCHEDULES
+    assert set(INTERLEAVED_SCHEDULES) < set(PIPELINE_SCHEDULES) and ALL_FORWARDS_FIRST in PIPELINE_SCHEDULES
 
 
 def test_the_cli_lists_every_strategy_from_the_registry():
@@ -61,7 +96,7 @@ def test_the_cli_lists_every_strategy_from_the_registry():
 
 def test_the_paper_presets_label_runs_with_the_registrys_names_for_them():
     """bai2022's labels are the paper's names; where one names a strategy alone, the registry agrees."""
-    _, preset = resolve_preset(REPO / "params.yaml", "bai2022")
+    _, preset = load_params(REPO / "params.yaml").preset("bai2022")
     labelled = {group.label: group.strategies for group in preset.study.runs if group.label}
     papers_names = {d.papers[BAI] for d in STRATEGIES.values() if BAI in d.papers}
     checked = [label for label in labelled if label in papers_names]

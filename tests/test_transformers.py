@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import DataConfig, ModelConfig
 from gpt2dist.data.prepare import prepare
 from gpt2dist.data.shards import open_shards, sha256_file
@@ -226,7 +227,7 @@ def test_weights_of_another_shape_are_refused_before_launch(shape, named, source
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: --init-from ") and named in err, err
     key, value = next(iter(shape.items()))
     assert f"--set model.{key}={value}" in err and not run.exists()
-    spec = build_spec(data=shards, out=run, strategy="single", precision="fp32", nproc=1, params=params_file,
+    spec = build_spec(data=shards, out=run, strategy="single", precision="fp32", nproc=1, params=load_params(params_file),
                       preset=None, overrides=[], init_from=source)
     assert spec.init_from.sha256 == sha256_file(source / "model.safetensors") and not run.exists()
 

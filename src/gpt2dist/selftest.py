@@ -30,7 +30,8 @@ from gpt2dist.errors import UsageError, failure_line
 from gpt2dist.io import atomic_write_json
 from gpt2dist.launch.locks import hold_the_machine
 from gpt2dist.pipeline.duration import Calibration
-from gpt2dist.pipeline.study import Run, Study, configurations, resume_cases
+from gpt2dist.pipeline.run import Run
+from gpt2dist.pipeline.study import configurations, resume_cases, Study
 
 STEPS = 4
 CALIBRATION_STEPS = 3  # the first warms up; the median of the other two is the step time
@@ -79,10 +80,10 @@ def write_random_shards(directory: Path, study: Study, rows_per_step: int, steps
     return directory
 
 
-def train(study: Study, params: Path, shards: Path, run: Run, out: Path, timeout_s: float, *sets: str) -> str | None:
+def train(study: Study, shards: Path, run: Run, out: Path, timeout_s: float, *sets: str) -> str | None:
     """`gpt2dist train` of one configuration with `--set` overrides; None when it succeeded, else its error line."""
     command = [sys.executable, "-m", "gpt2dist", "train", "--data", str(shards), "--out", str(out), "--params",
-               str(params), "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
+               str(study.params.path), "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
                "--nproc", str(run.nproc), *run.size_args(), *run.node_args(), *(arg for value in sets for arg in ("--set", value))]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
@@ -97,14 +98,14 @@ def train(study: Study, params: Path, shards: Path, run: Run, out: Path, timeout
 
 
 class Selftest:
-    def __init__(self, study: Study, params: Path, workdir: Path, timeout_s: float):
-        self.study, self.params, self.workdir, self.timeout_s = study, params, workdir, timeout_s
+    def __init__(self, study: Study, workdir: Path, timeout_s: float):
+        self.study, self.workdir, self.timeout_s = study, workdir, timeout_s
         self.shards = write_random_shards(workdir / "shards", study, math.lcm(*(run.nproc for run in study.runs)), STEPS)
         self.base = overrides(study, STEPS)
 
     def train(self, run: Run, out: Path, *extra: str) -> str | None:
         """Run `gpt2dist train` for one configuration; None when it succeeded, else its error line."""
-        return train(self.study, self.params, self.shards, run, out, self.timeout_s, *self.base, *extra)
+        return train(self.study, self.shards, run, out, self.timeout_s, *self.base, *extra)
 
     def configuration(self, run: Run) -> Check:
         started = time.perf_counter()
@@ -126,7 +127,7 @@ class Selftest:
         return Check(name, error is None, time.perf_counter() - started, error or "")
 
 
-def calibrate(study: Study, params: Path, timeout_s: float = 600) -> Calibration:
+def calibrate(study: Study, timeout_s: float = 600) -> Calibration:
     """Time CALIBRATION_STEPS steps of the preset's own model in one process, once per precision of the
     study: the measure the study's duration estimate scales (pipeline/duration.py)."""
     sets = [f"train.max_steps={CALIBRATION_STEPS}", "train.lr_warmup_steps=1", "train.ledger_steps=0",
@@ -138,7 +139,7 @@ def calibrate(study: Study, params: Path, timeout_s: float = 600) -> Calibration
         for precision in sorted({run.precision for run in study.runs}, key=PRECISIONS.index):
             out = Path(tmp) / precision
             started = time.perf_counter()
-            error = train(study, params, shards, Run(REFERENCE, precision, 1, 0), out, timeout_s, *sets)
+            error = train(study, shards, Run(REFERENCE, precision, 1, 0), out, timeout_s, *sets)
             process_s = time.perf_counter() - started  # the process from spawn to exit, as a study's job pays it
             if error:
                 raise UsageError(f"calibration in {precision} failed: {error}")
@@ -168,7 +169,7 @@ def resume_mismatch(resumed: Path, whole: Path, precision: str) -> str | None:
     return None
 
 
-def run_selftest(study: Study, params: Path, out: Path, *, only: list[str] | None = None, resume: bool = False,
+def run_selftest(study: Study, out: Path, *, only: list[str] | None = None, resume: bool = False,
                  timeout_s: float = 600, report=print) -> list[Check]:
     """Run the checks, report each as it ends, and write `out` (atomically) with all of them.
 
@@ -193,7 +194,7 @@ def run_selftest(study: Study, params: Path, out: Path, *, only: list[str] | Non
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".selftest-", dir=out.parent, ignore_cleanup_errors=True) as tmp, \
             hold_the_machine(shared=True):
-        test = Selftest(study, params, Path(tmp), timeout_s)
+        test = Selftest(study, Path(tmp), timeout_s)
         total = len(chosen) + len(resumed)
         for run in chosen:
             checks.append(test.configuration(run))

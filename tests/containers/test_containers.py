@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.study import plan_study
 
 from conftest import REPO, gpt2dist
@@ -61,7 +62,7 @@ def test_lock_pins_every_package_with_a_hash():
 def test_doctor_passes_for_the_cpu_study():
     result = gpt2dist("doctor", "--no-gpu", "--params", REPO / "params.yaml", "--preset", "cpu")
     assert "Horovod" in result.stdout and "gloo True" in result.stdout
-    runs = len(plan_study(REPO / "params.yaml", "cpu", 0).runs)
+    runs = len(plan_study(load_params(REPO / "params.yaml"), "cpu", 0).runs)
     assert f"ok: everything preset 'cpu' ({runs} runs) needs is here" in result.stdout
 
 

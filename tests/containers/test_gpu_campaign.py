@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.study import configurations, plan_study
 
 CAMPAIGN = REPO / "bench" / "gpu_campaign.sh"
@@ -99,12 +100,12 @@ def test_the_one_gpu_study_is_every_strategy_of_the_paper_study_on_one_gpu():
     the baseline; fp32 and tf32 beside single's are left out to fit one call (test above)."""
     def configs(preset):
         return {(run.strategy, run.precision, run.nproc)
-                for run in configurations(plan_study(REPO / "params.yaml", preset, 1))}
+                for run in configurations(plan_study(load_params(REPO / "params.yaml"), preset, 1))}
 
     paper, one_gpu = configs("paper"), configs("gpu-1gpu")
     assert one_gpu <= paper and {s for s, _, _ in one_gpu} == {s for s, _, n in paper if n == 1}
     assert {(s, p) for s, p, _ in one_gpu if p not in ("fp32", "tf32")} == {
         (s, p) for s, p, n in paper if n == 1 and p not in ("fp32", "tf32")}  # every bf16 and Apex one
-    assert ("single", "fp32", 1) in one_gpu and not plan_study(REPO / "params.yaml", "gpu-1gpu", 1).preset.study.selftests
+    assert ("single", "fp32", 1) in one_gpu and not plan_study(load_params(REPO / "params.yaml"), "gpu-1gpu", 1).preset.study.selftests
     # Apex (O1 in ddp and horovod, apex-ddp's O2) and Horovod are among them: what has never run on a GPU
     assert {("apex-ddp", "apex-O2", 1), ("horovod", "apex-O1", 1), ("horovod", "bf16", 1)} <= one_gpu

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.study import plan_study
 
 from conftest import REPO, require
@@ -127,7 +128,7 @@ PY
 
     doctor = in_image(cpu_image, "gpt2dist doctor --no-gpu --params /opt/gpt2dist/params.yaml --preset cpu").stdout
     assert f"gpt2dist cpu image {labels['org.gpt2dist.content-id'][:19]}" in doctor, doctor
-    runs = len(plan_study(REPO / "params.yaml", "cpu", 0).runs)
+    runs = len(plan_study(load_params(REPO / "params.yaml"), "cpu", 0).runs)
     assert f"ok: everything preset 'cpu' ({runs} runs) needs is here" in doctor, doctor
 
 

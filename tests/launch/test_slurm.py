@@ -11,7 +11,10 @@ import pytest
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.slurm import Container, container_from_env, horovod_launch, launch_command, srun_command
-from gpt2dist.pipeline.study import Run, plan_study, slurm_request
+from gpt2dist.pipeline.jobs import slurm_request
+from gpt2dist.pipeline.run import Run
+from gpt2dist.pipeline.study import plan_study
+from gpt2dist.config.presets import load_params
 from gpt2dist.system.allocation import Allocation, job_allocation, parse_show_job, rendezvous_port
 
 from conftest import REPO, gpt2dist, require
@@ -137,7 +140,7 @@ def test_one_node_whose_tasks_are_the_ranks():
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_train_jobs_ask_for_one_task_per_process(strategy):
     """The train rule's `tasks`: a task per GPU, except dp, whose one process drives every GPU (and single's one)."""
-    study = plan_study(REPO / "params.yaml", "paper", 8)
+    study = plan_study(load_params(REPO / "params.yaml"), "paper", 8)
     nproc = 1 if strategy == "single" else 4
     request = slurm_request(study, Run(strategy, "fp32", nproc, 0))
     assert (request["tasks"], request["gres"]) == ({"dp": 1}.get(strategy, nproc), f"gpu:{nproc}")

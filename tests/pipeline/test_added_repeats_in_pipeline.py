@@ -11,7 +11,9 @@ import shlex
 import pandas as pd
 import pytest
 
-from gpt2dist.pipeline.study import plan_study, train_command
+from gpt2dist.config.presets import load_params
+from gpt2dist.pipeline.jobs import train_command
+from gpt2dist.pipeline.study import plan_study
 
 from reduced_study import copy_workflow, hog, run
 
@@ -29,7 +31,7 @@ def test_snakemake_adds_rounds_for_the_undecided_until_the_budget_is_spent(tmp_p
                          added_repeats={"rounds": 3, "max_runs": 4, "resolve": 0.0}, selftests=False)
     others = ["single-fp32-n1-r0", "ddp-fp32-n1-r0", "single-fp32-n1-r1"]
     run(["snakemake", "--cores", "2", *(f"results/runs/{run_id}/run.json" for run_id in others)], work)
-    study = plan_study(work / "params.yaml", "cpu", 0)
+    study = plan_study(load_params(work / "params.yaml"), "cpu", 0)
     hogs = [hog(240) for _ in range(len(os.sched_getaffinity(0)))]
     try:
         run(shlex.split(train_command(study, next(r for r in study.runs if r.run_id == HOGGED))), work)

@@ -13,7 +13,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from gpt2dist.pipeline.study import collect_command, plan_study, report_command, train_command
+from gpt2dist.config.presets import load_params
+from gpt2dist.pipeline.jobs import collect_command, report_command, train_command
+from gpt2dist.pipeline.study import plan_study
 
 from reduced_study import QUIET_WAIT_S, hog, run as run_in
 
@@ -34,7 +36,7 @@ def disturbed_study(finished_study, tmp_path_factory):
     """The finished reduced study with one run trained again beside a hog on every CPU."""
     work = tmp_path_factory.mktemp("disturbed") / "study"
     shutil.copytree(finished_study, work, symlinks=True)
-    study = plan_study(work / "params.yaml", "cpu", 0)
+    study = plan_study(load_params(work / "params.yaml"), "cpu", 0)
     hogged = next(r for r in study.runs if r.run_id == HOGGED)
     shutil.rmtree(work / "results" / "runs" / HOGGED)
     hogs = [hog(240) for _ in range(len(os.sched_getaffinity(0)))]
@@ -77,7 +79,7 @@ def test_max_disturbed_refuses_and_names_the_rerun_command(disturbed_study):
     params = yaml.safe_load((disturbed_study / "params.yaml").read_text())
     params["presets"]["cpu"]["study"]["max_disturbed"] = 0
     (disturbed_study / "strict.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    study = plan_study(disturbed_study / "strict.yaml", "cpu", 0)
+    study = plan_study(load_params(disturbed_study / "strict.yaml"), "cpu", 0)
     done = run_in(shlex.split(collect_command(study, "strict.yaml")), disturbed_study, check=False)
     assert done.returncode == 2
     error = [line for line in done.stderr.splitlines() if line.startswith("error:")]

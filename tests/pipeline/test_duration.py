@@ -9,9 +9,11 @@ import yaml
 
 from conftest import REPO
 from gpt2dist.pipeline.duration import Calibration, estimate_line, progress_line, run_seconds, selftest_seconds
-from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, plan_study, resume_cases, selftest_command
+from gpt2dist.config.presets import load_params
+from gpt2dist.pipeline.jobs import selftest_command
+from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, plan_study, resume_cases
 
-STUDY = plan_study(REPO / "params.yaml", "cpu", 0)  # 60 runs: 20 configurations x 3 repeats
+STUDY = plan_study(load_params(REPO / "params.yaml"), "cpu", 0)  # 60 runs: 20 configurations x 3 repeats
 CALIBRATION = Calibration({"fp32": 0.25, "bf16": 3.0}, launch_s=6.0)
 
 
@@ -65,7 +67,7 @@ def test_selftests_resume_only_where_a_run_can_stop_between_checkpoints(tmp_path
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["presets"]["cpu"]["train"]["checkpoint_interval"] = 10
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    mid_run = plan_study(tmp_path / "params.yaml", "cpu", 0)
+    mid_run = plan_study(load_params(tmp_path / "params.yaml"), "cpu", 0)
     assert pipeline_resume_cases(mid_run) == resume_cases(mid_run)
     ddp = next(run for run in resume_cases(mid_run) if run.strategy == "ddp")
     assert "--resume" in selftest_command(mid_run, ddp)
@@ -78,6 +80,6 @@ def test_a_study_without_selftests_counts_none(tmp_path):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["presets"]["cpu"]["study"]["selftests"] = False
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    unchecked = plan_study(tmp_path / "params.yaml", "cpu", 0)
+    unchecked = plan_study(load_params(tmp_path / "params.yaml"), "cpu", 0)
     assert selftest_seconds(unchecked, CALIBRATION, cores=2) == {}
     assert len(selftest_seconds(STUDY, CALIBRATION, cores=2)) == len(configurations(STUDY))  # control: on by default

@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from gpt2dist.pipeline.study import RUNS_DIR
+from gpt2dist.pipeline.layout import RUNS_DIR
 
 from reduced_study import run
 

@@ -2,7 +2,7 @@
 its modules by name at run time, and the train stage depends on every one of them."""
 
 from gpt2dist.pipeline.imports import PACKAGE, code_closure, imported_modules
-from gpt2dist.pipeline.study import stage_code
+from gpt2dist.pipeline.jobs import stage_code
 from gpt2dist.training.strategies import _WHERE
 
 STRATEGIES = PACKAGE / "training" / "strategies"

@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.study import plan_study, resume_cases
 
 from conftest import REPO, gpt2dist, train_args
@@ -20,7 +21,7 @@ from reduced_study import copy_workflow, run
 pytestmark = pytest.mark.slow
 
 # the paper preset's configurations at 1, 2, 4 and 8 GPUs
-PAPER_CONFIGURATIONS = len({run.config_id for run in plan_study(REPO / "params.yaml", "paper", 8).runs})
+PAPER_CONFIGURATIONS = len({run.config_id for run in plan_study(load_params(REPO / "params.yaml"), "paper", 8).runs})
 
 
 def resources(dry_run: str) -> dict[str, dict[str, str]]:
@@ -47,7 +48,7 @@ def test_snakemake_plans_the_paper_study_for_the_gpus_the_user_names(tmp_path):
     assert "ddp-bf16-n8-2nodes, fsdp-bf16-n8-2nodes" in planned_stderr(work, "gpus_per_node=8", "preset=paper")
 
     fewer = run(["snakemake", "-n", "--config", "gpus_per_node=2", "preset=paper"], work)
-    two_gpus = plan_study(work / "params.yaml", "paper", 2)
+    two_gpus = plan_study(load_params(work / "params.yaml"), "paper", 2)
     assert set(resources(fewer.stdout)) == {run.run_id for run in two_gpus.runs}
     assert max(run.nproc for run in two_gpus.runs) == 2
     assert "dp-fp32-n4, ddp-fp32-n4" in fewer.stderr and "(4 processes per node, a node has 2 GPUs)" in fewer.stderr
@@ -125,18 +126,18 @@ def test_the_two_node_study_runs_each_link_on_emulated_nodes(tmp_path):
                                               planned)[0]
     assert "results/figures/links.png" in planned and "results/link_model.csv" in planned
     with pytest.raises(Exception, match="emulated nodes .* train on CPU"):
-        plan_study(work / "params.yaml", "two-node-cpu", 2)
+        plan_study(load_params(work / "params.yaml"), "two-node-cpu", 2)
 
 
 def test_the_resume_case_stays_when_a_larger_process_count_joins_the_study(params_file, tmp_path):
     """Its selftest command carries --resume: were the choice to move, finished runs would re-train."""
     params = yaml.safe_load(params_file.read_text())
     runs = params["presets"]["tiny"]["study"]["runs"]
-    before = {run.config_id for run in resume_cases(plan_study(params_file, None, 0))}
+    before = {run.config_id for run in resume_cases(plan_study(load_params(params_file), None, 0))}
     runs.append({"strategies": ["ddp"], "precisions": ["fp32", "bf16"], "nproc": [1, 4]})
     grown = tmp_path / "params.yaml"
     grown.write_text(yaml.safe_dump(params))
-    assert before == {run.config_id for run in resume_cases(plan_study(grown, None, 0))} == \
+    assert before == {run.config_id for run in resume_cases(plan_study(load_params(grown), None, 0))} == \
         {"single-fp32-n1", "ddp-fp32-n2"}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2dist.pipeline.study import FIGURES
+from gpt2dist.pipeline.layout import FIGURES
 from gpt2dist.results.plots import DPI, WIDTH
 
 from conftest import require

@@ -19,7 +19,10 @@ import psutil
 import pytest
 import yaml
 
-from gpt2dist.pipeline.study import RUNS_DIR, plan_study, train_command
+from gpt2dist.config.presets import load_params
+from gpt2dist.pipeline.jobs import train_command
+from gpt2dist.pipeline.layout import RUNS_DIR
+from gpt2dist.pipeline.study import plan_study
 
 from reduced_study import BIN, REPO, copy_workflow, run
 
@@ -59,7 +62,7 @@ def kill_at_first_checkpoint(command: list[str], work: Path, run_dir: Path) -> N
 
 def reference_run(work: Path, tmp_path: Path) -> list[dict]:
     """The same command, uninterrupted, by hand."""
-    study = plan_study(work / "params.yaml", "cpu", 0)
+    study = plan_study(load_params(work / "params.yaml"), "cpu", 0)
     command = shlex.split(train_command(study, study.runs[0]).replace(f"{RUNS_DIR}/{RUN_ID}", str(tmp_path / "whole")))
     run(command, work)
     return [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]

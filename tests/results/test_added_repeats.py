@@ -10,6 +10,7 @@ from test_ranking import study
 from conftest import REPO
 from gpt2dist.pipeline.study import plan_study, run_of, with_added_runs
 from gpt2dist.results.added_repeats import plan_round, undecided
+from gpt2dist.config.presets import load_params
 from gpt2dist.results.ranking import rank
 
 PLACEMENT = "2 processes on one machine"
@@ -39,7 +40,7 @@ def budgeted(tmp_path):
         params["presets"]["cpu"]["study"]["added_repeats"] = added
         path = tmp_path / "params.yaml"
         path.write_text(yaml.safe_dump(params))
-        return plan_study(path, "cpu", 0)
+        return plan_study(load_params(path), "cpu", 0)
     return make
 
 

@@ -10,12 +10,14 @@ import pytest
 
 from gpt2dist.config.schema import StudyConfig
 from gpt2dist.errors import UsageError
-from gpt2dist.pipeline.study import parse_run_id, plan_study
+from gpt2dist.pipeline.run import parse_run_id
+from gpt2dist.pipeline.study import plan_study
 from gpt2dist.results import collect
 from gpt2dist.results.collect import SUMMARISED, baseline_of, summarise
 from gpt2dist.results.disturbance import conditions_of, disturbance, foreign_share_while_steady, outliers
 from gpt2dist.results.findings import CONTRADICTED, NOISE, SUPPORTED, UNTESTABLE, check_claims
 from gpt2dist.results.link_model import predicted_vs_measured
+from gpt2dist.config.presets import load_params
 from gpt2dist.results.statistics import log_interval, paired_ratio, ratio_text, verdict
 
 from conftest import REPO
@@ -43,7 +45,7 @@ def runs_table(rates: dict[str, list[float]], disturbed: dict[str, str] | None =
 
 @pytest.fixture(scope="module")
 def study():
-    return plan_study(REPO / "params.yaml", "cpu", 0)
+    return plan_study(load_params(REPO / "params.yaml"), "cpu", 0)
 
 
 def test_throughput_intervals_never_leave_the_positive_numbers():
@@ -247,7 +249,7 @@ def test_bai_ddp_with_apex_is_apex_ddp_where_the_study_has_it(study):
 
 
 def test_a_paper_presets_names_label_the_table():
-    bai = plan_study(REPO / "params.yaml", "bai2022", 4)
+    bai = plan_study(load_params(REPO / "params.yaml"), "bai2022", 4)
     assert bai.labels == {"single-fp32-n1": "Single GPU", "dp-fp32-n4": "Single Parameter Server",
                           "ddp-fp32-n4": "Distributed Parameter Server", "horovod-fp32-n4": "Horovod",
                           "apex-ddp-apex-O2-n4": "Distributed Parameter Server + Apex",
@@ -387,7 +389,7 @@ def test_gpt2s_four_sizes_keep_the_studys_order_in_the_summary_the_figures_and_t
     from gpt2dist.results.plots import ranked
     from gpt2dist.results.ranking import rank
 
-    study = plan_study(REPO / "params.yaml", "paper-sizes", 8)
+    study = plan_study(load_params(REPO / "params.yaml"), "paper-sizes", 8)
     assert study.sizes == ["small", "medium", "large", "xl"]
     # run directories are read in name order, where large comes before medium and small
     rates = {f"{strategy}-bf16-n8-{size}": [rate, rate] for size, rate in

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
-from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.presets import load_params
 from gpt2dist.config.sizes import parameter_count
 from gpt2dist.errors import UsageError
 from gpt2dist.results.link_model import predicted_vs_measured, projection
@@ -46,7 +46,7 @@ def test_a_study_without_emulated_nodes_has_an_empty_model():
 
 
 def test_projection_crosses_the_nics_only_between_nodes():
-    name, preset = resolve_preset(REPO / "params.yaml", "bai2022")
+    name, preset = load_params(REPO / "params.yaml").preset("bai2022")
     one_nic = Links("nvlink4", "ndr", 1)  # 50 GB/s across nodes, far below NVLink's 450
     table = projection(name, preset, gpu="NVIDIA H100 80GB HBM3", precision="bf16", mfu=0.4, gpus_per_node=8,
                        node_counts=[1, 2, 4], links=one_nic).set_index(["strategy", "nodes"])
@@ -75,7 +75,7 @@ def root_share_of(preset) -> float:
 
 
 def test_projection_at_the_presets_sizes_ranks_each_size():
-    name, preset = resolve_preset(REPO / "params.yaml", "paper-sizes")
+    name, preset = load_params(REPO / "params.yaml").preset("paper-sizes")
     table = projection(name, preset, gpu="H100", precision="bf16", mfu=0.4, gpus_per_node=8, node_counts=[1],
                        links=links_of("H100"), sizes=["small", "xl"])
     projected = table[table["note"] == "projection"].set_index(["size", "strategy"])
@@ -92,7 +92,7 @@ def test_projection_at_the_presets_sizes_ranks_each_size():
     ({"node_counts": [1, 0]}, "--gpus-per-node and --nodes count at least 1, got 8 GPUs per node and nodes 1,0"),
 ])
 def test_projection_refuses_what_it_cannot_know(kwargs, message):
-    name, preset = resolve_preset(REPO / "params.yaml", "bai2022")
+    name, preset = load_params(REPO / "params.yaml").preset("bai2022")
     settings = {"gpu": "H100", "precision": "bf16", "mfu": 0.4, "gpus_per_node": 8, "node_counts": [1],
                 "links": links_of("H100")} | kwargs
     with pytest.raises(UsageError, match=re.escape(message)):

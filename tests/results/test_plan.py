@@ -9,6 +9,8 @@ import json
 import pandas as pd
 import pytest
 
+from gpt2dist.config.presets import load_params
+
 from conftest import REPO, gpt2dist
 
 
@@ -108,7 +110,7 @@ def test_the_studys_duration_counts_a_launch_per_run_and_selftest_beside_its_ste
     from gpt2dist.system.links import links_of
 
     for preset, gpus in (("gpu-1gpu", 1), ("paper", 8)):
-        study = plan_study(REPO / "params.yaml", preset, gpus)
+        study = plan_study(load_params(REPO / "params.yaml"), preset, gpus)
         table = plan(study, gpu="H100", mfu=0.4, memory_gb=[80], links=links_of("H100"))
         duration = study_seconds(study, table)
         checked = selftested(study)
@@ -126,7 +128,7 @@ def test_a_plan_that_drops_configurations_says_how_many_and_why():
     """plan --gpus 2 once planned 26 of the paper study's configurations without a word about the others."""
     from gpt2dist.pipeline.study import configurations, plan_study
 
-    study = plan_study(REPO / "params.yaml", "paper", 2)
+    study = plan_study(load_params(REPO / "params.yaml"), "paper", 2)
     result = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper", "--gpus", "2")
     planned, said = len(configurations(study)) + len(study.dropped), " ".join(result.stderr.split())  # unwrapped
     assert study.dropped and said.startswith(f"warning: {len(study.dropped)} of {planned} configurations dropped: ")
@@ -203,11 +205,12 @@ def test_an_interleaved_pipeline_waits_a_smaller_bubble_and_holds_more_activatio
     across. The control: the 1F1B plan of the same run."""
     from gpt2dist.config.memory import predict
     from gpt2dist.config.strategies import check_run, rank_blocks, traffic
-    from gpt2dist.pipeline.study import Run, plan_study, planned_spec
+    from gpt2dist.pipeline.run import Run
+    from gpt2dist.pipeline.study import plan_study, planned_spec
     from gpt2dist.results.plan import gpu_step_seconds
     from gpt2dist.system.links import links_of
 
-    study = plan_study(REPO / "params.yaml", "paper", 8)
+    study = plan_study(load_params(REPO / "params.yaml"), "paper", 8)
     plain = planned_spec("paper", study.preset, Run("pp", "bf16", 4, 0), "cuda")
     interleaved = plain.model_copy(update={"train": plain.train.model_copy(
         update={"pipeline_schedule": "interleaved-1f1b"})})
@@ -226,10 +229,9 @@ def test_an_interleaved_pipeline_waits_a_smaller_bubble_and_holds_more_activatio
 
 
 def _spec(strategy: str, nproc: int = 8, accumulation: int = 1):
-    from gpt2dist.config.presets import resolve_preset
     from gpt2dist.config.schema import RunSpec
 
-    name, preset = resolve_preset(REPO / "params.yaml", "paper")
+    name, preset = load_params(REPO / "params.yaml").preset("paper")
     train = preset.train.model_copy(update={"global_batch_size": preset.train.micro_batch_size * nproc * accumulation})
     return RunSpec(data_dir="", out_dir="", preset=name, strategy=strategy, precision="bf16", nproc=nproc,
                    device="cuda", model=preset.model, train=train)

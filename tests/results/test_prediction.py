@@ -10,7 +10,7 @@ import tarfile
 import pandas as pd
 import pytest
 
-from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import TrainConfig
 from gpt2dist.results.prediction import STEP_TARGET, predicted_step_time, prediction_errors, with_predictions
 from gpt2dist.results.report import prediction_markdown
@@ -50,7 +50,7 @@ def rebuilt(request, tmp_path_factory) -> tuple[pd.DataFrame, TrainConfig]:
     with tarfile.open(bundle) as packed:
         packed.extract("params.yaml", out, filter="data")
     preset = json.loads((results / "summary.json").read_text())["preset"]
-    train = resolve_preset(out / "params.yaml", preset)[1].train
+    train = load_params(out / "params.yaml").preset(preset)[1].train
     return pd.read_csv(results / "summary.csv"), train
 
 

@@ -4,6 +4,7 @@ not needed, in words: never None, never a bare yes or no."""
 from __future__ import annotations
 
 from gpt2dist.pipeline.study import plan_study
+from gpt2dist.config.presets import load_params
 from gpt2dist.system.doctor import facts
 
 from conftest import REPO
@@ -12,8 +13,8 @@ STATUSES = {"", "present", "missing", "not needed"}
 
 
 def test_gpu_pieces_are_not_needed_by_a_cpu_study_and_missing_for_a_gpu_one():
-    cpu = {fact.name: fact for fact in facts(False, plan_study(REPO / "params.yaml", "cpu", 0))}
-    gpu = {fact.name: fact for fact in facts(False, plan_study(REPO / "params.yaml", "paper", 8))}
+    cpu = {fact.name: fact for fact in facts(False, plan_study(load_params(REPO / "params.yaml"), "cpu", 0))}
+    gpu = {fact.name: fact for fact in facts(False, plan_study(load_params(REPO / "params.yaml"), "paper", 8))}
     for name in ("CUDA (torch build)", "GPUs", "driver", "NCCL"):
         absent = (cpu[name].status, gpu[name].status) == ("not needed", "missing")
         assert absent or (cpu[name].status, gpu[name].status) == ("present", "present"), name

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import ModelConfig
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer
@@ -21,7 +22,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def dp_trainer(shards, params_file, out, precision: str) -> Trainer:
-    spec = build_spec(data=shards, out=out, strategy="dp", precision=precision, nproc=1, params=params_file,
+    spec = build_spec(data=shards, out=out, strategy="dp", precision=precision, nproc=1, params=load_params(params_file),
                       preset=None, overrides=[])
     return Trainer(spec, REGISTRY["dp"](spec))
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer
 from gpt2dist.training.model import VOCAB_MULTIPLE, chunked_head_loss, compiled_head_loss, head_loss
@@ -42,7 +43,7 @@ class ReadBacks(TorchDispatchMode):
 
 
 def trainer(shards, params_file, out, *, precision="fp32", overrides=()) -> Trainer:
-    spec = build_spec(data=shards, out=out, strategy="single", precision=precision, nproc=1, params=params_file,
+    spec = build_spec(data=shards, out=out, strategy="single", precision=precision, nproc=1, params=load_params(params_file),
                       preset=None, overrides=list(overrides))
     return Trainer(spec, REGISTRY["single"](spec))
 

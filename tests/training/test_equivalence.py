@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.batches import BatchSampler
@@ -170,7 +171,7 @@ finally:
 
 
 def train_horovod_with_summed_gradients(shards, params_file, out) -> None:
-    spec = build_spec(data=shards, out=out, strategy="horovod", precision="fp32", nproc=2, params=params_file,
+    spec = build_spec(data=shards, out=out, strategy="horovod", precision="fp32", nproc=2, params=load_params(params_file),
                       preset=None, overrides=[])
     out.mkdir(parents=True, exist_ok=True)
     (out / "fault.json").write_text(spec.model_dump_json())
@@ -205,7 +206,7 @@ def train_with_fault(strategy_class, shards, params_file, out, inject=None, prec
     """Train strategy_class (a faulty subclass, or one `inject` breaks) on `nproc` spawned ranks (as many GPUs
     where CUDA is visible)."""
     spec = build_spec(data=shards, out=out, strategy=strategy_class.name, precision=precision, nproc=nproc,
-                      params=params_file, preset=None, overrides=overrides or [])
+                      params=load_params(params_file), preset=None, overrides=overrides or [])
     mp.spawn(_rank_with_fault, args=(spec.model_dump_json(), _free_port(), strategy_class, inject), nprocs=nproc,
              join=True)
 

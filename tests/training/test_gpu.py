@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer
 from gpt2dist.training.model import TokenLoss, lm_loss
@@ -51,7 +52,7 @@ def test_task_bound_to_one_gpu_claims_cuda_0():
 
 
 def trainer(shards, params_file, out, strategy: str, precision: str, nproc: int = 1) -> Trainer:
-    spec = build_spec(data=shards, out=out, strategy=strategy, precision=precision, nproc=nproc, params=params_file,
+    spec = build_spec(data=shards, out=out, strategy=strategy, precision=precision, nproc=nproc, params=load_params(params_file),
                       preset=None, overrides=[])
     return Trainer(spec, REGISTRY[strategy](spec))
 
@@ -144,7 +145,7 @@ def test_apex_o2_checkpoint_restores_master_weights_and_optimizer_state(shards, 
     """Bitwise: O2's fp32 masters and fp32 Adam moments come back as saved, not rounded through fp16.
     In one process, so amp.initialize runs twice: harmless for O2, which patches no torch functions."""
     spec = build_spec(data=shards, out=tmp_path, strategy="single", precision="apex-O2", nproc=1,
-                      params=params_file, preset=None, overrides=["train.max_steps=4"])
+                      params=load_params(params_file), preset=None, overrides=["train.max_steps=4"])
     first = Trainer(spec, Single(spec))
     first.run()
     saved_amp = first.precision.amp.state_dict()

@@ -22,6 +22,7 @@ from test_equivalence import (
     train_with_fault,
 )
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES, ModelConfig, RunSpec, TrainConfig
 from gpt2dist.config.strategies import check_run
 from gpt2dist.errors import UsageError
@@ -180,7 +181,7 @@ def _train_in_one_process(strategy_class, spec_json: str) -> None:
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
 def test_dp_with_its_devices_gradients_summed_fails_on_gpus(gpu_reference, shards, params_file, tmp_path):
     """dp's control, on the GPUs where its replicas are real (on CPU it is single's computation)."""
-    spec = build_spec(data=shards, out=tmp_path, strategy="dp", precision="fp32", nproc=2, params=params_file,
+    spec = build_spec(data=shards, out=tmp_path, strategy="dp", precision="fp32", nproc=2, params=load_params(params_file),
                       preset=None, overrides=["train.micro_batch_size=1"])
     torch.multiprocessing.spawn(_train_in_one_process, args=(OneDeviceTokensDP, spec.model_dump_json()), nprocs=1)
     assert_summed_gradients(gpu_reference, tmp_path, rtol=GPU_RTOL, ratio_rtol=GPU_RTOL)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import optimizer_factory
 from gpt2dist.training.model import build_model
@@ -24,7 +25,7 @@ class RecordingPrecision(Precision):
 @pytest.mark.timeout(120)
 def test_horovod_hands_the_precision_its_distributed_optimizer(shards, params_file, tmp_path):
     spec = build_spec(data=shards, out=tmp_path, strategy="horovod", precision="fp32", nproc=1,
-                      params=params_file, preset=None, overrides=[])
+                      params=load_params(params_file), preset=None, overrides=[])
     strategy = Horovod(spec)
     placement = strategy.setup()
     try:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_equivalence import assert_follows_in_precision
 
+from gpt2dist.config.presets import load_params
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.batches import BatchSampler
 from gpt2dist.training.loop import Trainer
@@ -119,7 +120,7 @@ def test_the_bitwise_check_catches_a_broken_restore(broken, trained, killed_sing
     whole, killed = trained("single", *RESUME_EXTRA), tmp_path / "killed"
     shutil.copytree(killed_single, killed)
     BROKEN_RESTORES[broken](monkeypatch)
-    spec = build_spec(data=shards, out=killed, strategy="single", precision="fp32", nproc=1, params=params_file,
+    spec = build_spec(data=shards, out=killed, strategy="single", precision="fp32", nproc=1, params=load_params(params_file),
                       preset=None, overrides=["train.max_steps=12", "train.checkpoint_interval=2"])
     train(spec)
     if broken == "none":  # the same resume without a fault is exact: what fails below is the fault

@@ -21,7 +21,7 @@ def added_rounds_decided(upto):
 
 def added_records(decided):
     """The run records of the rounds `decided`."""
-    return [f"{gs.RUNS_DIR}/{run}/run.json" for _, runs in decided for run in runs]
+    return [f"{layout.RUNS_DIR}/{run}/run.json" for _, runs in decided for run in runs]
 
 
 def added_files(decided):
@@ -40,12 +40,12 @@ checkpoint added_round:
         lambda wildcards: added_records(added_rounds_decided(int(wildcards.k) - 1)),
         rules.prepare.output.meta,
     output:
-        gs.added_round_file("{k}"),
+        layout.added_round_file("{k}"),
     wildcard_constraints:
         k=r"\d+",
     params:
-        command=lambda wildcards: gs.added_round_command(STUDY, int(wildcards.k), PARAMS),
-        settings=gs.preset_json(STUDY, "study", "model"),
+        command=lambda wildcards: jobs.added_round_command(STUDY, int(wildcards.k), PARAMS),
+        settings=jobs.preset_json(STUDY, "study", "model"),
     log:
         "logs/added_round/{k}.log",
     container:

@@ -5,16 +5,16 @@ rule collect:
         meta=rules.prepare.output.meta,
         added=lambda wildcards: added_files(added_rounds_decided(ADDED.rounds)),  # none unless added_repeats.rounds
     output:
-        metrics=f"{gs.RESULTS_DIR}/metrics.csv",
-        runs=f"{gs.RESULTS_DIR}/runs.csv",
-        summary=f"{gs.RESULTS_DIR}/summary.csv",
-        summary_json=f"{gs.RESULTS_DIR}/summary.json",
-        headline=[gs.headline_file(run) for run in CONFIGS.values()],
-        loss_curves=f"{gs.RESULTS_DIR}/loss_curves.csv",
-        link_model=f"{gs.RESULTS_DIR}/link_model.csv",
+        metrics=f"{layout.RESULTS_DIR}/metrics.csv",
+        runs=f"{layout.RESULTS_DIR}/runs.csv",
+        summary=f"{layout.RESULTS_DIR}/summary.csv",
+        summary_json=f"{layout.RESULTS_DIR}/summary.json",
+        headline=[layout.headline_file(run) for run in CONFIGS.values()],
+        loss_curves=f"{layout.RESULTS_DIR}/loss_curves.csv",
+        link_model=f"{layout.RESULTS_DIR}/link_model.csv",
     params:
-        command=gs.collect_command(STUDY, PARAMS),
-        settings=gs.preset_json(STUDY, "study", "model"),
+        command=jobs.collect_command(STUDY, PARAMS),
+        settings=jobs.preset_json(STUDY, "study", "model"),
     log:
         "logs/collect.log",
     container:

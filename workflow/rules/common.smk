@@ -1,5 +1,5 @@
-# Helpers shared by the rules: the study this machine runs, from gpt2dist.pipeline.study (the same
-# module dvc.yaml is generated from).
+# Helpers shared by the rules: the study this machine runs (gpt2dist.pipeline.study), its jobs' commands
+# (pipeline.jobs) and its files (pipeline.layout), the same modules dvc.yaml is generated from.
 import re
 import shlex
 import subprocess
@@ -8,8 +8,10 @@ from pathlib import Path
 
 from snakemake.settings.types import DeploymentMethod
 
+from gpt2dist.pipeline import jobs, layout
 from gpt2dist.pipeline import study as gs
 from gpt2dist.config.planning import planned_nodes
+from gpt2dist.config.presets import load_params
 from gpt2dist.errors import UsageError
 from gpt2dist.system.hardware import visible_gpus
 
@@ -23,7 +25,8 @@ WHOLE_MACHINE = 1024
 # from the planning host.
 GPUS = visible_gpus() if config.get("gpus_per_node") is None else int(config["gpus_per_node"])
 try:
-    STUDY = gs.plan_study(PARAMS, config.get("preset"), GPUS, planned_nodes(PARAMS, config.get("nodes")),
+    params = load_params(PARAMS)
+    STUDY = gs.plan_study(params, config.get("preset"), GPUS, planned_nodes(params, config.get("nodes")),
                           gpus_given=config.get("gpus_per_node") is not None)
 except UsageError as exc:
     sys.exit(f"error: {exc}")
@@ -32,9 +35,9 @@ if STUDY.dropped:
 RUNS = {run.run_id: run for run in STUDY.runs}
 # Runs whose last attempt failed (or was stopped) left a record saying so: mark them to be trained again.
 for run_id in gs.unfinished_runs(STUDY):
-    Path(gs.retry_marker(run_id)).touch()
+    Path(layout.retry_marker(run_id)).touch()
 CONFIGS = {run.config_id: run for run in gs.configurations(STUDY)}
-OUTPUTS = gs.stage_outputs(STUDY)
+OUTPUTS = jobs.stage_outputs(STUDY)
 
 
 # Runs across a cluster's nodes (rule train_across_nodes in train.smk)
@@ -51,6 +54,6 @@ def run_pattern(across_nodes):
 
 
 def slurm_resources(run_of):
-    """A job's SLURM resources (gs.slurm_request), one callable per key; `run_of(wildcards)` is its run."""
-    return {key: (lambda wildcards, key=key: gs.slurm_request(STUDY, run_of(wildcards))[key])
+    """A job's SLURM resources (jobs.slurm_request), one callable per key; `run_of(wildcards)` is its run."""
+    return {key: (lambda wildcards, key=key: jobs.slurm_request(STUDY, run_of(wildcards))[key])
             for key in ("nodes", "tasks", "tasks_per_node", "mpi", "gres")}

@@ -4,18 +4,18 @@ rule plot:
     output:
         **{
             name: report(
-                f"{gs.RESULTS_DIR}/figures/{name}.png",
+                f"{layout.RESULTS_DIR}/figures/{name}.png",
                 caption=f"../report/{name}.rst",
                 category="Figures",
             )
-            for name in gs.figures(STUDY)
+            for name in jobs.figures(STUDY)
         },
-        svg=[f"{gs.RESULTS_DIR}/figures/{name}.svg" for name in gs.figures(STUDY)],
+        svg=[f"{layout.RESULTS_DIR}/figures/{name}.svg" for name in jobs.figures(STUDY)],
     params:
-        command=gs.plot_command(),
+        command=jobs.plot_command(),
         # for the report's captions (Jinja2 in workflow/report/*.rst): fixed by the plan, so they
         # never make plot out of date on their own
-        study=gs.caption_facts(STUDY),
+        study=jobs.caption_facts(STUDY),
     log:
         "logs/plot.log",
     container:

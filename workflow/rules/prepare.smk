@@ -1,12 +1,12 @@
 rule prepare:
     output:
-        train=f"{gs.DATA_DIR}/train.bin",
-        val=f"{gs.DATA_DIR}/val.bin",
-        tokenizer=f"{gs.DATA_DIR}/tokenizer.json",
-        meta=f"{gs.DATA_DIR}/meta.json",
+        train=f"{layout.DATA_DIR}/train.bin",
+        val=f"{layout.DATA_DIR}/val.bin",
+        tokenizer=f"{layout.DATA_DIR}/tokenizer.json",
+        meta=f"{layout.DATA_DIR}/meta.json",
     params:
-        command=gs.prepare_command(STUDY, PARAMS),
-        settings=gs.preset_json(STUDY, "data"),
+        command=jobs.prepare_command(STUDY, PARAMS),
+        settings=jobs.preset_json(STUDY, "data"),
     log:
         "logs/prepare.log",
     threads: WHOLE_MACHINE

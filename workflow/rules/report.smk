@@ -3,10 +3,10 @@ rule report:
         summary=rules.collect.output.summary_json,
         figures=rules.plot.output,
     output:
-        summary=report(f"{gs.RESULTS_DIR}/summary.md", caption="../report/summary.rst", category="Summary"),
-        findings=report(f"{gs.RESULTS_DIR}/findings.md", caption="../report/findings.rst", category="Summary"),
+        summary=report(f"{layout.RESULTS_DIR}/summary.md", caption="../report/summary.rst", category="Summary"),
+        findings=report(f"{layout.RESULTS_DIR}/findings.md", caption="../report/findings.rst", category="Summary"),
     params:
-        command=gs.report_command(),
+        command=jobs.report_command(),
     log:
         "logs/report.log",
     container:

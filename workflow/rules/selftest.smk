@@ -7,12 +7,12 @@
 # the train jobs' own params check: snakemake/snakemake#4166).
 rule selftest:
     output:
-        f"{gs.SELFTEST_DIR}/{{config}}.json",
+        f"{layout.SELFTEST_DIR}/{{config}}.json",
     wildcard_constraints:
         config="|".join(map(re.escape, CONFIGS)),
     params:
-        command=lambda wildcards: gs.selftest_command(STUDY, CONFIGS[wildcards.config], PARAMS),
-        settings=gs.preset_json(STUDY, "model", "train"),
+        command=lambda wildcards: jobs.selftest_command(STUDY, CONFIGS[wildcards.config], PARAMS),
+        settings=jobs.preset_json(STUDY, "model", "train"),
     log:
         "logs/selftest/{config}.log",
     # On CPUs, a core per process: selftests measure nothing, so two one-process ones share a 2-core

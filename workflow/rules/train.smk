@@ -13,32 +13,32 @@ rule train:
     input:
         rules.prepare.output,
         # its configuration's selftest must pass first (where the preset has selftests)
-        lambda wildcards: gs.selftest_inputs(STUDY, run_of(wildcards.run)),
+        lambda wildcards: jobs.selftest_inputs(STUDY, run_of(wildcards.run)),
         # Repeats interleave: repeat k waits for round k-1 (rule round_done below), so a slow spell
         # of the machine hits all configurations alike. Order only: ancient() keeps a re-trained
         # earlier repeat from making every later one out of date.
-        lambda wildcards: [ancient(gs.round_marker(r)) for r in gs.previous_rounds(run_of(wildcards.run))],
+        lambda wildcards: [ancient(layout.round_marker(r)) for r in jobs.previous_rounds(run_of(wildcards.run))],
         # made when the run's last attempt did not complete (common.smk): newer than its outputs, so re-run
-        lambda wildcards: [marker] if Path(marker := gs.retry_marker(wildcards.run)).exists() else [],
+        lambda wildcards: [marker] if Path(marker := layout.retry_marker(wildcards.run)).exists() else [],
     output:
-        record=f"{gs.RUNS_DIR}/{{run}}/run.json",
-        metrics=f"{gs.RUNS_DIR}/{{run}}/metrics.jsonl",
-        spec=f"{gs.RUNS_DIR}/{{run}}/spec.json",
+        record=f"{layout.RUNS_DIR}/{{run}}/run.json",
+        metrics=f"{layout.RUNS_DIR}/{{run}}/metrics.jsonl",
+        spec=f"{layout.RUNS_DIR}/{{run}}/spec.json",
     wildcard_constraints:
         run=run_pattern(across_nodes=False),
     params:
-        command=lambda wildcards: gs.train_command(STUDY, run_of(wildcards.run)),
+        command=lambda wildcards: jobs.train_command(STUDY, run_of(wildcards.run)),
         image=lambda wildcards: f"GPT2DIST_IMAGE={shlex.quote(config['container'])} "
         if IN_IMAGE and wildcards.run in ACROSS_NODES
         else "",
-        settings=gs.preset_json(STUDY, "model", "train"),
-        progress=gs.progress_command(STUDY, PARAMS),
+        settings=jobs.preset_json(STUDY, "model", "train"),
+        progress=jobs.progress_command(STUDY, PARAMS),
     log:
         "logs/train/{run}.log",
     threads: WHOLE_MACHINE
     resources:
         gpus=lambda wildcards: run_of(wildcards.run).nproc if STUDY.device == "cuda" else 0,  # --resources gpus=N
-        # On a SLURM cluster (gs.slurm_request): nodes, one task per process and each node's GPUs;
+        # On a SLURM cluster (jobs.slurm_request): nodes, one task per process and each node's GPUs;
         # tasks_per_gpu=0 keeps the plugin from adding --ntasks-per-gpu.
         **slurm_resources(lambda wildcards: run_of(wildcards.run)),
         tasks_per_gpu=0,
@@ -68,6 +68,6 @@ rule round_done:
     input:
         lambda wildcards: [OUTPUTS[f"train@{run.run_id}"][0] for run in STUDY.runs if run.repeat == int(wildcards.round)],
     output:
-        touch(gs.round_marker("{round}")),
+        touch(layout.round_marker("{round}")),
     wildcard_constraints:
         round=r"\d+",

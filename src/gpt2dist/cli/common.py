@@ -186,11 +186,13 @@ def planned_study(params: Path, preset: str | None, gpus: int | None = None, nod
     """The study planned for `gpus` per node (else params.yaml's gpus_per_node, else the visible GPUs) on
     `nodes` nodes (else params.yaml's nodes, else 1)."""
     from gpt2dist.config.planning import gpus_given, planned_gpus, planned_nodes
+    from gpt2dist.config.presets import load_params
     from gpt2dist.pipeline.study import dropped_warning, plan_study
     from gpt2dist.system.hardware import visible_gpus
 
-    study = plan_study(params, preset, planned_gpus(params, visible_gpus()) if gpus is None else gpus,
-                       planned_nodes(params, nodes), gpus_given=gpus_given(params, gpus))
+    loaded = load_params(params)
+    study = plan_study(loaded, preset, planned_gpus(loaded, visible_gpus()) if gpus is None else gpus,
+                       planned_nodes(loaded, nodes), gpus_given=gpus_given(loaded, gpus))
     if study.dropped:  # every command that plans says what it left out, and why
         _WARNINGS.append(dropped_warning(study))
     return study

@@ -122,7 +122,7 @@ def recommend(
 ) -> None:
     """Rank the strategies for a GPU cluster by predicted hours to train --tokens, with memory fit, an interval
     from the step-time model's leave-one-out error on stored studies, and what it extrapolates beyond."""
-    from gpt2dist.config.presets import resolve_preset
+    from gpt2dist.config.presets import load_params
     from gpt2dist.pipeline.study import preset_sizes
     from gpt2dist.results.forecast_words import recommend_report
     from gpt2dist.results.recommend import read_stored
@@ -133,7 +133,7 @@ def recommend(
     if not directories:
         raise UsageError("no stored study to measure the model's error on: pass --study <results directory>")
     stored = read_stored(directories)
-    name, chosen = resolve_preset(params, preset, cuda=True)
+    name, chosen = load_params(params).preset(preset, cuda=True)
     gpu, mfu = gpu or FORECAST_GPU, mfu or FORECAST_MFU
     memory_gb = memory_gb or max(gpu_memory_gb(gpu))
     links = links_of(gpu, link_inside, link_across, nics)
@@ -160,13 +160,13 @@ def project_scaling(
 ) -> None:
     """Project a preset's data-parallel strategies to GPU clusters with the link model (a projection, not a
     measurement: compute from FLOPs at an assumed MFU, communication from the traffic model)."""
-    from gpt2dist.config.presets import resolve_preset
+    from gpt2dist.config.presets import load_params
     from gpt2dist.pipeline.study import preset_sizes
     from gpt2dist.results.forecast_words import projection_report
     from gpt2dist.system.links import links_of
 
     counts = numbers(nodes, "--nodes", COUNT, "1,2,4,8")
-    name, chosen = resolve_preset(params, preset, cuda=cuda_visible())
+    name, chosen = load_params(params).preset(preset, cuda=cuda_visible())
     gpu, mfu = gpu or FORECAST_GPU, mfu or FORECAST_MFU
     links = links_of(gpu, link_inside, link_across, nics)
     sizes = _model_sizes(model_sizes) or preset_sizes(chosen)

@@ -59,6 +59,7 @@ def train(
                                                       "preset's shape, instead of a random init.")] = None,
 ) -> None:
     """Train GPT-2 with one strategy; re-running the same command resumes from the last checkpoint."""
+    from gpt2dist.config.presets import load_params
     from gpt2dist.launch import commands, emulated, runner
 
     overrides = list(set_ or [])
@@ -70,6 +71,7 @@ def train(
     if gpus is not None and not host_list:
         raise UsageError("--gpus describes the --hosts machines; a run on this machine uses the GPUs it sees")
     device, host_gpus = None, None
+    loaded = load_params(params)
     if host_list:  # other machines' commands: their GPUs, not necessarily this host's
         from gpt2dist.config.planning import hosts_gpus
         from gpt2dist.system.hardware import visible_gpus
@@ -78,7 +80,7 @@ def train(
         if nproc is not None and nproc != sum(slots.values()):
             raise UsageError(f"--nproc {nproc} disagrees with --hosts, whose slots add up to {sum(slots.values())}; "
                              "leave --nproc out (the slots say how many processes) or change the slots")
-        host_gpus = hosts_gpus(params, gpus, visible_gpus(), slots)
+        host_gpus = hosts_gpus(loaded, gpus, visible_gpus(), slots)
         device = "cuda" if host_gpus else "cpu"
     if emulate_nodes is not None:
         device = "cpu"  # emulated nodes share this machine; its GPUs are not split between them
@@ -86,7 +88,7 @@ def train(
         raise UsageError("--nodes is a SLURM job's nodes; --hosts and --emulate-nodes say their own")
     spread = len(host_list) if host_list else nodes  # emulated nodes: launch.emulated's, checked there
     spec = runner.build_spec(data=data, out=out, strategy=strategy, precision=precision,
-                             nproc=sum(h.slots for h in host_list) if host_list else nproc or 1, params=params,
+                             nproc=sum(h.slots for h in host_list) if host_list else nproc or 1, params=loaded,
                              preset=preset, overrides=overrides, node_gpus=host_gpus, device=device,
                              nodes=spread, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
                              resume_from=resume_from, size=size, init_from=init_from)
@@ -155,10 +157,10 @@ def prepare(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Tokenize the preset's corpus into verified uint16 token shards."""
-    from gpt2dist.config.presets import resolve_preset
+    from gpt2dist.config.presets import load_params
     from gpt2dist.data.prepare import prepare as run_prepare
 
-    _, chosen = resolve_preset(params, preset, cuda=cuda_visible(), overrides=list(set_ or []))
+    _, chosen = load_params(params).preset(preset, cuda=cuda_visible(), overrides=list(set_ or []))
     typer.echo(_summary(out, run_prepare(chosen.data, out, progress=progress), "written"))
 
 
@@ -227,9 +229,9 @@ def selftest(
     from gpt2dist.system.hardware import visible_gpus
 
     console = Console(highlight=False)
-    if gpus is not None:  # the pipeline's jobs pass the plan's count: a stale dvc.yaml shows here first
-        check_plan_fits(params, gpus, visible_gpus())
     study = planned_study(params, preset, gpus, nodes)
+    if gpus is not None:  # the pipeline's jobs pass the plan's count: a stale dvc.yaml shows here first
+        check_plan_fits(study.params, gpus, visible_gpus())
 
     def progress(check, done: int, total: int) -> None:
         verdict = "ok" if check.ok else f"FAILED: {check.error}"
@@ -237,7 +239,7 @@ def selftest(
 
     if resume and not only:
         raise UsageError("--resume goes with --only (without it, every strategy's resume is checked)")
-    checks = run_selftest(study, params, out, only=only, resume=resume, timeout_s=timeout, report=progress)
+    checks = run_selftest(study, out, only=only, resume=resume, timeout_s=timeout, report=progress)
     table = Table(title=f"gpt2dist selftest: preset {study.preset_name} on {study.device}")
     for column in ("check", "result", "seconds", "error"):
         table.add_column(column)

@@ -152,7 +152,8 @@ def estimate(
 ) -> None:
     """Time a few steps of the preset's model here and print how long the rest of the study will take."""
     from gpt2dist.pipeline.duration import estimate_line, finished_runs, write_estimate
-    from gpt2dist.pipeline.study import configurations, selftest_file
+    from gpt2dist.pipeline.layout import selftest_file
+    from gpt2dist.pipeline.study import configurations
     from gpt2dist.selftest import CALIBRATION_STEPS, calibrate
     from gpt2dist.system.conditions import run_cpus
     from gpt2dist.system.hardware import visible_gpus
@@ -170,7 +171,7 @@ def estimate(
     typer.echo(f"estimate: timing {CALIBRATION_STEPS} steps of preset '{study.preset_name}''s model in "
                f"{' and '.join(precisions)}, one process...")
     checked = {run.config_id for run in configurations(study) if Path(selftest_file(run)).exists()}
-    typer.echo(estimate_line(write_estimate(study, calibrate(study, params), len(run_cpus()), out), finished, checked))
+    typer.echo(estimate_line(write_estimate(study, calibrate(study), len(run_cpus()), out), finished, checked))
 
 
 @app.command()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpt2dist.config.schema import ModelConfig, TrainConfig
+from gpt2dist.config.schema import ALL_FORWARDS_FIRST, ModelConfig, TrainConfig
 from gpt2dist.errors import UsageError
 
 
@@ -91,11 +91,11 @@ class Degrees:
                              f"{model.n_layer} (model.n_layer); use --nproc {max(1, model.n_layer // self.pp_virtual)} "
                              "or fewer, or fewer virtual stages")
         micro_batches = self.pipeline_micro_batches
-        if self.pp > 1 and schedule != "gpipe" and micro_batches < self.pp:
+        if self.pp > 1 and schedule != ALL_FORWARDS_FIRST and micro_batches < self.pp:
             # torch's 1F1B schedules fill the pipeline with one micro-batch per rank before their first backward
             raise UsageError(f"train.pipeline_schedule '{schedule}' needs at least one micro-batch per stage, but "
                              f"global_batch_size / micro_batch_size is {micro_batches} for {self.pp} stages; use a "
-                             "smaller train.micro_batch_size, or train.pipeline_schedule=gpipe")
+                             f"smaller train.micro_batch_size, or train.pipeline_schedule={ALL_FORWARDS_FIRST}")
         rounds = max(1, micro_batches // self.pp)
         if self.pp_virtual > 1 and micro_batches % rounds:
             # torch's interleaved schedules run the micro-batches in rounds of about one per rank

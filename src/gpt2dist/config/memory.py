@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.schema import ALL_FORWARDS_FIRST, RunSpec
 from gpt2dist.config.strategies import FP32, HALF, compute_bytes, degrees_of, describe, rank_blocks
 
 STEP_BYTES = 4  # AdamW keeps its step count as one float32 tensor per parameter tensor
@@ -77,7 +77,7 @@ def activation_bytes_kept(spec: RunSpec) -> int:
     if stages == 1:
         return round(rows * (m.n_layer * per_layer + recomputed) + head_bytes(spec, rows))
     in_flight, virtual = degrees.pipeline_micro_batches, degrees.pp_virtual
-    if spec.train.pipeline_schedule != "gpipe":
+    if spec.train.pipeline_schedule != ALL_FORWARDS_FIRST:
         in_flight = min(in_flight, stages)  # the first rank runs one forward per rank ahead of its first backward
     # interleaving holds (stages - 1) / (stages x virtual) more (Narayanan et al. 2021, section 2.2)
     interleaving = 1 + (stages - 1) / (stages * virtual) if virtual > 1 else 1

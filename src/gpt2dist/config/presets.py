@@ -1,10 +1,12 @@
-"""params.yaml's presets: read the file, resolve a preset's name ('auto' included) and the presets it
-extends, apply --set overrides, validate. `resolve_preset` is the one front door; everything that needs
-a preset goes through it, so every command reads params.yaml the same way."""
+"""params.yaml, read once into a `Params` (`load_params`): its presets, each resolved by name ('auto'
+included) with the presets it extends and --set overrides laid over it, then validated, and the cluster its
+studies are planned for. Every command, the planner and the workflows read the file through a `Params`, so all
+see it the same way."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -23,11 +25,11 @@ RENAMED = {"train": {"warmup_steps": "lr_warmup_steps"}, "study": {"warmup_steps
 EXTENDS = "extends"
 # The cpu study's variant that `preset: auto` picks on a CPU without bf16 instructions (fewer, shorter bf16 runs)
 EMULATED_BF16 = "cpu-emulated-bf16"
-# libyaml's loader where PyYAML was built with it: params.yaml is read several times per command, 0.1 s each in Python
+# libyaml's loader where PyYAML was built with it: 0.1 s per read of params.yaml in Python
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def read_params(path: Path) -> dict:
+def _read(path: Path) -> dict:
     """The raw params.yaml mapping, with one-line errors for a missing or malformed file."""
     try:
         raw = yaml.load(Path(path).read_text(), Loader=YAML_LOADER)
@@ -38,6 +40,68 @@ def read_params(path: Path) -> dict:
     if not isinstance(raw, dict) or not isinstance(raw.get("presets"), dict):
         raise UsageError(f"params file {path} has no 'presets' mapping")
     return raw
+
+
+def load_params(path: Path | str) -> Params:
+    """params.yaml read and checked for its `presets` mapping (a preset is validated when it is resolved)."""
+    return Params(Path(path), _read(Path(path)))
+
+
+@dataclass(frozen=True)
+class Params:
+    """One params.yaml as read: `raw` the file's mapping, `path` where it was read (named in errors)."""
+
+    path: Path
+    raw: dict
+
+    def preset(self, requested: str | None = None, *, cuda: bool = False, cpu_bf16: str | None = None,
+               overrides: list[str] | tuple[str, ...] = (), size: str | None = None) -> tuple[str, Preset]:
+        """The preset's name and its validated settings. `requested` None means params.yaml's `preset`;
+        'auto' picks paper when `cuda` (CUDA GPUs are visible), else cpu, or its variant for CPUs that
+        emulate bf16 (EMULATED_BF16, where params.yaml has it) when `cpu_bf16` (default: this machine's) says so.
+        `size`: the model at that size (config.sizes), before the overrides (which may change it further)."""
+        name = requested or self.raw.get("preset", "auto")
+        if name == "auto":
+            emulated = (cpu_bf16 or machine.cpu_bf16()) == "emulated" and EMULATED_BF16 in self.raw["presets"]
+            name = "paper" if cuda else EMULATED_BF16 if emulated else "cpu"
+        tree = preset_tree(self.raw, self.path, name)
+        if size:
+            tree["model"] = {**(tree.get("model") or {}), **shape_of(size, _model_sizes(tree, self.path, name))}
+        for assignment in overrides:
+            _apply_override(tree, assignment)
+        try:
+            return name, Preset.model_validate(tree)
+        except ValidationError as err:
+            raise UsageError(f"{self.path} preset '{name}': {validation_message(err, Preset, '')}") from None
+
+    def section_keys(self, name: str) -> dict[str, list[str]]:
+        """Per section, the params.yaml keys a preset's values come from: its own and those of the presets it
+        extends, nearest first (what DVC must watch: `presets.two-node-cpu.model` alone does not exist).
+        For a preset that `preset` has accepted."""
+        presets, keys = self.raw["presets"], {}
+        while name is not None:
+            for section in presets[name]:
+                if section != EXTENDS:
+                    keys.setdefault(section, []).append(f"presets.{name}.{section}")
+            name = presets[name].get(EXTENDS)
+        return keys
+
+    @property
+    def gpus_per_node(self) -> int | None:
+        """GPUs per node the file plans studies for; None: it leaves that to the planning host."""
+        gpus = self.raw.get("gpus_per_node")
+        if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
+            raise UsageError(f"gpus_per_node in {self.path} must be a whole number of GPUs per node, 0 or more "
+                             f"(not {gpus!r})")
+        return gpus
+
+    @property
+    def nodes(self) -> int:
+        """Nodes of the cluster the file's studies may span (1 where it does not say)."""
+        nodes = self.raw.get("nodes", 1)
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            raise UsageError(f"nodes in {self.path} must be a whole number of nodes, 1 or more (not {nodes!r})")
+        return nodes
 
 
 def upgraded(raw: dict) -> dict:
@@ -52,28 +116,6 @@ def upgraded(raw: dict) -> dict:
     return raw
 
 
-def resolve_preset(path: Path, requested: str | None = None, *, cuda: bool = False, cpu_bf16: str | None = None,
-                   overrides: list[str] | tuple[str, ...] = (), size: str | None = None) -> tuple[str, Preset]:
-    """The preset's name and its validated settings. `requested` None means params.yaml's `preset`;
-    'auto' picks paper when `cuda` (CUDA GPUs are visible), else cpu, or its variant for CPUs that
-    emulate bf16 (EMULATED_BF16, where params.yaml has it) when `cpu_bf16` (default: this machine's) says so.
-    `size`: the model at that size (config.sizes), before the overrides (which may change it further)."""
-    raw = read_params(path)
-    name = requested or raw.get("preset", "auto")
-    if name == "auto":
-        emulated = (cpu_bf16 or machine.cpu_bf16()) == "emulated" and EMULATED_BF16 in raw["presets"]
-        name = "paper" if cuda else EMULATED_BF16 if emulated else "cpu"
-    tree = preset_tree(raw, path, name)
-    if size:
-        tree["model"] = {**(tree.get("model") or {}), **shape_of(size, _model_sizes(tree, path, name))}
-    for assignment in overrides:
-        _apply_override(tree, assignment)
-    try:
-        return name, Preset.model_validate(tree)
-    except ValidationError as err:
-        raise UsageError(f"{path} preset '{name}': {validation_message(err, Preset, '')}") from None
-
-
 def _model_sizes(tree: dict, path: Path, name: str) -> dict[str, ModelShape]:
     """The preset's study.model_sizes, validated (a size is applied before the whole preset is)."""
     study = tree.get("study")
@@ -82,19 +124,6 @@ def _model_sizes(tree: dict, path: Path, name: str) -> dict[str, ModelShape]:
             study.get("model_sizes") or {} if isinstance(study, dict) else {})
     except ValidationError as err:
         raise UsageError(f"{path} preset '{name}': study.model_sizes: {err.errors()[0]['msg']}") from None
-
-
-def section_keys(path: Path, name: str) -> dict[str, list[str]]:
-    """Per section, the params.yaml keys a preset's values come from: its own and those of the presets it
-    extends, nearest first (what DVC must watch: `presets.two-node-cpu.model` alone does not exist).
-    For a preset that resolve_preset has accepted."""
-    presets, keys = read_params(path)["presets"], {}
-    while name is not None:
-        for section in presets[name]:
-            if section != EXTENDS:
-                keys.setdefault(section, []).append(f"presets.{name}.{section}")
-        name = presets[name].get(EXTENDS)
-    return keys
 
 
 def preset_tree(raw: dict, path: Path, name: str, seen: tuple[str, ...] = ()) -> dict:

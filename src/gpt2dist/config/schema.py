@@ -25,6 +25,13 @@ STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
 PrecisionName = Literal["fp32", "tf32", "fp16", "bf16", "apex-O1", "apex-O2"]
 DeviceType = Literal["cpu", "cuda"]
 PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
+# torch's pipeline schedules that a pp run may take (training.strategies.pipeline_parallel runs each); the
+# interleaved ones hold several stages per rank (train.pipeline_virtual_stages)
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+INTERLEAVED_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
+# the one that runs every forward before any backward; the others start backward once each rank holds a micro-batch
+ALL_FORWARDS_FIRST = "gpipe"
 
 
 class _Strict(BaseModel):
@@ -101,7 +108,7 @@ class TrainConfig(_Strict):
     activation_checkpointing: Literal["none", "block"] = Field(
         "none", description="Every strategy: 'block' keeps only each transformer block's input for backward and "
         "computes the rest again there (about a third more compute for a block's activations in memory).")
-    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"] = Field(
+    pipeline_schedule: PipelineSchedule = Field(
         "1f1b", description="pp only: GPipe (all forwards, then all backwards), 1F1B (one forward, one backward, "
         "fewer activations held), interleaved 1F1B (pipeline_virtual_stages stages per rank: a bubble that many times "
         "smaller) or interleaved zero-bubble (ZB1P: each backward split into its input and weight gradients, the "

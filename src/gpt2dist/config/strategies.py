@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from gpt2dist.config.degrees import Degrees
-from gpt2dist.config.schema import STRATEGY_NAMES, ModelConfig, RunSpec, TrainConfig
+from gpt2dist.config.schema import INTERLEAVED_SCHEDULES, STRATEGY_NAMES, ModelConfig, RunSpec, TrainConfig
 from gpt2dist.config.sizes import (
     COLUMN_PARALLEL,
     ROW_PARALLEL,
@@ -31,7 +31,6 @@ from gpt2dist.errors import UsageError
 BAI, PATWARDHAN = "Bai 2022", "Patwardhan et al. 2024"
 FP32, HALF = 4, 2  # bytes per element
 APEX_PRECISIONS = ("apex-O1", "apex-O2")
-INTERLEAVED_SCHEDULES = ("interleaved-1f1b", "zero-bubble")  # pipeline schedules with several stages per rank
 # Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD): 0.28's horovod/common/operations.cc sets 128 MiB by default,
 # though its tensor-fusion docs still say 64 MB
 HOROVOD_FUSION_BYTES = 128 * 2**20
@@ -269,7 +268,8 @@ class ZeRO1Description(DDPDescription):
     papers = {}
 
     def optimizer_shapes(self, spec, rank=0):
-        return self.partition(spec)[rank]
+        shares = self.partition(spec)
+        return shares[rank] if rank < len(shares) else []
 
     def busiest_rank(self, spec):
         """Not always rank 0: GPT-2 medium over 4 ranks leaves 0.96% more elements with another."""
@@ -278,13 +278,16 @@ class ZeRO1Description(DDPDescription):
 
     @staticmethod
     def partition(spec: RunSpec) -> list[list[tuple[int, ...]]]:
-        """Each rank's share of ZeroRedundancyOptimizer's partition: per parameter group, largest tensor first, each
-        tensor whole to the rank holding the fewest elements so far."""
-        shares: list[list[tuple[int, ...]]] = [[] for _ in range(spec.nproc)]
-        # (elements held, rank): the heap's top is the emptiest rank, the lowest-numbered among equals, as
-        # torch's sizes.index(min(sizes)) picks it, in log time (a planner may ask about a million ranks)
-        emptiest = [(0, rank) for rank in range(spec.nproc)]
+        """The shares of ZeroRedundancyOptimizer's partition, rank by rank: per parameter group, largest tensor
+        first, each tensor whole to the rank holding the fewest elements so far. Ranks past the list hold none:
+        with more ranks than tensors, each tensor goes to an empty rank of its own, the lowest-numbered, so a
+        planner asking about a million ranks (or 10^11: recommend --gpus took 12 GB) counts only as many."""
         shapes = list(parameter_shapes(spec.model).values())
+        ranks = min(spec.nproc, len(shapes))
+        shares: list[list[tuple[int, ...]]] = [[] for _ in range(ranks)]
+        # (elements held, rank): the heap's top is the emptiest rank, the lowest-numbered among equals, as
+        # torch's sizes.index(min(sizes)) picks it, in log time
+        emptiest = [(0, rank) for rank in range(ranks)]
         for decayed in (True, False):  # the loop's two groups, in its order
             for shape in sorted((s for s in shapes if weight_decayed(len(s)) == decayed), key=math.prod, reverse=True):
                 held, rank = emptiest[0]

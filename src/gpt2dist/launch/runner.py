@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from gpt2dist.config.presets import resolve_preset
+from gpt2dist.config.presets import Params
 from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES, RunSpec, write_spec
 from gpt2dist.config.strategies import check_run, describe
 from gpt2dist.errors import Interrupted, UsageError, failure_line
@@ -42,7 +42,7 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
     return value
 
 
-def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: int, params: Path,
+def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: int, params: Params,
                preset: str | None, overrides: list[str], node_gpus: int | None = None, nodes: int = 1,
                device: str | None = None, keep_checkpoint: bool = True, stale_checkpoint: str = "fail",
                resume_from: Path | None = None, size: str | None = None, init_from: Path | None = None) -> RunSpec:
@@ -75,7 +75,7 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
     here = device is None  # on this machine, with what it has
     gpus = cuda_gpus()
     device = device or ("cuda" if gpus else "cpu")
-    name, chosen = resolve_preset(params, preset, cuda=device == "cuda", overrides=overrides, size=size)
+    name, chosen = params.preset(preset, cuda=device == "cuda", overrides=overrides, size=size)
     if here and device == "cpu" and chosen.study.needs_gpus:
         raise UsageError(f"preset '{name}' is a study for GPU nodes and this machine has no CUDA GPU; train it on a "
                          "GPU node (print its commands for other machines with --hosts and --gpus), or choose a CPU "

@@ -17,7 +17,9 @@ from pathlib import Path
 
 from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.io import atomic_write_json
-from gpt2dist.pipeline.study import ESTIMATE_FILE, RUNS_DIR, Run, Study, pipeline_resume_cases, selftested
+from gpt2dist.pipeline.layout import ESTIMATE_FILE, RUNS_DIR
+from gpt2dist.pipeline.run import Run
+from gpt2dist.pipeline.study import pipeline_resume_cases, selftested, Study
 
 
 @dataclass(frozen=True)

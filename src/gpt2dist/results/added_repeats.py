@@ -16,7 +16,8 @@ from pathlib import Path
 from gpt2dist.config.schema import AddedRepeats
 from gpt2dist.io import atomic_write_json
 from gpt2dist.pipeline.duration import finished_runs
-from gpt2dist.pipeline.study import Study, added_round_file, run_of
+from gpt2dist.pipeline.layout import added_round_file
+from gpt2dist.pipeline.study import run_of, Study
 from gpt2dist.results.collect import collect
 from gpt2dist.results.inputs import read_json
 

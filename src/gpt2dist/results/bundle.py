@@ -25,11 +25,11 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from gpt2dist.config.presets import upgraded
+from gpt2dist.config.presets import load_params, upgraded
 from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open
-from gpt2dist.pipeline.study import Study, plan_study
+from gpt2dist.pipeline.study import plan_study, Study
 
 FORMAT = 1
 MANIFEST = "MANIFEST.sha256"
@@ -156,7 +156,7 @@ def rebuild(bundle: Path, out: Path) -> dict:
         # the bundle's own params.yaml, its keys renamed to today's where an older version wrote it
         params = yaml.safe_load(files["params.yaml"])
         (source / "params.yaml").write_text(yaml.safe_dump(upgraded(params), sort_keys=False))
-        study = plan_study(source / "params.yaml", description["preset"], description["gpus"])
+        study = plan_study(load_params(source / "params.yaml"), description["preset"], description["gpus"])
         from gpt2dist.results.collect import collect  # imported once the bundle is verified: a refused one
         from gpt2dist.results.plots import plot  # is told in a second, without scipy and matplotlib
         from gpt2dist.results.report import report

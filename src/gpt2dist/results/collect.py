@@ -34,7 +34,8 @@ from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
 from gpt2dist.pipeline.duration import wall_seconds
-from gpt2dist.pipeline.study import Study, added_round_file, configurations
+from gpt2dist.pipeline.layout import added_round_file
+from gpt2dist.pipeline.study import configurations, Study
 from gpt2dist.results.compact import write_compact_views
 from gpt2dist.results.convergence import energy_per_token, needs_more_steps, reference_rows, target_loss, to_target
 from gpt2dist.results.disturbance import conditions_of, disturbance, outliers

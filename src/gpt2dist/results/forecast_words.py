@@ -14,7 +14,7 @@ from tabulate import tabulate
 from gpt2dist.config.memory import USABLE_SHARE
 from gpt2dist.config.schema import Preset
 from gpt2dist.config.sizes import parameter_count
-from gpt2dist.pipeline.study import Study, model_of
+from gpt2dist.pipeline.study import model_of, Study
 from gpt2dist.results.plan import duration_words, fit_lines, plan_text
 from gpt2dist.results.link_model import projection
 from gpt2dist.results.published import TIE, published_summary, summary_words

@@ -20,7 +20,8 @@ from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.schema import Preset
 from gpt2dist.config.strategies import STRATEGIES, check_run
 from gpt2dist.errors import UsageError
-from gpt2dist.pipeline.study import Run, planned_spec
+from gpt2dist.pipeline.run import Run
+from gpt2dist.pipeline.study import planned_spec
 from gpt2dist.results.plan import gpu_compute_seconds, gpu_step_seconds
 from gpt2dist.system.hardware import COMPUTE_DTYPE
 from gpt2dist.system.links import Links

@@ -22,7 +22,7 @@ from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import flops_per_token, parameter_count
 from gpt2dist.config.strategies import check_run, overlap, traffic
 from gpt2dist.errors import UsageError
-from gpt2dist.pipeline.study import Study, configurations, pipeline_resume_cases, planned_spec, selftested
+from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, planned_spec, selftested, Study
 from gpt2dist.results.prediction import predicted_step_time
 from gpt2dist.system.hardware import PEAK_FLOPS, peak_flops
 from gpt2dist.system.links import Links

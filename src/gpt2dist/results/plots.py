@@ -33,7 +33,7 @@ from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES  # noqa: E402
 from gpt2dist.config.placement import Kind, Placement  # noqa: E402
 from gpt2dist.config.strategies import REFERENCE  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
-from gpt2dist.pipeline.study import LINK_FIGURE  # noqa: E402
+from gpt2dist.pipeline.layout import LINK_FIGURE  # noqa: E402
 from gpt2dist.results.collect import in_study_order  # noqa: E402
 from gpt2dist.results.findings import SAME_LOSS_TOLERANCE  # noqa: E402
 from gpt2dist.results.inputs import read_csv, read_summary  # noqa: E402

@@ -13,7 +13,7 @@ from tabulate import tabulate
 from gpt2dist.config.configuration import Configuration
 from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.io import atomic_write_text
-from gpt2dist.pipeline.study import FIGURES, LINK_FIGURE
+from gpt2dist.pipeline.layout import FIGURES, LINK_FIGURE
 from gpt2dist.results.added_repeats import undecided
 from gpt2dist.results.collect import in_study_order
 from gpt2dist.results.findings import UNTESTABLE

@@ -1,0 +1,42 @@
+"""Where a study's files live, relative to the directory it runs in: what the Snakefile, dvc.yaml, the commands
+and the tests all name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpt2dist.pipeline.run import Run
+
+DATA_DIR = "data/tokens"
+RUNS_DIR = "results/runs"
+RESULTS_DIR = "results"
+SELFTEST_DIR = f"{RESULTS_DIR}/selftest"
+STORED_STUDIES = "docs/reference"  # the studies the repository keeps, each in a directory of its own
+ESTIMATE_FILE = f"{RESULTS_DIR}/estimate.json"  # the study's expected duration, run by run (pipeline/duration.py)
+FIGURES = ("throughput", "scaling", "loss_deviation", "loss_vs_time", "memory", "time_ledger")
+LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links
+
+
+def round_marker(repeat: int | str) -> str:
+    """The Snakefile's order-only file for a finished repeat round (DVC keeps the order by stage order)."""
+    return f"{RESULTS_DIR}/rounds/r{repeat}.done"
+
+
+def added_round_file(k: int | str, results: Path | str = RESULTS_DIR) -> str:
+    """What added round `k` decided (results/added_repeats.py writes it; the Snakefile reads it)."""
+    return f"{results}/rounds/added-{k}.json"
+
+
+def retry_marker(run_id: str) -> str:
+    """Made by the Snakefile for a run whose record says it did not complete: an input newer than the run's
+    outputs, so Snakemake trains it again (resuming from its checkpoint where it has one)."""
+    return f"{RUNS_DIR}/{run_id}/retry"
+
+
+def selftest_file(run: Run) -> str:
+    return f"{SELFTEST_DIR}/{run.config_id}.json"
+
+
+def headline_file(run: Run) -> str:
+    """A configuration's three headline numbers (results.compact): one `dvc metrics show` row."""
+    return f"{RESULTS_DIR}/headline/{run.config_id}.json"
