@@ -219,7 +219,10 @@ for entry in "${STEPS[@]}"; do
   [[ -z $only || ,$only, == *,$step,* ]] || continue
   [[ -f $state/done/$step ]] && { echo "campaign: $step done earlier ($(cat "$state/done/$step"))"; continue; }
   export left=$((budget - (SECONDS - start)))
-  ((dry)) && estimate=1  # the CPU stand-ins take seconds
+  if ((dry)); then  # the CPU stand-ins take seconds; the study's still leaves the bundle its time after it
+    estimate=1
+    [[ $step == study ]] && estimate=$((BUNDLE_S + 1))
+  fi
   if ((estimate > left)); then
     echo "campaign: stopping before $step (about $estimate s; $left s left of $budget): run the same command again to go on"
     exit 3

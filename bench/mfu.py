@@ -16,9 +16,10 @@ Beside it, in the same run and on the same model, batch and optimizer, a bare tr
 engine round by round: engine/bare with its 95% interval (target >= 0.97) says what the engine's own
 work costs, apart from what the GPU can do at all.
 
---beside key=value (repeatable) adds a second engine, built with those settings on top of the first's (an
-engine switch such as train.head_loss_chunk_tokens=8192), interleaved in the same rounds: its MFU and its
-ratio to today's engine, so one GPU run measures a change before and after, side by side.
+--beside key=value adds an engine built with that setting on top of the first's (an engine switch such as
+train.compile_whole_model=true or train.head_loss_chunk_tokens=8192), interleaved in the same rounds: its MFU
+and its ratio to today's engine, so one GPU run measures a change before and after, side by side. Repeated,
+each --beside is an engine of its own, every switch measured against the same rounds of today's.
 
 --profile-steps N then profiles N more engine steps (torch.profiler): the time ledger's split of their
 wall time (compute, communication, data, idle: the GPU waiting on the host, syncs and launch gaps) and
@@ -58,10 +59,10 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16", choices=PRECISIONS)
     parser.add_argument("--peak-tflops", type=float, default=None, help="override for GPUs not in the table")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="preset override key=value")
-    parser.add_argument("--beside", action="append", default=[], help="a second engine with this override added "
-                        "(key=value, repeatable), measured in the same rounds")
+    parser.add_argument("--beside", action="append", default=[], help="another engine with this override added "
+                        "(key=value; repeatable, an engine each), measured in the same rounds")
     parser.add_argument("--profile-steps", type=int, default=0, help="then profile this many engine steps (the "
-                        "second engine's, with --beside)")
+                        "last --beside engine's, where there is one)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/mfu.py needs a CUDA GPU")
@@ -70,33 +71,34 @@ def main() -> None:
     if peak is None:
         sys.exit(f"no peak FLOP/s known for '{name}'; pass --peak-tflops")
     trainer = single_trainer("paper", args.precision, ["train.compile=true", *args.overrides])
-    changed = single_trainer("paper", args.precision, ["train.compile=true", *args.overrides, *args.beside]) \
-        if args.beside else None
-    for contender in filter(None, (trainer, changed)):
+    changed = {switch: single_trainer("paper", args.precision, ["train.compile=true", *args.overrides, switch])
+               for switch in args.beside}
+    for contender in (trainer, *changed.values()):
         engine(contender, 0, args.warmup)  # compile, allocator, clocks
     bare_loop(trainer, 2)
-    lines, ours, theirs, beside = [], [], [], []
+    lines, ours, theirs = [], [], []
+    beside: dict[str, list[float]] = {switch: [] for switch in changed}
     for r in range(args.rounds):  # interleaved so drift and clocks hit all alike
         first = args.warmup + r * args.steps
         ours.append(engine(trainer, first, args.steps, lines))
         theirs.append(bare_loop(trainer, args.steps))
-        if changed:
-            beside.append(engine(changed, first, args.steps))
+        for switch, contender in changed.items():
+            beside[switch].append(engine(contender, first, args.steps))
     per_token = flops_per_token(trainer.spec.model)
     print(f"{name}: GPT-2 small, context {trainer.spec.model.n_positions}, {args.precision}, compile on, "
           f"micro-batch {trainer.spec.train.micro_batch_size}, accumulation {trainer.strategy.degrees.grad_accum_steps}; "
           f"{args.rounds} rounds x {args.steps} steps each; {per_token / 1e6:.0f} MFLOP/token, "
           f"{COMPUTE_DTYPE[args.precision]} peak {peak / 1e12:.1f} TFLOP/s")
-    switched = f"engine with {', '.join(args.beside)}"
-    contenders = [("engine   ", ours), ("bare loop", theirs)] + ([(switched, beside)] if changed else [])
+    contenders = [("engine   ", ours), ("bare loop", theirs)] + [(f"engine with {switch}", rates)
+                                                                 for switch, rates in beside.items()]
     for label, rates in contenders:
         rate, low, high = log_interval(rates)
         utilisation = [mfu(x, per_token, 1, peak) for x in (rate, low, high)]
         print(f"{label} tokens/s {rate:,.0f} ({low:,.0f} to {high:,.0f}); MFU {utilisation[0]:.1%} "
               f"({utilisation[1]:.1%} to {utilisation[2]:.1%}): {against_target(utilisation[1], utilisation[2], 0.5)}")
     print(verdict_line("engine/bare loop", ours, theirs, 0.97))
-    if changed:  # above 1: the switch makes the engine faster
-        print(verdict_line(f"{switched}/engine", beside, ours, 1.0))
+    for switch, rates in beside.items():  # above 1: the switch makes the engine faster
+        print(verdict_line(f"engine with {switch}/engine", rates, ours, 1.0))
     clocks = [line["sm_clock_mhz"] for line in lines if "sm_clock_mhz" in line]
     slowed = sum(bool(line.get("clock_event_reasons", 0) & DISTURBING_REASONS) for line in lines)
     if clocks:
@@ -105,7 +107,7 @@ def main() -> None:
     else:
         print(f"GPU telemetry: {trainer.telemetry.unavailable}")
     if args.profile_steps:
-        profile(changed or trainer, args.warmup + args.rounds * args.steps, args.profile_steps)
+        profile([trainer, *changed.values()][-1], args.warmup + args.rounds * args.steps, args.profile_steps)
 
 
 def profile(trainer, first_step: int, steps: int) -> None:

@@ -66,7 +66,10 @@ def test_a_file_given_as_the_studies_to_compare_with_is_one_error_line(tmp_path)
     refused = gpt2dist("report", "--results", own, "--against", REPO / "params.yaml", check=False)
     assert refused.returncode == 2 and refused.stderr.startswith(f"error: --against {REPO / 'params.yaml'} is a file")
     assert refused.stderr.count("\n") == 1 and not (own / "findings.md").exists()
-    gpt2dist("report", "--results", own, "--against", REPO)
+    elsewhere = tmp_path / "elsewhere"  # not the repository, whose results/ the README's study may have filled
+    elsewhere.mkdir()
+    shutil.copy(REPO / "params.yaml", elsewhere / "params.yaml")
+    gpt2dist("report", "--results", own, "--against", elsewhere)
     assert "No other stored study of preset `cpu` was found" in (own / "findings.md").read_text()
 
 
