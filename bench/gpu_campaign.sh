@@ -17,8 +17,9 @@
 #             prediction exceeds what is left of --budget-s). Snakemake resumes it at run granularity, so it
 #             starts whenever a minute is left
 #   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz)
-#   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) with a profile of 3 steps, and beside
-#             today's engine the one with the chunked head loss (train.head_loss_chunk_tokens=4096)
+#   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) and beside today's engine, each in the
+#             same rounds, the whole model compiled as one graph (train.compile_whole_model) and the chunked head
+#             loss (train.head_loss_chunk_tokens=4096); a profile of 3 steps of the last
 #   tests     pytest -m gpu
 #   memory    bench/memory_model.py: predicted against measured peak memory per strategy
 #   mfu_tf32  bench/mfu.py in tf32
@@ -146,7 +147,8 @@ PY
 
 step_mfu() {
   if ((dry)); then "$python" bench/mfu.py --help >/dev/null && echo "dry run: bench/mfu.py parses; it needs a GPU"; return; fi
-  "$python" bench/mfu.py --precision bf16 --profile-steps 3 --beside train.head_loss_chunk_tokens=4096
+  "$python" bench/mfu.py --precision bf16 --profile-steps 3 --beside train.compile_whole_model=true \
+    --beside train.head_loss_chunk_tokens=4096
 }
 
 step_mfu_tf32() {
@@ -193,9 +195,9 @@ step_memory() {
 }
 
 # name and the seconds a step needs to be worth starting on one H100 or H200: the whole step (install 15 s,
-# selftest 120 s, mfu 75 s on an H200 with one engine; a second beside it adds its compile and rounds), except for
+# selftest 120 s, mfu 75 s on an H200 with one engine; each beside it adds its compile and rounds), except for
 # the study, which resumes (16 runs of 20 steps: about 440 s predicted, step_study)
-STEPS=(install:60 doctor:30 selftest:150 study:60 bundle:60 mfu:180 tests:300 memory:120 mfu_tf32:120)
+STEPS=(install:60 doctor:30 selftest:150 study:60 bundle:60 mfu:240 tests:300 memory:120 mfu_tf32:120)
 # what the study leaves the bundle in the same call: bundle and figures of the cpu study's 60 runs take 10-16 s
 BUNDLE_S=30
 

@@ -58,11 +58,6 @@ LONGEST_FIRST = ["tests/launch/test_two_node_slurm.py", "tests/launch/test_emula
                  "tests/pipeline/test_pipeline.py", "tests/pipeline/test_added_repeats_in_pipeline.py",
                  "tests/results/test_bundle.py", "tests/training/test_zero_and_hsdp.py", "tests/test_memory.py",
                  "tests/pipeline/test_sizes_in_pipeline.py", "tests/pipeline/test_resume_in_pipeline.py"]
-# A test that judges how busy the machine was (a study's disturbance flags and tiers, the load monitor) or works
-# inside the finished study runs while no other test does: marked `alone` or `gpu` (a GPU test has the device to
-# itself), or the first to ask for the finished
-# study, whose runs' flags the pipeline tests check. The name is made_once's.
-ALONE_FIXTURES = {"pipeline": "finished_study"}
 @pytest.hookimpl(optionalhook=True)  # a pytest without xdist (the image's) has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """xdist's default scheduling, by test, made to hand out whole modules and SHARED_GROUPS, in collection order."""
@@ -107,10 +102,10 @@ def _flocked(path: str | Path, mode: int):
 
 
 def runs_alone(item: pytest.Item) -> bool:
-    """Marked `alone` or `gpu`, or the first to ask for a fixture whose making must be."""
-    return any(item.get_closest_marker(mark) is not None for mark in ("alone", "gpu")) or any(
-        not (_run_dir(item.config) / "made-once" / f"{name}.made").exists()
-        for name, fixture in ALONE_FIXTURES.items() if fixture in item.fixturenames)
+    """A test that judges how busy the machine was (a study's disturbance flags and tiers, the load monitor) or
+    works inside the finished study runs while no other test does: marked `alone`, or `gpu` (a GPU test has the
+    device to itself)."""
+    return any(item.get_closest_marker(mark) is not None for mark in ("alone", "gpu"))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -131,7 +126,7 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.fixture(scope="session", autouse=True)
 def machine_lock_of_this_worker(tmp_path_factory) -> None:
     """gpt2dist's machine lock keeps two timed runs off one machine. The tests that time runs hold the machine alone
-    (`alone`, ALONE_FIXTURES), so each worker's launches take a lock of their own: the other worker's launch fills
+    (`alone`), so each worker's launches take a lock of their own: the other worker's launch fills
     the core that one launch's single-process phases (the CLI, torchrun's imports, a 1-process run) leave idle."""
     os.environ[MACHINE_LOCK_ENV] = str(tmp_path_factory.getbasetemp() / "gpt2dist-machine.lock")
 
@@ -269,11 +264,12 @@ def make_shards(directory: Path, vocab: int = 500, train_tokens: int = 40_000, v
 @pytest.fixture(scope="session")
 def finished_study(pytestconfig) -> Path:
     """One complete local Snakemake run of the reduced study, shared by the pipeline's checks (which
-    leave it as they found it) and the cluster test's comparison."""
-    from reduced_study import copy_workflow, run
+    leave it as they found it) and the cluster test's comparison. Made beside other tests, so none of its runs is
+    judged disturbed (UNJUDGED): what is checked of it is where its numbers come from."""
+    from reduced_study import UNJUDGED, copy_workflow, run
 
     def make(work: Path) -> None:
-        done = run(["snakemake", "--cores", "2"], copy_workflow(work))
+        done = run(["snakemake", "--cores", "2"], copy_workflow(work, **UNJUDGED))
         (work / "snakemake.out").write_text(done.stdout + done.stderr)  # what the user saw, for the progress checks
 
     return made_once(pytestconfig, "pipeline", make)

@@ -39,7 +39,8 @@ def bare_machine(tmp_path: Path, **variables: str) -> dict[str, str]:
 
 
 def suite(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rsf", *NEEDING],
+    # in one process (-n 0): five tests that stop in their fixtures need no workers, each importing torch
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rsf", "-n", "0", *NEEDING],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
 
 

@@ -17,7 +17,7 @@ from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.jobs import collect_command, report_command, train_command
 from gpt2dist.pipeline.study import plan_study
 
-from reduced_study import QUIET_WAIT_S, hog, run as run_in
+from reduced_study import QUIET_WAIT_S, UNJUDGED, hog, run as run_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its runs' disturbance flags count
 
@@ -33,9 +33,14 @@ def intervals(markdown: str) -> list[tuple[float, float, float]]:
 
 @pytest.fixture(scope="module")
 def disturbed_study(finished_study, tmp_path_factory):
-    """The finished reduced study with one run trained again beside a hog on every CPU."""
+    """The finished reduced study with one run trained again beside a hog on every CPU, judged by the preset's
+    limits (the finished study, made beside other tests, judges none of its runs)."""
     work = tmp_path_factory.mktemp("disturbed") / "study"
     shutil.copytree(finished_study, work, symlinks=True)
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    for limit in UNJUDGED:
+        del params["presets"]["cpu"]["study"][limit]
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     study = plan_study(load_params(work / "params.yaml"), "cpu", 0)
     hogged = next(r for r in study.runs if r.run_id == HOGGED)
     shutil.rmtree(work / "results" / "runs" / HOGGED)

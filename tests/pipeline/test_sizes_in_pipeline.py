@@ -13,9 +13,9 @@ import pytest
 from gpt2dist.results.findings import SAME_LOSS_TOLERANCE
 from gpt2dist.results.ranking import rank
 
-from reduced_study import copy_workflow, run
+from reduced_study import UNJUDGED, copy_workflow, run
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its runs' disturbance flags count
+pytestmark = pytest.mark.slow
 
 # wide first: the study's order, which the summary and the answer keep (by name, narrow would lead)
 SIZES = {"wide": {"n_layer": 1, "n_head": 2, "n_embd": 64}, "narrow": {"n_layer": 1, "n_head": 2, "n_embd": 32}}
@@ -25,8 +25,9 @@ GROUPS = [{"strategies": ["single"], "precisions": ["fp32"], "nproc": [1], "size
 
 @pytest.fixture(scope="module")
 def sized_study(tmp_path_factory):
-    # one repeat: what is checked is where each size's numbers come from, not their intervals
-    work = copy_workflow(tmp_path_factory.mktemp("sizes"), runs=GROUPS, model_sizes=SIZES, repeats=1)
+    # one repeat, no run judged disturbed (it runs beside other tests): what is checked is where each size's numbers
+    # come from, not their intervals
+    work = copy_workflow(tmp_path_factory.mktemp("sizes"), runs=GROUPS, model_sizes=SIZES, repeats=1, **UNJUDGED)
     run(["snakemake", "--cores", "2"], work)
     return work / "results"
 

@@ -1,7 +1,7 @@
 """The engine's step has the shape a fast step needs, checked by counting what it does rather than by
 timing it (timings belong to bench/): one read-back from the device per optimizer step, attention through
 the fused SDPA kernel with a causal flag instead of a mask, compiled blocks that are whole graphs and
-compile once, and a loss that never keeps a float32 copy of the logits. Each check has its fault beside it."""
+compile once (or the whole model as one graph), and a loss that never keeps a float32 copy of the logits. Each check has its fault beside it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpt2dist.config.presets import load_params
+from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer
 from gpt2dist.training.model import VOCAB_MULTIPLE, chunked_head_loss, compiled_head_loss, head_loss
@@ -43,8 +44,8 @@ class ReadBacks(TorchDispatchMode):
 
 
 def trainer(shards, params_file, out, *, precision="fp32", overrides=()) -> Trainer:
-    spec = build_spec(data=shards, out=out, strategy="single", precision=precision, nproc=1, params=load_params(params_file),
-                      preset=None, overrides=list(overrides))
+    spec = build_spec(data=shards, out=out, strategy="single", precision=precision, nproc=1,
+                      params=load_params(params_file), preset=None, overrides=list(overrides))
     return Trainer(spec, REGISTRY["single"](spec))
 
 
@@ -180,6 +181,46 @@ def test_compiled_blocks_are_whole_graphs_compiled_once(shards, params_file, tmp
     assert counters["stats"]["unique_graphs"] > graphs
 
 
+WHOLE = ("train.compile=true", "train.compile_whole_model=true")
+
+
+@pytest.mark.slow
+def test_the_whole_compiled_model_is_one_graph_compiled_once(shards, params_file, tmp_path):
+    """train.compile_whole_model: the forward with its loss is one graph (blocks compile as at least two: the
+    blocks and the loss), no break, compiled once for training and once for evaluation."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    engine = trainer(shards, params_file, tmp_path, overrides=WHOLE)
+    assert engine.compiled
+    engine.train_step(0)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    engine.train_step(1)
+    engine.evaluate(2)  # no_grad: the inference graph of the same forward
+    engine.train_step(2)
+    assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]
+    # its steps ran torch's deterministic algorithms, which end with them: an engine beside it runs as it would alone
+    assert not torch.are_deterministic_algorithms_enabled()
+    # the control: the same step with its blocks compiled one by one counts more graphs than one
+    torch._dynamo.reset()
+    counters.clear()
+    trainer(shards, params_file, tmp_path / "blocks", overrides=["train.compile=true"]).train_step(0)
+    assert counters["stats"]["unique_graphs"] >= 2
+
+
+def test_the_whole_model_compiles_only_under_single_and_with_compile(shards, params_file, tmp_path):
+    """Every other strategy wraps or splits the model, and the switch says how to compile, not whether."""
+    with pytest.raises(UsageError, match="train.compile_whole_model applies to --strategy single"):
+        build_spec(data=shards, out=tmp_path, strategy="ddp", precision="fp32", nproc=2,
+                   params=load_params(params_file), preset=None, overrides=list(WHOLE))
+    with pytest.raises(UsageError, match="compile_whole_model says how to compile"):
+        build_spec(data=shards, out=tmp_path, strategy="single", precision="fp32", nproc=1,
+                   params=load_params(params_file), preset=None, overrides=["train.compile_whole_model=true"])
+    assert build_spec(data=shards, out=tmp_path, strategy="single", precision="fp32", nproc=1,
+                      params=load_params(params_file), preset=None, overrides=list(WHOLE)).train.compile_whole_model
+
+
 def loss_and_grads(loss_fn, hidden, weight, targets) -> tuple[torch.Tensor, ...]:
     hidden, weight = hidden.detach().requires_grad_(), weight.detach().requires_grad_()
     loss = loss_fn(hidden, weight, targets)
@@ -228,18 +269,29 @@ def test_the_chunked_loss_computes_in_the_autocast_dtype_and_keeps_no_logits():
 CHUNKED = ("--set", "train.head_loss_chunk_tokens=24")  # a micro-batch's 64 tokens: chunks of 24, 24 and 16
 
 
+# each engine switch as the --set arguments that turn it on
+SWITCHES = {"chunked-loss": CHUNKED,
+            "whole-model-compiled": tuple(arg for assignment in WHOLE for arg in ("--set", assignment))}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_a_run_with_the_chunked_loss_follows_the_whole_loss_and_resumes_exactly(reference, trained, shards,
-                                                                                params_file, tmp_path):
-    """The engine's switch end to end: the single-process run's curve and final weights within the equivalence
-    tolerance of today's loss, and killed after a checkpoint, resumed bitwise to the uninterrupted chunked run."""
-    whole = trained("single", *CHUNKED)
-    assert run_record(whole)["config"]["train"]["head_loss_chunk_tokens"] == 24
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_a_run_with_an_engine_switch_follows_todays_and_resumes_exactly(switch, reference, trained, shards,
+                                                                        params_file, tmp_path):
+    """Each engine switch end to end: the single-process run's curve and final weights within the equivalence
+    tolerance of today's eager engine (compiled code and chunks reorder floating-point sums), and killed after a
+    checkpoint, resumed bitwise to the uninterrupted run with the switch (the whole model compiled needs torch's
+    deterministic algorithms for that: model.deterministic_algorithms)."""
+    sets = SWITCHES[switch]
+    whole = trained("single", *sets)
+    recorded = run_record(whole)["config"]["train"]
+    assert all(str(recorded[key.removeprefix("train.")]).lower() == value
+               for key, value in (assignment.split("=") for assignment in sets[1::2])), recorded
     assert_follows_reference(reference, whole)
     killed = tmp_path / "killed"
-    args = train_args(shards, params_file, killed, "single", *CHUNKED, *RESUME_EXTRA)
-    kill_after_checkpoint(args, killed, kill_point("single-chunked-loss"))
+    args = train_args(shards, params_file, killed, "single", *sets, *RESUME_EXTRA)
+    kill_after_checkpoint(args, killed, kill_point(f"single-{switch}"))
     gpt2dist(*args)
     assert 0 < run_record(killed)["resumed_from_step"] < RESUME_STEPS
     assert_resumed_exactly(killed, whole)

@@ -218,6 +218,7 @@ class SingleDescription(Description):
     launcher = "python"
     data_parallel = False
     papers = {BAI: "Single GPU", PATWARDHAN: "single GPU"}
+    options = {"compile_whole_model": "(the one process that holds the whole model, unwrapped)"}
 
     def check(self, spec, visible_gpus):
         if spec.nproc != 1:

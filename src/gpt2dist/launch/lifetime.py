@@ -122,7 +122,7 @@ def _wait_all(children: list[subprocess.Popen]) -> int:
                 for other in running:
                     other.terminate()
         if running:
-            time.sleep(0.2)
+            time.sleep(0.05)  # a launch ends this much after its last child: a tenth of a second was lost per run
     return code
 
 

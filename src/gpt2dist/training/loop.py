@@ -4,6 +4,7 @@ difference between strategies in the results comes from those two choices alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -33,7 +34,7 @@ from gpt2dist.training.metrics import (
     peak_memory_bytes,
     peak_reserved,
 )
-from gpt2dist.training.model import build_model, checkpoint_blocks, compile_blocks, head_loss_of
+from gpt2dist.training.model import build_model, checkpoint_blocks, compile_blocks, compile_whole, deterministic_algorithms, head_loss_of
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
 from gpt2dist.training.run_record import METRICS, RankReport, now_iso
@@ -102,18 +103,23 @@ class Trainer:
         self.compiled = t.compile and conflict is None
         self.continued: dict | None = None  # set by resume() from another run's checkpoint
         self.compile_skipped = conflict if t.compile else None  # run.json says why a requested compile did not apply
+        whole = self.compiled and t.compile_whole_model
         if self.compiled:
             # past the recompile limit, dynamo would run eager code without a word; stop the run instead
             torch._dynamo.config.fail_on_recompile_limit_hit = True
-            compile_blocks(model)
+            if not whole:
+                compile_blocks(model)
         elif t.compile:
             log.warning("train.compile ignored: %s", conflict)
         uniform = strategy.uniform_parameters
         make_optimizer = optimizer_factory(t, fused=self.precision.fused_optimizer and uniform,
                                            foreach=None if uniform else False)
         self.model, self.optimizer = strategy.prepare(model, make_optimizer, self.precision)
-        self.loss = strategy.loss_module(self.model, self.precision,
-                                         head_loss_of(t, self.compiled))
+        self.loss = strategy.loss_module(self.model, self.precision, head_loss_of(t, self.compiled and not whole))
+        # a whole-model step runs deterministic algorithms (model.deterministic_algorithms)
+        self.determinism = deterministic_algorithms if whole else contextlib.nullcontext
+        if whole:  # the model's own state (what a checkpoint keeps) stays unwrapped
+            self.loss = compile_whole(self.loss)
         self.rows = self.strategy.degrees.rows_per_pass
         self.tokens_per_step = t.global_batch_size * spec.model.n_positions
         self.telemetry = GpuTelemetry(self.place.device) if self.rank0 else None
@@ -133,7 +139,7 @@ class Trainer:
         lr = lr_at(step, spec.train)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        with timed_step():  # the ledger's window is the one the step time measures
+        with timed_step(), self.determinism():  # the ledger's window is the one the step time measures
             started, cpu_started = time.perf_counter(), time.process_time()
             data_time = 0.0
             loss_sum = torch.zeros((), device=device)
@@ -187,8 +193,12 @@ class Trainer:
             **(self.telemetry.sample() if self.telemetry else {}),
         }
 
-    @torch.no_grad()
     def evaluate(self, step: int) -> dict:
+        with self.determinism():
+            return self._evaluate(step)
+
+    @torch.no_grad()
+    def _evaluate(self, step: int) -> dict:
         self.model.eval()
         total = torch.zeros((), device=self.place.device)
         count = 0

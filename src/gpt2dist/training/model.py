@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -143,6 +143,29 @@ def compile_blocks(model: GPT2) -> None:
 def compiled_head_loss() -> Callable[..., torch.Tensor]:
     """head_loss as one compiled graph."""
     return torch.compile(head_loss, fullgraph=True)
+
+
+def compile_whole(loss: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The forward with its loss as one graph (train.compile_whole_model), fullgraph and with static shapes, so that
+    a resumed run, whose first call may be another shape's, compiles the same kernels (with dynamic ones its sums
+    were rounded otherwise, 5e-7 apart at step 5 after a resume). Its steps run under deterministic_algorithms."""
+    return torch.compile(loss, fullgraph=True, dynamic=False)
+
+
+@contextmanager
+def deterministic_algorithms() -> Iterator[None]:
+    """torch's deterministic algorithms for a whole-model compiled step: without them two uninterrupted CPU runs of
+    the same seed ended apart (the gradient norm off in its last bit at 6 of 12 steps), as a resumed run did. Not
+    the embedding backward's atomic adds in inductor's code (left to torch's kernel, the runs still parted), nor
+    MKL's alignment-dependent paths (MKL_CBWR changed nothing), nor the kernels inductor chooses (deterministic
+    while compiling only, they parted): a kernel the step calls at run time. For the block only, what was set
+    comes back after: bench/mfu.py measures today's engine beside this one in the same process."""
+    before, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)
 
 
 class TokenLoss(nn.Module):
