@@ -60,17 +60,24 @@ def own_run_directory(out: Path, survivor_wait_s: float = SURVIVOR_WAIT_S) -> It
 
 
 def _wait_for_survivors(out: Path, wait_s: float) -> None:
+    if not ranks_gone(out, wait_s):
+        raise UsageError(f"ranks of an earlier run still use {out} after {wait_s:.0f} s; stop them "
+                         f"(`fuser -v {out / RANKS_LOCK}` lists them) and re-run")
+
+
+def ranks_gone(out: Path, wait_s: float) -> bool:
+    """Whether every rank working in `out` (hold_as_rank) has let go of it within `wait_s`. A launcher can end
+    before its ranks do: horovodrun, stopped by a signal, exits while its ranks still write their report."""
     deadline = time.monotonic() + wait_s
     with open(out / RANKS_LOCK, "a") as handle:
         while True:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return  # closing the file lets this run's ranks take it shared
+                return True  # closing the file lets the next run's ranks take it shared
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise UsageError(f"ranks of an earlier run still use {out} after {wait_s:.0f} s; stop them "
-                                     f"(`fuser -v {out / RANKS_LOCK}` lists them) and re-run") from None
-                time.sleep(0.1)
+                    return False
+                time.sleep(0.05)
 
 
 def hold_as_rank(out: Path) -> IO:
