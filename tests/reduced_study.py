@@ -25,7 +25,8 @@ QUIET_WAIT_S = 3
 # Limits under which collect flags no run as disturbed: for the studies whose tests check where the numbers come
 # from, not how busy the machine was, so that they run beside other tests. The tests of the flags themselves
 # (test_disturbed_study.py, test_added_repeats_in_pipeline.py, test_verdicts_hold.py) keep the preset's.
-UNJUDGED = {"max_foreign_cpu_share": 1.0, "min_cpu_share": 0.0, "max_step_time_spread": 1e6, "max_repeat_deviation": 1e6}
+UNJUDGED = {"max_foreign_cpu_share": 1.0, "min_cpu_share": 0.0, "max_step_time_spread": 1e6,
+            "max_repeat_deviation": 1e6}
 # .dvcignore: directory deps skip __pycache__; .gitignore: what a clone of the repository versions
 COPIED = ["Snakefile", "params.yaml", "workflow", ".dvcignore", ".gitignore"]
 # The corpus: the paragraphs of the repository's own documents. Not the embedded corpus, whose text

@@ -1,7 +1,8 @@
 """The engine's step has the shape a fast step needs, checked by counting what it does rather than by
 timing it (timings belong to bench/): one read-back from the device per optimizer step, attention through
 the fused SDPA kernel with a causal flag instead of a mask, compiled blocks that are whole graphs and
-compile once (or the whole model as one graph), and a loss that never keeps a float32 copy of the logits. Each check has its fault beside it."""
+compile once (or the whole model as one graph), and a loss that never keeps a float32 copy of the logits. Each
+check has its fault beside it."""
 
 from __future__ import annotations
 

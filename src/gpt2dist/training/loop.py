@@ -34,7 +34,8 @@ from gpt2dist.training.metrics import (
     peak_memory_bytes,
     peak_reserved,
 )
-from gpt2dist.training.model import build_model, checkpoint_blocks, compile_blocks, compile_whole, deterministic_algorithms, head_loss_of
+from gpt2dist.training.model import (build_model, checkpoint_blocks, compile_blocks, compile_whole,
+                                     deterministic_algorithms, head_loss_of)
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
 from gpt2dist.training.run_record import METRICS, RankReport, now_iso

@@ -160,7 +160,8 @@ def deterministic_algorithms() -> Iterator[None]:
     MKL's alignment-dependent paths (MKL_CBWR changed nothing), nor the kernels inductor chooses (deterministic
     while compiling only, they parted): a kernel the step calls at run time. For the block only, what was set
     comes back after: bench/mfu.py measures today's engine beside this one in the same process."""
-    before, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    before = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
