@@ -44,9 +44,13 @@ class ReadBacks(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def trainer(shards, params_file, out, *, precision="fp32", overrides=()) -> Trainer:
-    spec = build_spec(data=shards, out=out, strategy="single", precision=precision, nproc=1,
+def spec_of(shards, params_file, out, *, strategy="single", nproc=1, precision="fp32", overrides=()):
+    return build_spec(data=shards, out=out, strategy=strategy, precision=precision, nproc=nproc,
                       params=load_params(params_file), preset=None, overrides=list(overrides))
+
+
+def trainer(shards, params_file, out, *, precision="fp32", overrides=()) -> Trainer:
+    spec = spec_of(shards, params_file, out, precision=precision, overrides=overrides)
     return Trainer(spec, REGISTRY["single"](spec))
 
 
@@ -213,13 +217,10 @@ def test_the_whole_compiled_model_is_one_graph_compiled_once(shards, params_file
 def test_the_whole_model_compiles_only_under_single_and_with_compile(shards, params_file, tmp_path):
     """Every other strategy wraps or splits the model, and the switch says how to compile, not whether."""
     with pytest.raises(UsageError, match="train.compile_whole_model applies to --strategy single"):
-        build_spec(data=shards, out=tmp_path, strategy="ddp", precision="fp32", nproc=2,
-                   params=load_params(params_file), preset=None, overrides=list(WHOLE))
+        spec_of(shards, params_file, tmp_path, strategy="ddp", nproc=2, overrides=WHOLE)
     with pytest.raises(UsageError, match="compile_whole_model says how to compile"):
-        build_spec(data=shards, out=tmp_path, strategy="single", precision="fp32", nproc=1,
-                   params=load_params(params_file), preset=None, overrides=["train.compile_whole_model=true"])
-    assert build_spec(data=shards, out=tmp_path, strategy="single", precision="fp32", nproc=1,
-                      params=load_params(params_file), preset=None, overrides=list(WHOLE)).train.compile_whole_model
+        spec_of(shards, params_file, tmp_path, overrides=["train.compile_whole_model=true"])
+    assert spec_of(shards, params_file, tmp_path, overrides=WHOLE).train.compile_whole_model
 
 
 def loss_and_grads(loss_fn, hidden, weight, targets) -> tuple[torch.Tensor, ...]:

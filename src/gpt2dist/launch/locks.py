@@ -73,7 +73,7 @@ def ranks_gone(out: Path, wait_s: float) -> bool:
         while True:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True  # closing the file lets the next run's ranks take it shared
+                return True  # closing the file lets ranks take it shared again
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     return False
