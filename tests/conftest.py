@@ -263,8 +263,8 @@ def make_shards(directory: Path, vocab: int = 500, train_tokens: int = 40_000, v
 
 @pytest.fixture(scope="session")
 def finished_study(pytestconfig) -> Path:
-    """One complete local Snakemake run of the reduced study, shared by the pipeline's checks (which
-    leave it as they found it) and the cluster test's comparison. Made beside other tests, so none of its runs is
+    """One complete local Snakemake run of the reduced study, read by the pipeline's checks (a test that runs
+    Snakemake in it works in finished_copy) and the cluster's and the image's comparisons. Made beside other tests, so none of its runs is
     judged disturbed (UNJUDGED): what is checked of it is where its numbers come from."""
     from reduced_study import UNJUDGED, copy_workflow, run
 
@@ -273,6 +273,13 @@ def finished_study(pytestconfig) -> Path:
         (work / "snakemake.out").write_text(done.stdout + done.stderr)  # what the user saw, for the progress checks
 
     return made_once(pytestconfig, "pipeline", make)
+
+
+@pytest.fixture
+def finished_copy(finished_study, tmp_path) -> Path:
+    """A copy of the finished study (file times kept, so Snakemake finds it up to date) for a test that runs
+    Snakemake in it or edits it: the finished study itself is read by other tests while this one runs."""
+    return Path(shutil.copytree(finished_study, tmp_path / "study", symlinks=True))
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import threading
 import time
@@ -40,9 +39,8 @@ def kill_a_rank_once_it_trains(run_dir, killed: list[int], timeout_s: float = 30
 
 
 @pytest.mark.timeout(900)
-def test_a_failed_run_does_not_stop_the_study_and_the_next_one_retries_it_alone(finished_study, tmp_path):
-    work = tmp_path / "study"
-    shutil.copytree(finished_study, work, symlinks=True)  # the finished study, one run of it to train again
+def test_a_failed_run_does_not_stop_the_study_and_the_next_one_retries_it_alone(finished_copy):
+    work = finished_copy  # the finished study, one run of it to train again
     run_dir = work / RUNS_DIR / VICTIM
     killed: list[int] = []
     killer = threading.Thread(target=kill_a_rank_once_it_trains, args=(run_dir, killed), daemon=True)

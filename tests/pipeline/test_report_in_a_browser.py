@@ -20,7 +20,7 @@ from gpt2dist.results.plots import DPI, WIDTH
 from conftest import require
 from reduced_study import run
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]  # snakemake --report works in the finished study
+pytestmark = pytest.mark.slow
 # Chromium as root in a container, with nothing that calls out: this machine has no network beyond registries
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
@@ -41,7 +41,10 @@ def _missing() -> str | None:
 def report(request, tmp_path_factory) -> Path:
     require("GPT2DIST_REQUIRE_BROWSER", missing=_missing())  # before the study is made: it takes a minute
     html = tmp_path_factory.mktemp("report") / "report.html"
-    run(["snakemake", "--report", str(html)], request.getfixturevalue("finished_study"))
+    # in a copy: other tests read the finished study meanwhile, and Snakemake writes in the directory it works in
+    study = shutil.copytree(request.getfixturevalue("finished_study"), tmp_path_factory.mktemp("study") / "study",
+                            symlinks=True)
+    run(["snakemake", "--report", str(html)], study)
     return html
 
 
