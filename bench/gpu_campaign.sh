@@ -18,8 +18,9 @@
 #             starts whenever a minute is left
 #   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz)
 #   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) and beside today's engine, each in the
-#             same rounds, the whole model compiled as one graph (train.compile_whole_model) and the chunked head
-#             loss (train.head_loss_chunk_tokens=4096); a profile of 3 steps of the last
+#             same rounds, the whole model compiled as one graph (train.compile_whole_model), that graph replayed
+#             as CUDA graphs (train.cuda_graphs) and the chunked head loss (train.head_loss_chunk_tokens=4096); a
+#             profile of 3 steps of the last
 #   tests     pytest -m gpu
 #   memory    bench/memory_model.py: predicted against measured peak memory per strategy
 #   mfu_tf32  bench/mfu.py in tf32
@@ -148,7 +149,7 @@ PY
 step_mfu() {
   if ((dry)); then "$python" bench/mfu.py --help >/dev/null && echo "dry run: bench/mfu.py parses; it needs a GPU"; return; fi
   "$python" bench/mfu.py --precision bf16 --profile-steps 3 --beside train.compile_whole_model=true \
-    --beside train.head_loss_chunk_tokens=4096
+    --beside "train.compile_whole_model=true train.cuda_graphs=true" --beside train.head_loss_chunk_tokens=4096
 }
 
 step_mfu_tf32() {

@@ -19,7 +19,8 @@ work costs, apart from what the GPU can do at all.
 --beside key=value adds an engine built with that setting on top of the first's (an engine switch such as
 train.compile_whole_model=true or train.head_loss_chunk_tokens=8192), interleaved in the same rounds: its MFU
 and its ratio to today's engine, so one GPU run measures a change before and after, side by side. Repeated,
-each --beside is an engine of its own, every switch measured against the same rounds of today's.
+each --beside is an engine of its own, every switch measured against the same rounds of today's. One --beside
+may set several keys, space-separated: --beside "train.compile_whole_model=true train.cuda_graphs=true".
 
 --profile-steps N then profiles N more engine steps (torch.profiler): the time ledger's split of their
 wall time (compute, communication, data, idle: the GPU waiting on the host, syncs and launch gaps) and
@@ -59,8 +60,9 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16", choices=PRECISIONS)
     parser.add_argument("--peak-tflops", type=float, default=None, help="override for GPUs not in the table")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="preset override key=value")
-    parser.add_argument("--beside", action="append", default=[], help="another engine with this override added "
-                        "(key=value; repeatable, an engine each), measured in the same rounds")
+    parser.add_argument("--beside", action="append", default=[], help="another engine with these overrides added "
+                        "(key=value, several space-separated; repeatable, an engine each), measured in the same "
+                        "rounds")
     parser.add_argument("--profile-steps", type=int, default=0, help="then profile this many engine steps (the "
                         "last --beside engine's, where there is one)")
     args = parser.parse_args()
@@ -71,7 +73,8 @@ def main() -> None:
     if peak is None:
         sys.exit(f"no peak FLOP/s known for '{name}'; pass --peak-tflops")
     trainer = single_trainer("paper", args.precision, ["train.compile=true", *args.overrides])
-    changed = {switch: single_trainer("paper", args.precision, ["train.compile=true", *args.overrides, switch])
+    changed = {switch: single_trainer("paper", args.precision,
+                                      ["train.compile=true", *args.overrides, *switch.split()])
                for switch in args.beside}
     for contender in (trainer, *changed.values()):
         engine(contender, 0, args.warmup)  # compile, allocator, clocks

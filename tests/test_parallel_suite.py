@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import REPO
 
 pytestmark = pytest.mark.slow  # pytest sessions of their own, two workers each
@@ -61,17 +62,23 @@ def run_suite(tmp_path, mark: str, make_it: str) -> tuple[list, int]:
     return [json.loads(line) for line in intervals.read_text().splitlines()], len(makes.read_text().splitlines())
 
 
+# the mark on the sleeping test, whether it is to hold the machine alone, and how its directory is made
+CASES = {"alone": ("@pytest.mark.alone", True, "made_once(request.config, 'x', make)"),
+         "gpu": ("@pytest.mark.gpu", torch.cuda.is_available(), "made_once(request.config, 'x', make)"),
+         "unmarked": ("", False, "(make(own := tmp_path_factory.mktemp('x')), own)[1]")}
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("shared", [True, False])
-def test_an_alone_test_has_the_machine_and_made_once_makes_once(tmp_path, shared):
-    """The control (not marked, and a directory of each worker's own from mktemp): the other worker's tests run
-    beside the test, and each worker makes its directory."""
-    if shared:
-        intervals, makes = run_suite(tmp_path, "@pytest.mark.alone", "made_once(request.config, 'x', make)")
-    else:
-        intervals, makes = run_suite(tmp_path, "", "(make(own := tmp_path_factory.mktemp('x')), own)[1]")
+@pytest.mark.parametrize("case", CASES)
+def test_an_alone_test_has_the_machine_and_made_once_makes_once(tmp_path, case):
+    """A GPU test holds the machine alone only where a GPU is (elsewhere it skips, and must not wait to). The
+    control (not marked, and a directory of each worker's own from mktemp): the other worker's tests run beside
+    the test, and each worker makes its directory."""
+    mark, alone, make_it = CASES[case]
+    intervals, makes = run_suite(tmp_path, mark, make_it)
     (_, start, end, _), = [i for i in intervals if i[0] == "alone"]
     beside = [i for i in intervals if i[0] == "shared" and i[1] < end and i[2] > start]
-    assert (beside == []) is shared, (start, end, intervals)
+    assert (beside == []) is alone, (start, end, intervals)
+    shared = case != "unmarked"
     assert makes == (1 if shared else 2)
     assert (len({i[3] for i in intervals}) == 1) is shared  # every test got the one directory

@@ -20,8 +20,8 @@ from gpt2dist.training.loop import Trainer
 from gpt2dist.training.model import VOCAB_MULTIPLE, chunked_head_loss, compiled_head_loss, head_loss
 from gpt2dist.training.strategies import REGISTRY
 
-from conftest import (RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, gpt2dist, kill_after_checkpoint, kill_point,
-                      run_record, train_args)
+from conftest import (RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, gpt2dist, gpu, kill_after_checkpoint,
+                      kill_point, run_record, train_args)
 from test_equivalence import assert_follows_reference
 # The ops through which the host waits for a value the device computed: .item(), float(t), bool(t), `if t`.
 READ_BACKS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default}
@@ -223,6 +223,43 @@ def test_the_whole_model_compiles_only_under_single_and_with_compile(shards, par
     assert spec_of(shards, params_file, tmp_path, overrides=WHOLE).train.compile_whole_model
 
 
+GRAPHS = (*WHOLE, "train.cuda_graphs=true")
+
+
+def test_cuda_graphs_replay_only_the_whole_compiled_model_and_only_on_a_gpu(shards, params_file, tmp_path):
+    """A CUDA graph replays the whole model's one compiled graph: refused without it, under another strategy, and
+    where no CUDA GPU is (on CPU there is nothing to replay, and a switch that did nothing would be measured)."""
+    with pytest.raises(UsageError, match="cuda_graphs replays the whole model's compiled graph"):
+        spec_of(shards, params_file, tmp_path, overrides=["train.compile=true", "train.cuda_graphs=true"])
+    with pytest.raises(UsageError, match="train.compile_whole_model applies to --strategy single"):
+        spec_of(shards, params_file, tmp_path, strategy="ddp", nproc=2, overrides=GRAPHS)
+    if torch.cuda.is_available():
+        assert spec_of(shards, params_file, tmp_path, overrides=GRAPHS).train.cuda_graphs
+    else:
+        with pytest.raises(UsageError, match="need a CUDA GPU; on CPU set train.cuda_graphs=false"):
+            spec_of(shards, params_file, tmp_path, overrides=GRAPHS)
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_graphs_replay_every_step_without_a_skip(shards, params_file, tmp_path):
+    """Inductor falls back to launching kernels one by one, with a log line only, where a graph cannot be captured
+    (a CPU tensor, a mutated input, a dynamic shape): the step's graphs, training's and evaluation's, are captured."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    engine = trainer(shards, params_file, tmp_path, overrides=GRAPHS)
+    for step in range(3):
+        engine.train_step(step)
+    engine.evaluate(3)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    # the control: a graph fed a CPU tensor is not captured, and the counter sees it
+    replayed = torch.compile(lambda x, y: x @ y + 1, mode="reduce-overhead")
+    replayed(torch.ones(4, 4, device="cuda"), torch.ones(4, 4))
+    assert counters["inductor"]["cudagraph_skips"] == 1
+
+
 def loss_and_grads(loss_fn, hidden, weight, targets) -> tuple[torch.Tensor, ...]:
     hidden, weight = hidden.detach().requires_grad_(), weight.detach().requires_grad_()
     loss = loss_fn(hidden, weight, targets)
@@ -273,12 +310,14 @@ CHUNKED = ("--set", "train.head_loss_chunk_tokens=24")  # a micro-batch's 64 tok
 
 # each engine switch as the --set arguments that turn it on
 SWITCHES = {"chunked-loss": CHUNKED,
-            "whole-model-compiled": tuple(arg for assignment in WHOLE for arg in ("--set", assignment))}
+            "whole-model-compiled": tuple(arg for assignment in WHOLE for arg in ("--set", assignment)),
+            "cuda-graphs": tuple(arg for assignment in GRAPHS for arg in ("--set", assignment))}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("switch", SWITCHES)
+@pytest.mark.parametrize("switch", [pytest.param(switch, marks=[pytest.mark.gpu, gpu] if "cuda" in switch else [])
+                                    for switch in SWITCHES])
 def test_a_run_with_an_engine_switch_follows_todays_and_resumes_exactly(switch, reference, trained, shards,
                                                                         params_file, tmp_path):
     """Each engine switch end to end: the single-process run's curve and final weights within the equivalence

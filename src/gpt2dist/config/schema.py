@@ -94,6 +94,11 @@ class TrainConfig(_Strict):
                                       "kernels and launch gaps on a GPU (GPT-2 small ran about 1,000 kernels per "
                                       "micro-batch on an H200 and sat idle between them for 12% of a step). The "
                                       "other strategies wrap or split the model and compile its blocks.")
+    cuda_graphs: bool = Field(False, description="single with compile_whole_model, on a CUDA GPU: the compiled "
+                              "forward and backward captured once as CUDA graphs and replayed every micro-batch "
+                              "(torch.compile's reduce-overhead mode), one launch for all of a graph's kernels "
+                              "instead of one each; their memory is a pool of their own. Refused on CPU, which "
+                              "has no graphs to replay.")
     head_loss_chunk_tokens: int = Field(0, ge=0, description="Compute the head's logits and their cross-entropy "
                                         "this many tokens at a time, gradients included, so that a micro-batch's "
                                         "full logits never exist (at GPT-2's vocabulary 65 times its hidden states); "
@@ -130,6 +135,9 @@ class TrainConfig(_Strict):
         if self.compile_whole_model and not self.compile:
             raise ValueError("compile_whole_model says how to compile (the whole model at once), not whether; set "
                              "compile=true too")
+        if self.cuda_graphs and not self.compile_whole_model:
+            raise ValueError("cuda_graphs replays the whole model's compiled graph; set compile=true and "
+                             "compile_whole_model=true too")
         return self
 
 

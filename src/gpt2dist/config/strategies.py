@@ -218,7 +218,7 @@ class SingleDescription(Description):
     launcher = "python"
     data_parallel = False
     papers = {BAI: "Single GPU", PATWARDHAN: "single GPU"}
-    options = {"compile_whole_model": "(the one process that holds the whole model, unwrapped)"}
+    options = {"compile_whole_model": "(the one process that holds the whole model, unwrapped)"}  # cuda_graphs too
 
     def check(self, spec, visible_gpus):
         if spec.nproc != 1:
@@ -581,6 +581,9 @@ def check_run(spec: RunSpec, visible_gpus: int) -> None:
             said = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} or {owners[-1]}"
             raise UsageError(f"train.{option} applies to --strategy {said} {when}, not {spec.strategy} with "
                              f"{spec.precision}; set train.{option}=false")
+    if spec.train.cuda_graphs and spec.device != "cuda":
+        raise UsageError("train.cuda_graphs replays the step as CUDA graphs, which need a CUDA GPU; on CPU set "
+                         "train.cuda_graphs=false")
     if spec.precision in APEX_PRECISIONS:
         if not description.accepts_apex:
             raise UsageError(f"precision 'apex-*' cannot wrap {spec.strategy}'s sharded or split parameters or "

@@ -120,7 +120,7 @@ class Trainer:
         # a whole-model step runs deterministic algorithms (model.deterministic_algorithms)
         self.determinism = deterministic_algorithms if whole else contextlib.nullcontext
         if whole:  # the model's own state (what a checkpoint keeps) stays unwrapped
-            self.loss = compile_whole(self.loss)
+            self.loss = compile_whole(self.loss, t.cuda_graphs)
         self.rows = self.strategy.degrees.rows_per_pass
         self.tokens_per_step = t.global_batch_size * spec.model.n_positions
         self.telemetry = GpuTelemetry(self.place.device) if self.rank0 else None

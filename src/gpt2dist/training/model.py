@@ -145,11 +145,14 @@ def compiled_head_loss() -> Callable[..., torch.Tensor]:
     return torch.compile(head_loss, fullgraph=True)
 
 
-def compile_whole(loss: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+def compile_whole(loss: nn.Module, cuda_graphs: bool) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """The forward with its loss as one graph (train.compile_whole_model), fullgraph and with static shapes, so that
     a resumed run, whose first call may be another shape's, compiles the same kernels (with dynamic ones its sums
-    were rounded otherwise, 5e-7 apart at step 5 after a resume). Its steps run under deterministic_algorithms."""
-    return torch.compile(loss, fullgraph=True, dynamic=False)
+    were rounded otherwise, 5e-7 apart at step 5 after a resume). Its steps run under deterministic_algorithms.
+    With cuda_graphs, inductor's CUDA graph trees replay it (static shapes are what a graph needs anyway): each call
+    starts a new step of theirs, as no backward is pending then, so a replay may overwrite the previous micro-step's
+    outputs, which the loop has read by then."""
+    return torch.compile(loss, fullgraph=True, dynamic=False, mode="reduce-overhead" if cuda_graphs else None)
 
 
 @contextmanager
