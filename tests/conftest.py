@@ -38,10 +38,19 @@ PIECES = {"GPT2DIST_REQUIRE_SLURM": "SLURM and munge", "GPT2DIST_REQUIRE_IMAGE":
 GPU_SKIPS = {"needs a CUDA GPU", "needs 2 CUDA GPUs", "needs 4 CUDA GPUs", "needs NVIDIA Apex (the container image)",
              "needs NVIDIA Apex (the container image builds it)", "TF32 needs an Ampere or newer GPU"}
 STUDY_REFUSES = "the study refuses this combination: "
-# A test's `gpt2dist train` measures nothing, so it starts without waiting for the previous test's processes
-# to leave the CPUs (up to 10 s a run); the pipeline's studies (reduced_study.run) and the tests of the wait
-# itself run with the default.
+# A run waits for a quiet machine (up to 10 s by default) before it trains. A test's `gpt2dist train` measures
+# nothing, so it starts at once. A study's runs (reduced_study.run) wait as a user's do, at most QUIET_WAIT_S (a CI
+# machine's own background work can keep it from ever being quiet; Snakemake's bookkeeping between jobs, what the
+# wait is for, takes about a second), where the test has the machine to itself (quiet_wait_for_studies): beside
+# the other worker's tests the wait only ran out its clock before every run.
+QUIET_WAIT_S = 3
 os.environ[QUIET_WAIT_ENV] = "0"
+_machine_to_itself = True  # the running test's, set by pytest_runtest_protocol
+
+
+def quiet_wait_for_studies() -> str:
+    """What a study started now waits for a quiet machine (QUIET_WAIT_ENV's value)."""
+    return str(QUIET_WAIT_S) if _machine_to_itself else "0"
 
 
 # Tests run in two pytest-xdist workers (pyproject's addopts), each handed whole modules: a module's fixtures (a
@@ -116,13 +125,15 @@ def pytest_runtest_protocol(item, nextitem):
     """Every test holds the machine shared, an `alone` test exclusively, from before its fixtures are set up
     until after they are torn down (outside pytest-timeout's clock). A waiting `alone` test holds the turnstile,
     so that the other worker's next test waits behind it instead of keeping the machine shared for ever."""
+    global _machine_to_itself
     if not _is_worker(item.config):
         yield
         return
     base = _run_dir(item.config)
+    _machine_to_itself = runs_alone(item)
     with open(base / "machine.lock", "a") as machine:  # closing it releases the lock
         with _flocked(base / "turnstile.lock", fcntl.LOCK_EX):
-            fcntl.flock(machine, fcntl.LOCK_EX if runs_alone(item) else fcntl.LOCK_SH)
+            fcntl.flock(machine, fcntl.LOCK_EX if _machine_to_itself else fcntl.LOCK_SH)
         yield
 
 

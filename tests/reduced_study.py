@@ -15,13 +15,9 @@ import yaml
 
 from gpt2dist.system.conditions import QUIET_WAIT_ENV
 
-from conftest import REPO
+from conftest import REPO, quiet_wait_for_studies
 
 BIN = Path(sys.executable).parent
-# A study's runs wait for a quiet machine as a user's do, but at most this long: a CI machine's own background
-# work can keep it from ever being quiet, and the default 10 s before each of the suite's pipeline runs added
-# minutes there. Snakemake's bookkeeping between jobs, what the wait is for, takes about a second.
-QUIET_WAIT_S = 3
 # Limits under which collect flags no run as disturbed: for the studies whose tests check where the numbers come
 # from, not how busy the machine was, so that they run beside other tests. The tests of the flags themselves
 # (test_disturbed_study.py, test_added_repeats_in_pipeline.py, test_verdicts_hold.py) keep the preset's.
@@ -75,7 +71,7 @@ def hog(seconds: float) -> subprocess.Popen:
 
 def run(cmd: list[str], cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**(env or os.environ), "CUDA_VISIBLE_DEVICES": "", "DVC_NO_ANALYTICS": "1"}
-    env[QUIET_WAIT_ENV] = str(QUIET_WAIT_S)
+    env[QUIET_WAIT_ENV] = quiet_wait_for_studies()
     env["PATH"] = f"{BIN}:{env['PATH']}"
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if check and result.returncode:

@@ -24,8 +24,9 @@ import pytest
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.study import plan_study
+from gpt2dist.system.conditions import QUIET_WAIT_ENV
 
-from conftest import REPO, require
+from conftest import REPO, quiet_wait_for_studies, require
 from reduced_study import assert_same_training_numbers, copy_workflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.image, pytest.mark.timeout(3600)]
@@ -89,7 +90,8 @@ def in_image(image: Image, script: str, *, mounts: dict[Path, str] = {}, check: 
     if os.path.isfile(os.environ.get("PIP_CERT", "")):  # a proxy that re-signs TLS: pip needs its CA
         volumes += ["-v", f"{os.environ['PIP_CERT']}:/run/pip-ca.crt:ro", "-e", "PIP_CERT=/run/pip-ca.crt"]
     cmd = ["podman", "run", "--rm", "--name", name, "--network", "host", "-e", "CUDA_VISIBLE_DEVICES=", "-e", "COLUMNS=200",
-           "-e", "PYTHONDONTWRITEBYTECODE=1", *volumes, image.tag, "bash", "-euo", "pipefail", "-c", script]
+           "-e", "PYTHONDONTWRITEBYTECODE=1", "-e", f"{QUIET_WAIT_ENV}={quiet_wait_for_studies()}", *volumes,
+           image.tag, "bash", "-euo", "pipefail", "-c", script]
     try:
         result = subprocess.run(cmd, env=image.env, capture_output=True, text=True, timeout=timeout)
     finally:

@@ -17,7 +17,8 @@ from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.jobs import collect_command, report_command, train_command
 from gpt2dist.pipeline.study import plan_study
 
-from reduced_study import QUIET_WAIT_S, UNJUDGED, hog, run as run_in
+from conftest import QUIET_WAIT_S
+from reduced_study import UNJUDGED, hog, run as run_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its runs' disturbance flags count
 
