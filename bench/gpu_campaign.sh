@@ -149,7 +149,8 @@ PY
 step_mfu() {
   if ((dry)); then "$python" bench/mfu.py --help >/dev/null && echo "dry run: bench/mfu.py parses; it needs a GPU"; return; fi
   "$python" bench/mfu.py --precision bf16 --profile-steps 3 --beside train.compile_whole_model=true \
-    --beside "train.compile_whole_model=true train.cuda_graphs=true" --beside train.head_loss_chunk_tokens=4096
+    --beside "train.compile_whole_model=true train.cuda_graphs=true" \
+    --beside train.head_loss_chunk_tokens=4096
 }
 
 step_mfu_tf32() {

@@ -124,7 +124,8 @@ def runs_alone(item: pytest.Item) -> bool:
 def pytest_runtest_protocol(item, nextitem):
     """Every test holds the machine shared, an `alone` test exclusively, from before its fixtures are set up
     until after they are torn down (outside pytest-timeout's clock). A waiting `alone` test holds the turnstile,
-    so that the other worker's next test waits behind it instead of keeping the machine shared for ever."""
+    so that the other worker's next test waits behind it instead of keeping the machine shared for ever. Only a
+    test that holds it alone has its studies wait for a quiet machine (quiet_wait_for_studies)."""
     global _machine_to_itself
     if not _is_worker(item.config):
         yield
@@ -278,8 +279,8 @@ def make_shards(directory: Path, vocab: int = 500, train_tokens: int = 40_000, v
 @pytest.fixture(scope="session")
 def finished_study(pytestconfig) -> Path:
     """One complete local Snakemake run of the reduced study, read by the pipeline's checks (a test that runs
-    Snakemake in it works in finished_copy) and the cluster's and the image's comparisons. Made beside other tests, so none of its runs is
-    judged disturbed (UNJUDGED): what is checked of it is where its numbers come from."""
+    Snakemake in it works in finished_copy) and the cluster's and the image's comparisons. Made beside other tests,
+    so none of its runs is judged disturbed (UNJUDGED): what is checked of it is where its numbers come from."""
     from reduced_study import UNJUDGED, copy_workflow, run
 
     def make(work: Path) -> None:
