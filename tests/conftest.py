@@ -290,11 +290,16 @@ def finished_study(pytestconfig) -> Path:
     return made_once(pytestconfig, "pipeline", make)
 
 
+def copy_of_study(study: Path, dest: Path) -> Path:
+    """A study copied to `dest` with its file times (Snakemake finds it up to date) and its links as links."""
+    return Path(shutil.copytree(study, dest, symlinks=True))
+
+
 @pytest.fixture
 def finished_copy(finished_study, tmp_path) -> Path:
-    """A copy of the finished study (file times kept, so Snakemake finds it up to date) for a test that runs
-    Snakemake in it or edits it: the finished study itself is read by other tests while this one runs."""
-    return Path(shutil.copytree(finished_study, tmp_path / "study", symlinks=True))
+    """A copy of the finished study for a test that runs Snakemake in it or edits it: the finished study itself is
+    read by other tests while this one runs."""
+    return copy_of_study(finished_study, tmp_path / "study")
 
 
 @pytest.fixture(scope="session")

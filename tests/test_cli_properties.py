@@ -106,7 +106,8 @@ SETS = st.one_of(st.text(max_size=12), st.builds(lambda key, value: f"{key}={val
                                                                    "train.pipeline_virtual_stages",
                                                                    "train.pipeline_schedule",
                                                                    "train.activation_checkpointing",
-                                                                   "train.head_loss_chunk_tokens"]),
+                                                                   "train.head_loss_chunk_tokens",
+                                                                   "train.cuda_graphs"]),
                                                   st.one_of(st.text(max_size=8), NUMBERS)))
 
 
@@ -153,6 +154,9 @@ def test_any_hosts_are_launch_commands_or_one_error_line(hosts, gpus, nproc, sha
 @example(assignment="train.head_loss_chunk_tokens=-1")
 @example(assignment="train.head_loss_chunk_tokens=0")
 @example(assignment="train.head_loss_chunk_tokens=2.5")
+@example(assignment="train.cuda_graphs=nan")
+@example(assignment="train.cuda_graphs=-1")
+@example(assignment="train.cuda_graphs=true")  # without compile_whole_model, and on CPU: refused either way
 def test_any_set_is_a_launch_or_one_error_line(assignment, shards, params_file, tmp_path):
     args = ["--data", str(shards), "--out", str(tmp_path / "run"), "--params", str(params_file), "--strategy", "single",
             "--print-command", "--set", assignment]

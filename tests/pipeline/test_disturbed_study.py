@@ -17,7 +17,7 @@ from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.jobs import collect_command, report_command, train_command
 from gpt2dist.pipeline.study import plan_study
 
-from conftest import QUIET_WAIT_S
+from conftest import QUIET_WAIT_S, copy_of_study
 from reduced_study import UNJUDGED, hog, run as run_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its runs' disturbance flags count
@@ -36,8 +36,7 @@ def intervals(markdown: str) -> list[tuple[float, float, float]]:
 def disturbed_study(finished_study, tmp_path_factory):
     """The finished reduced study with one run trained again beside a hog on every CPU, judged by the preset's
     limits (the finished study, made beside other tests, judges none of its runs)."""
-    work = tmp_path_factory.mktemp("disturbed") / "study"
-    shutil.copytree(finished_study, work, symlinks=True)
+    work = copy_of_study(finished_study, tmp_path_factory.mktemp("disturbed") / "study")
     params = yaml.safe_load((work / "params.yaml").read_text())
     for limit in UNJUDGED:
         del params["presets"]["cpu"]["study"][limit]

@@ -17,7 +17,7 @@ import pytest
 from gpt2dist.pipeline.layout import FIGURES
 from gpt2dist.results.plots import DPI, WIDTH
 
-from conftest import require
+from conftest import copy_of_study, require
 from reduced_study import run
 
 pytestmark = pytest.mark.slow
@@ -42,8 +42,7 @@ def report(request, tmp_path_factory) -> Path:
     require("GPT2DIST_REQUIRE_BROWSER", missing=_missing())  # before the study is made: it takes a minute
     html = tmp_path_factory.mktemp("report") / "report.html"
     # in a copy: other tests read the finished study meanwhile, and Snakemake writes in the directory it works in
-    study = shutil.copytree(request.getfixturevalue("finished_study"), tmp_path_factory.mktemp("study") / "study",
-                            symlinks=True)
+    study = copy_of_study(request.getfixturevalue("finished_study"), tmp_path_factory.mktemp("study") / "study")
     run(["snakemake", "--report", str(html)], study)
     return html
 

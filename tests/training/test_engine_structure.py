@@ -305,13 +305,15 @@ def test_the_chunked_loss_computes_in_the_autocast_dtype_and_keeps_no_logits():
         assert any(n >= rows * vocab for n in kept) == logits_kept, (loss_fn, kept)
 
 
-CHUNKED = ("--set", "train.head_loss_chunk_tokens=24")  # a micro-batch's 64 tokens: chunks of 24, 24 and 16
+def set_args(*assignments: str) -> tuple[str, ...]:
+    """The command line's --set arguments of these key=value assignments."""
+    return tuple(arg for assignment in assignments for arg in ("--set", assignment))
 
 
+CHUNKED = set_args("train.head_loss_chunk_tokens=24")  # a micro-batch's 64 tokens: chunks of 24, 24 and 16
 # each engine switch as the --set arguments that turn it on
-SWITCHES = {"chunked-loss": CHUNKED,
-            "whole-model-compiled": tuple(arg for assignment in WHOLE for arg in ("--set", assignment)),
-            "cuda-graphs": tuple(arg for assignment in GRAPHS for arg in ("--set", assignment))}
+SWITCHES = {"chunked-loss": CHUNKED, "whole-model-compiled": set_args(*WHOLE),
+            "cuda-graphs": set_args(*GRAPHS)}
 
 
 @pytest.mark.slow

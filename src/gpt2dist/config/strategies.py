@@ -218,7 +218,8 @@ class SingleDescription(Description):
     launcher = "python"
     data_parallel = False
     papers = {BAI: "Single GPU", PATWARDHAN: "single GPU"}
-    options = {"compile_whole_model": "(the one process that holds the whole model, unwrapped)"}  # cuda_graphs too
+    # train.cuda_graphs needs compile_whole_model (the schema's check), so it is single's alone too
+    options = {"compile_whole_model": "(the one process that holds the whole model, unwrapped)"}
 
     def check(self, spec, visible_gpus):
         if spec.nproc != 1:
