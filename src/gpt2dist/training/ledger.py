@@ -24,6 +24,7 @@ import contextlib
 import json
 import math
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -47,8 +48,27 @@ def building_batch():
     return record_function(DATA)
 
 
-def timed_step():
-    return record_function(STEP)
+class StepClock:
+    """A step's wall and CPU time. The wall clock is read first thing inside the step's span and last
+    thing before it closes, so the ledger's window and the step_time_s beside it are one interval but
+    for the span's own enter and exit (tests/training/test_ledger.py compares them)."""
+
+    def __init__(self):
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
+        self.wall_s = self.cpu_s = math.nan
+
+    def stop(self) -> None:
+        self.cpu_s = time.process_time() - self.cpu_started
+        self.wall_s = time.perf_counter() - self.started
+
+
+@contextlib.contextmanager
+def timed_step() -> Iterator[StepClock]:
+    """The step's span in the trace, and its clock read at the span's boundaries."""
+    with record_function(STEP):
+        clock = StepClock()
+        yield clock
+        clock.stop()
 
 
 class StepTracer:

@@ -140,8 +140,7 @@ class Trainer:
         lr = lr_at(step, spec.train)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        with timed_step(), self.determinism():  # the ledger's window is the one the step time measures
-            started, cpu_started = time.perf_counter(), time.process_time()
+        with timed_step() as clock, self.determinism():  # the ledger's window is the one the step time measures
             data_time = 0.0
             loss_sum = torch.zeros((), device=device)
             place = self.place
@@ -176,7 +175,7 @@ class Trainer:
             loss_value, norm_value, due = torch.stack(
                 [reduced[0], grad_norm.float().to(reduced.device), reduced[1]]).tolist()
             self.save_due = due > 0
-            elapsed, cpu_time = time.perf_counter() - started, time.process_time() - cpu_started
+        elapsed = clock.wall_s
         return {
             "kind": "train",
             "step": step,
@@ -185,7 +184,7 @@ class Trainer:
             "grad_norm": norm_value,
             "step_time_s": elapsed,
             "data_time_s": data_time,
-            "cpu_time_s": cpu_time,  # this process, all its threads: far below step_time_s x threads = starved
+            "cpu_time_s": clock.cpu_s,  # this process, all its threads: far below step_time_s x threads = starved
             "end_unix_s": time.time(),  # places the step among the launcher's load samples
             "tokens_per_s": self.tokens_per_step / elapsed,
             "samples_per_s": spec.train.global_batch_size / elapsed,
