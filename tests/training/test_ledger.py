@@ -61,14 +61,8 @@ def test_union_merges_overlaps_and_drops_empty_spans():
     assert union([(5, 7), (0, 2), (1, 3), (4, 4)]) == [(0, 3), (5, 7)]
 
 
-# the two-rank runs hold the machine alone: their check compares the step timer with the trace's span around it,
-# and a rank preempted by another test between the two boundaries (some 30 us) lends the span milliseconds
-ALONE = pytest.mark.alone
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "nproc"), [("single", 1), pytest.param("ddp", 2, marks=ALONE),
-                                                 pytest.param("horovod", 2, marks=ALONE)])
+@pytest.mark.parametrize(("strategy", "nproc"), [("single", 1), ("ddp", 2), ("horovod", 2)])
 def test_a_runs_ledger_partitions_its_traced_steps(strategy, nproc, shards, params_file, tmp_path):
     out = tmp_path / strategy
     gpt2dist(*train_args(shards, params_file, out, strategy, nproc=nproc))

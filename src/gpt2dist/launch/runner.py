@@ -124,7 +124,7 @@ def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulat
         quiet_after_s = wait_for_quiet() if measured else 0.0
         launched_at = now_iso()
         start_record(spec, launched_at=launched_at, command_line=shlex.join(sys.argv), launch_command=shown)
-        monitor = LoadMonitor(out / "spec.json")
+        monitor = LoadMonitor(None if launch is _in_process else out / "spec.json")
         outcome = Outcome(exit_code=1)  # what an exception out of the launch leaves in the record
         try:
             with monitor:

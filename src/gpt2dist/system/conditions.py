@@ -88,6 +88,10 @@ class LoadMonitor:
     """
 
     def __init__(self, spec_path: Path | None = None, interval_s: float = 1.0):
+        """spec_path: the run's processes include those whose command line names it (ranks started outside this
+        process's family: srun's tasks, horovodrun's); None where the run trains in this process. Looking for
+        them reads every process's command line each sample, Python work that holds the interpreter lock for
+        milliseconds, which a run training in this process would wait for in its steps."""
         self.spec_path = str(spec_path) if spec_path else None
         self.interval_s = interval_s
         self.cpus = run_cpus()

@@ -49,12 +49,16 @@ def building_batch():
 
 
 class StepClock:
-    """A step's wall and CPU time. The wall clock is read first thing inside the step's span and last
-    thing before it closes, so the ledger's window and the step_time_s beside it are one interval but
-    for the span's own enter and exit (tests/training/test_ledger.py compares them)."""
+    """A step's wall and CPU time, read just before its trace span opens and just before it closes.
+
+    The span's enter and exit are C++ calls that let go of the interpreter lock; where another thread of
+    the process (the load monitor, the launcher watch) takes it meanwhile, this thread waits after the
+    span's timestamp: a clock read inside the span would leave that wait out of step_time_s and in the
+    ledger's window (up to 43 ms a step measured beside a busy thread). Read before each timestamp, the wait
+    falls inside both intervals or outside both (tests/training/test_ledger.py compares them)."""
 
     def __init__(self):
-        self.started, self.cpu_started = time.perf_counter(), time.process_time()
+        self.cpu_started, self.started = time.process_time(), time.perf_counter()
         self.wall_s = self.cpu_s = math.nan
 
     def stop(self) -> None:
@@ -64,9 +68,10 @@ class StepClock:
 
 @contextlib.contextmanager
 def timed_step() -> Iterator[StepClock]:
-    """The step's span in the trace, and its clock read at the span's boundaries."""
-    with record_function(STEP):
-        clock = StepClock()
+    """The step's span in the trace, and its clock (StepClock says where it is read)."""
+    span = record_function(STEP)  # made before the clock starts: only its enter lies between the two
+    clock = StepClock()
+    with span:
         yield clock
         clock.stop()
 
