@@ -19,8 +19,9 @@ from conftest import REPO, quiet_wait_for_studies
 
 BIN = Path(sys.executable).parent
 # Limits under which collect flags no run as disturbed: for the studies whose tests check where the numbers come
-# from, not how busy the machine was, so that they run beside other tests. The tests of the flags themselves
-# (test_disturbed_study.py, test_added_repeats_in_pipeline.py, test_verdicts_hold.py) keep the preset's.
+# from, or whether two studies agree (test_verdicts_hold.py), not how busy the machine was, so that they run beside
+# other tests. The tests of the flags themselves (test_disturbed_study.py, test_added_repeats_in_pipeline.py) keep
+# the preset's.
 UNJUDGED = {"max_foreign_cpu_share": 1.0, "min_cpu_share": 0.0, "max_step_time_spread": 1e6,
             "max_repeat_deviation": 1e6}
 # .dvcignore: directory deps skip __pycache__; .gitignore: what a clone of the repository versions

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reduced_study import copy_workflow, run
+from reduced_study import UNJUDGED, copy_workflow, run
 
 # beside other tests: no run is left out for how busy the machine was (below), so their load only adds spread
 pytestmark = pytest.mark.slow
@@ -38,9 +38,8 @@ def test_a_study_run_twice_gives_the_same_tiers_and_verdicts_or_says_which_are_u
     # interval of one degree of freedom). ddp's steps take about 7 ms on this tiny model, where the scheduler
     # alone spreads them 25-33% around their median, rank 0 gets 50-60% of its threads' CPU time and repeats lie
     # up to 1.6x apart: with the preset's limits, 2 or 3 of 4 ddp runs were left out on a quiet machine here.
-    # Other processes' load leaves none out either: the test shares the machine with the suite's other tests.
-    work = copy_workflow(tmp_path / "first", repeats=4, runs=RUNS, max_step_time_spread=10.0, min_cpu_share=0.0,
-                         max_repeat_deviation=10.0, max_foreign_cpu_share=1.0,
+    # Other processes' load leaves none out either (UNJUDGED): the test shares the machine with the suite's others.
+    work = copy_workflow(tmp_path / "first", repeats=4, runs=RUNS, **UNJUDGED,
                          selftests=False)  # the runs are checks enough
     # up to collect: tiers and verdicts are in summary.json, and the figures and report are other tests' subject
     run(["snakemake", "--cores", "2", SUMMARY], work)
