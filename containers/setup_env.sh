@@ -4,7 +4,8 @@
 # Used by the README's two commands and by .ci/run; the container recipe calls
 # install_horovod.sh the same way.
 #
-# Env: TORCH_VERSION (default 2.13.0), VENV (default .venv), PYTHON (default python3), APEX (none: skip Apex
+# Env: TORCH_VERSION (default 2.13.0), VENV (default .venv), PYTHON (default: the faster Python of two,
+#      containers/pick_python.sh), APEX (none: skip Apex
 #      on a GPU node),
 #      HOROVOD_FLAVOUR (--cpu, --gpu, or none to skip Horovod; default: install_horovod.sh
 #      decides, which picks --gpu for a CUDA build of torch when nvcc exists, even without a GPU)
@@ -15,7 +16,9 @@ VENV=${VENV:-.venv}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 
 if [[ ! -x $VENV/bin/python ]]; then
-  "${PYTHON:-python3}" -m venv "$VENV"
+  PYTHON=${PYTHON:-$(bash containers/pick_python.sh)}
+  echo "setup_env: the venv's Python is $PYTHON" >&2
+  "$PYTHON" -m venv "$VENV"
 fi
 py=$VENV/bin/python
 "$py" -m pip install --quiet --upgrade pip setuptools wheel

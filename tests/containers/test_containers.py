@@ -123,3 +123,33 @@ def test_under_apptainer_a_run_across_nodes_runs_on_the_host_and_srun_puts_its_t
     assert params.image(SimpleNamespace(run="ddp-bf16-n8-r0")) == ""
     # the control: on the host (no --sdm), the runs across nodes name no image
     assert _train_rules(set())["train"][2].image(SimpleNamespace(run="ddp-bf16-n8-2nodes-r0")) == ""
+
+
+def test_setup_env_makes_its_venv_with_the_faster_python(tmp_path):
+    """pick_python.sh times each candidate on one probe and prints the faster: here the same interpreter twice,
+    one of them under a trace function that runs on every line (several times slower), in both orders; a candidate
+    that cannot make a venv is passed over, and with none left one error line and a failure."""
+    real = Path(sys.executable).resolve()
+    candidates = {
+        "plain": f'exec "{real}" "$@"',
+        "traced": f'exec "{real}" -c "import sys; sys.settrace(lambda *a: lambda *b: None); exec(sys.stdin.read())"',
+        "unusable": "exit 1",
+    }
+    for name, line in candidates.items():
+        (tmp_path / name).write_text(f"#!/bin/sh\n{line}\n")
+        (tmp_path / name).chmod(0o755)
+
+    def pick(*names: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHON_CANDIDATES": " ".join(str(tmp_path / name) for name in names)}
+        return subprocess.run(["bash", str(REPO / "containers" / "pick_python.sh")], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    for order in (("plain", "traced", "unusable"), ("unusable", "traced", "plain")):
+        picked = pick(*order)
+        assert picked.returncode == 0 and picked.stdout.strip() == str(tmp_path / "plain"), picked.stderr
+        assert picked.stderr.count("s on the probe") == 2, picked.stderr  # the unusable one is not timed
+    alone = pick("traced")  # the control: the traced one is taken where it is the only one
+    assert alone.returncode == 0 and alone.stdout.strip() == str(tmp_path / "traced"), alone.stderr
+    none = pick("unusable")
+    assert none.returncode == 1 and none.stdout == "" and none.stderr.strip().startswith("error: no Python 3.10")
+    assert len(none.stderr.strip().splitlines()) == 1

@@ -10,7 +10,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from test_equivalence import _free_port
 
 from gpt2dist.config.schema import ModelConfig, RunSpec, TrainConfig
@@ -19,7 +18,7 @@ from gpt2dist.config.strategies import traffic
 from gpt2dist.training.model import TokenLoss, build_model, lm_loss
 from gpt2dist.training.strategies.tensor_parallel import shard_blocks
 
-from conftest import TINY_PRESET
+from conftest import RANKS, TINY_PRESET, start_ranks
 
 MODEL = ModelConfig(**TINY_PRESET["model"])
 TRAIN = TrainConfig(**TINY_PRESET["train"])
@@ -53,7 +52,7 @@ def test_the_model_follows_each_strategys_collectives():
 
 @contextlib.contextmanager
 def gloo_rank(rank: int, port: int):
-    """This spawned process as one of 2 gloo ranks on one thread, its group destroyed on the way out."""
+    """This process as one of 2 gloo ranks on one thread, its group destroyed on the way out."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
@@ -91,8 +90,8 @@ def _count_rank(rank: int, port: int, results) -> None:
 @pytest.mark.slow  # traced ddp and tp runs
 @pytest.mark.timeout(120)
 def test_the_modelled_payloads_are_what_ddp_and_tp_send():
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_count_rank, args=(_free_port(), results), nprocs=2, join=True)
+    results = RANKS.SimpleQueue()
+    start_ranks(_count_rank, _free_port(), results, nprocs=2)
     ddp_bytes, tp_collectives = results.get()
     assert ddp_bytes == parameter_count(MODEL) * 4  # the payload the ring all-reduce model is applied to
     assert tp_collectives == 4 * MODEL.n_layer  # two all-reduces per block forward, two backward

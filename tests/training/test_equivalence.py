@@ -14,7 +14,6 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import RunSpec
@@ -25,7 +24,8 @@ from gpt2dist.launch.commands import horovodrun_bin
 from gpt2dist.training.strategies.ddp import DDP
 from gpt2dist.training.strategies.fsdp import FSDP
 
-from conftest import REPO, assert_same_losses, final_params, gpt2dist, read_metrics, run_record, train_args
+from conftest import (REPO, assert_same_losses, final_params, gpt2dist, read_metrics, run_record, start_ranks,
+                      train_args)
 
 RTOL = 1e-5  # per-step loss and grad norm, relative
 ATOL_PARAMS = 1e-5  # final parameters, absolute
@@ -203,12 +203,11 @@ def _free_port() -> int:
 
 def train_with_fault(strategy_class, shards, params_file, out, inject=None, precision: str = "fp32",
                      overrides: list[str] | None = None, nproc: int = 2) -> None:
-    """Train strategy_class (a faulty subclass, or one `inject` breaks) on `nproc` spawned ranks (as many GPUs
+    """Train strategy_class (a faulty subclass, or one `inject` breaks) on `nproc` ranks (as many GPUs
     where CUDA is visible)."""
     spec = build_spec(data=shards, out=out, strategy=strategy_class.name, precision=precision, nproc=nproc,
                       params=load_params(params_file), preset=None, overrides=overrides or [])
-    mp.spawn(_rank_with_fault, args=(spec.model_dump_json(), _free_port(), strategy_class, inject), nprocs=nproc,
-             join=True)
+    start_ranks(_rank_with_fault, spec.model_dump_json(), _free_port(), strategy_class, inject, nprocs=nproc)
 
 
 def _every_rank_reads_rank_0s_rows() -> None:

@@ -30,7 +30,7 @@ from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer
 from gpt2dist.training.strategies import REGISTRY
 
-from conftest import REPO, STUDY_REFUSES, TINY_PRESET, gpt2dist, gpu, read_metrics, run_record, train_args
+from conftest import REPO, STUDY_REFUSES, TINY_PRESET, gpt2dist, gpu, read_metrics, run_record, start_ranks, train_args
 
 pytestmark = [pytest.mark.gpu, gpu]
 
@@ -168,7 +168,7 @@ def _apex_ddp_summing() -> None:
     apex_ddp.require_apex_parallel = lambda: types.SimpleNamespace(DistributedDataParallel=summing)
 
 
-def _train_in_one_process(strategy_class, spec_json: str) -> None:
+def _train_in_one_process(_rank: int, strategy_class, spec_json: str) -> None:
     spec = RunSpec.model_validate_json(spec_json)
     strategy = strategy_class(spec)
     try:
@@ -183,7 +183,7 @@ def test_dp_with_its_devices_gradients_summed_fails_on_gpus(gpu_reference, shard
     """dp's control, on the GPUs where its replicas are real (on CPU it is single's computation)."""
     spec = build_spec(data=shards, out=tmp_path, strategy="dp", precision="fp32", nproc=2, params=load_params(params_file),
                       preset=None, overrides=["train.micro_batch_size=1"])
-    torch.multiprocessing.spawn(_train_in_one_process, args=(OneDeviceTokensDP, spec.model_dump_json()), nprocs=1)
+    start_ranks(_train_in_one_process, OneDeviceTokensDP, spec.model_dump_json(), nprocs=1)
     assert_summed_gradients(gpu_reference, tmp_path, rtol=GPU_RTOL, ratio_rtol=GPU_RTOL)
 
 
