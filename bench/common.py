@@ -4,7 +4,9 @@ and how busy the machine was meanwhile, so a noisy machine says so instead of pr
 
 from __future__ import annotations
 
+import resource
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +33,17 @@ def random_shards(vocab: int, tokens: int = 2_000_000) -> Path:
     write_shards(directory, {"train": [rng.integers(0, vocab, tokens)], "val": [rng.integers(0, vocab, tokens // 10)]},
                  vocab_size=vocab, eos_id=vocab - 1, tokenizer={"name": "random"}, source={"name": "random"})
     return directory
+
+
+def timed_command(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user and system, as the kernel accounts the command and the children it
+    waited for) of one run of `command`, its output discarded."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def single_trainer(preset: str, precision: str, overrides: list[str]) -> Trainer:

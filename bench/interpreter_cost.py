@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from common import REPO, machine_line, median, random_shards, ratio_interval
+from common import REPO, machine_line, median, random_shards, ratio_interval, timed_command
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.system.conditions import QUIET_WAIT_ENV, LoadMonitor
@@ -34,7 +33,8 @@ def commands(python: str, data: Path, steps: int) -> dict[str, list[str]]:
                 "--set", f"train.eval_interval={steps}"]
 
     return {"import torch": [python, "-c", "import torch, torch._dynamo"], "train single": train("single", 1),
-            "train ddp, 2 ranks": train("ddp", 2), "validate-published": [python, "-m", "gpt2dist", "validate-published"]}
+            "train ddp, 2 ranks": train("ddp", 2),
+            "validate-published": [python, "-m", "gpt2dist", "validate-published"]}
 
 
 def cpu_seconds(command: list[str], data: Path) -> float:
@@ -42,10 +42,7 @@ def cpu_seconds(command: list[str], data: Path) -> float:
     for run in data.glob("run-*"):
         shutil.rmtree(run)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), QUIET_WAIT_ENV: "0"}  # this checkout's gpt2dist, no wait
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return timed_command(command, env)[1]
 
 
 def main() -> None:

@@ -12,13 +12,11 @@ and how busy the machine was meanwhile.
 from __future__ import annotations
 
 import argparse
-import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from common import REPO, machine_line, median, random_shards, ratio_interval
+from common import REPO, machine_line, median, random_shards, ratio_interval, timed_command
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.launch.commands import launch_env, local_command
@@ -41,12 +39,7 @@ def launch(command: list[str], nproc: int, out: Path) -> tuple[float, float]:
     """Wall seconds and CPU seconds (launcher and ranks) of one launch of a fresh run."""
     for name in LEFT_BY_A_RUN:
         (out / name).unlink(missing_ok=True)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    subprocess.run(command, env=launch_env(nproc), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return timed_command(command, launch_env(nproc))
 
 
 def main() -> None:

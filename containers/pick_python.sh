@@ -6,8 +6,9 @@
 # candidate must be 3.10 or newer, make venvs with pip and have its headers (Horovod compiles against them); the
 # probe is a loop of dict, string and dataclass work, the best of five in CPU time. What each took goes to stderr.
 set -euo pipefail
+candidates=${PYTHON_CANDIDATES:-python3 /usr/bin/python3}
 best="" best_s="" seen=" "
-for candidate in ${PYTHON_CANDIDATES:-python3 /usr/bin/python3}; do
+for candidate in $candidates; do
   where=$(command -v "$candidate") || continue
   where=$(readlink -f "$where")
   [[ $seen == *" $where "* ]] && continue  # the same file under two names
@@ -38,7 +39,7 @@ PROBE
   if [[ -z $best ]] || awk "BEGIN { exit !($seconds < $best_s) }"; then best=$candidate best_s=$seconds; fi
 done
 if [[ -z $best ]]; then
-  echo "error: no Python 3.10 or newer with venv, pip and its headers among: ${PYTHON_CANDIDATES:-python3 /usr/bin/python3}; install one, or name it in PYTHON" >&2
+  echo "error: no Python 3.10 or newer with venv, pip and its headers among: $candidates; install one, or name it in PYTHON" >&2
   exit 1
 fi
 echo "$best"

@@ -30,7 +30,8 @@ from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer
 from gpt2dist.training.strategies import REGISTRY
 
-from conftest import REPO, STUDY_REFUSES, TINY_PRESET, gpt2dist, gpu, read_metrics, run_record, start_ranks, train_args
+from conftest import (REPO, STUDY_REFUSES, TINY_PRESET, gpt2dist, gpu, read_metrics, run_record, start_ranks,
+                      train_args)
 
 pytestmark = [pytest.mark.gpu, gpu]
 
