@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from gpt2dist.launch.lifetime import ended
@@ -66,6 +68,73 @@ def test_a_signal_to_the_launcher_stops_every_rank(strategy, sig, shards, params
     assert last.endswith(f"re-run the same command to resume from step {record['checkpoint_step']}")
     assert record["status"] == "interrupted" and record["signal"] == sig.name
     assert record["interrupted_at_step"] >= 1 and "finished_at" in record
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_that_reaches_rank_zero_after_its_collective_failed_still_says_where(shards, params_file, tmp_path,
+                                                                                     launches):
+    """torchrun passes a stop on to its ranks one after the other; when rank 0's comes only after rank 1 has
+    stopped and gone (CI saw it once, under load), rank 0's collective fails first and its stop comes after.
+    Made certain here: torchrun is held (SIGSTOP) while rank 1 alone is stopped and rank 0's collective fails,
+    then the launcher gets SIGINT and torchrun goes on. The record and the last line still say where the run
+    ended and where it resumes."""
+    out = tmp_path / "run"
+    launch = Launch(train_args(shards, params_file, out, "ddp", *LONG, nproc=2), out, tmp_path / "stderr.txt")
+    launches.append(launch)
+    launch.wait_for(has_checkpoint(out))
+    [torchrun] = psutil.Process(launch.proc.pid).children()
+    metrics = str(out / "metrics.jsonl")  # rank 0 alone holds it open
+    [rank0], [rank1] = ([p for p in torchrun.children() if writes(p, metrics) == is_rank0] for is_rank0 in (1, 0))
+
+    torchrun.suspend()
+    rank1.send_signal(signal.SIGINT)
+    wait_until(lambda: ended(rank0) and ended(rank1), "the ranks did not end")
+    os.kill(launch.proc.pid, signal.SIGINT)
+    wait_until(lambda: signal.SIGINT in pending_signals(torchrun.pid), "the launcher did not pass SIGINT on")
+    torchrun.resume()
+
+    assert launch.proc.wait(timeout=120) == 128 + signal.SIGINT
+    record = run_record(out)
+    last = launch.log.read_text().strip().splitlines()[-1]
+    assert record["status"] == "interrupted" and record["interrupted_at_step"] >= record["checkpoint_step"] > 0
+    assert last == (f"error: interrupted by SIGINT at step {record['interrupted_at_step']}; "
+                    f"re-run the same command to resume from step {record['checkpoint_step']}")
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_dies_fails_the_run_at_the_step_rank_zero_reached(shards, params_file, tmp_path, launches):
+    out = tmp_path / "run"
+    launch = Launch(train_args(shards, params_file, out, "ddp", *LONG, nproc=2), out, tmp_path / "stderr.txt")
+    launches.append(launch)
+    launch.wait_for(has_checkpoint(out))
+    [torchrun] = psutil.Process(launch.proc.pid).children()
+    [rank1] = [p for p in torchrun.children() if not writes(p, str(out / "metrics.jsonl"))]
+
+    rank1.kill()
+    assert launch.proc.wait(timeout=120) == 2
+    record = run_record(out)
+    assert record["status"] == "failed" and record["failed_at_step"] >= record["checkpoint_step"] > 0
+    assert launch.log.read_text().strip().splitlines()[-1] == (
+        f"error: training failed at step {record['failed_at_step']} (torchrun exited with 1); "
+        "the ranks' messages are above")
+
+
+def writes(process: psutil.Process, path: str) -> bool:
+    return any(f.path == path for f in process.open_files())
+
+
+def pending_signals(pid: int) -> set[int]:
+    """The signals sent to a process and not yet handled (a stopped one handles none)."""
+    status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    pending = int(status["ShdPnd"], 16) | int(status["SigPnd"], 16)
+    return {n for n in range(1, 65) if pending >> (n - 1) & 1}
+
+
+def wait_until(condition, failure: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.05)
 
 
 @pytest.mark.timeout(300)

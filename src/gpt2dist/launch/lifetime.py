@@ -28,7 +28,7 @@ from typing import IO
 
 import psutil
 
-from gpt2dist.errors import Interrupted, failure_line
+from gpt2dist.errors import failure_line
 from gpt2dist.system.parent_death import ends_with_this_process
 from gpt2dist.training import stops
 
@@ -38,8 +38,6 @@ GRACE_S = 3.0
 LAUNCHER_ENV = "GPT2DIST_LAUNCHER"  # process space:pid of the `gpt2dist train` process the ranks belong to
 WATCH_INTERVAL_S = 0.2  # how often a rank checks that its launcher still runs
 STDERR_KEPT = 256  # the last reads of each launcher's stderr, where a failure's first exception is looked for
-
-received: int | None = None  # the first stop signal this process got
 
 
 def launcher_env() -> dict[str, str]:
@@ -145,7 +143,7 @@ def stop_on_signals() -> None:
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     for sig in STOP_SIGNALS:
-        signal.signal(sig, _raise_interrupted)
+        signal.signal(sig, _ask_to_stop)
     threading.Thread(target=_watch, args=(wake_read, _launcher()), daemon=True, name="gpt2dist-watchdog").start()
 
 
@@ -162,12 +160,8 @@ def exit_now(code: int) -> None:
     sys.exit(code)
 
 
-def _raise_interrupted(signum, frame) -> None:
-    global received
-    if received is None:  # a second signal must not break the first one's clean-up
-        received = signum
-        if not stops.postpone(signum):
-            raise Interrupted(signum)
+def _ask_to_stop(signum, frame) -> None:
+    stops.ask(signum)
 
 
 def _launcher() -> psutil.Process | None:

@@ -147,8 +147,9 @@ def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulat
                   if "checkpoint_step" in record else "re-run the same command")
         raise Interrupted(outcome.stopped_by, f"interrupted by {record['signal']}{where}; {resume}")
     if record["status"] == "failed":
-        raise UsageError(f"training failed ({describe(spec.strategy).launcher} exited with {outcome.exit_code}); "
-                         "the ranks' messages are above")
+        where = f" at step {record['failed_at_step']}" if "failed_at_step" in record else ""
+        raise UsageError(f"training failed{where} ({describe(spec.strategy).launcher} exited with "
+                         f"{outcome.exit_code}); the ranks' messages are above")
     return None if launch is _in_process else shown
 
 

@@ -11,7 +11,7 @@ from gpt2dist.config.schema import read_spec
 from gpt2dist.errors import UsageError, error_line
 from gpt2dist.launch import lifetime, locks
 from gpt2dist.logs import setup_logging
-from gpt2dist.training import loop
+from gpt2dist.training import loop, stops
 from gpt2dist.training.run_record import Outcome, finish_record
 
 
@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BaseException:
         # once stopped, a collective may fail first because a peer is gone: the launcher reports the stop
-        if lifetime.received is not None:
-            lifetime.exit_now(128 + lifetime.received)
+        if stops.asked is not None:
+            lifetime.exit_now(128 + stops.asked)
         raise
     return 0
 

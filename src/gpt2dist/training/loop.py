@@ -274,6 +274,7 @@ class Trainer:
         step = start
         try:
             for step in range(start, t.max_steps):
+                stops.check()
                 with tracer.step(step):
                     line = self.train_step(step)
                 if step in tracer.steps:
@@ -294,10 +295,9 @@ class Trainer:
                 if done % t.checkpoint_interval == 0 or done == t.max_steps or self.save_due:
                     self.checkpoint(done, report)
                     self.saved_at = time.monotonic()
-        except Interrupted as stop:
+        except BaseException:
             if report is not None:
-                report.update(status="interrupted", signal=stop.signal_name, interrupted_at_step=step,
-                              finished_at=now_iso())
+                _report_the_end(report, step)
             raise
         finally:
             progress.close()
@@ -334,6 +334,18 @@ class Trainer:
             "gpu_telemetry": self.telemetry.unavailable or "nvml",
             **environment.capture(),
         }
+
+
+def _report_the_end(report: RankReport, step: int) -> None:
+    """Where the loop ended, for the record's "interrupted (or failed) at step": whatever ended it, as a
+    collective can fail before this rank's own stop arrives, once a stopped peer has gone. That stop's
+    exception can then be raised inside this very write: the report is written once more (a process
+    raises its stop once)."""
+    try:
+        report.update(ended_at_step=step, finished_at=now_iso())
+    except Interrupted:
+        report.update(ended_at_step=step, finished_at=now_iso())
+        raise
 
 
 def run(spec: RunSpec) -> bool:

@@ -79,12 +79,17 @@ def finish_record(spec: RunSpec, outcome: Outcome, **facts) -> dict:
     out = Path(spec.out_dir)
     report = read_report(out, spec.attempt)
     record = {**(report or {}), "run_id": out.name, "attempt": spec.attempt, **facts, **outcome.facts}
+    ended_at = record.pop("ended_at_step", None)  # where rank 0's loop ended before its last step, if it did
     trained = report is not None and report.get("status") == "completed"
     if outcome.stopped_by is not None and not trained:  # a signal after the last step changes nothing
         record.update(status="interrupted", signal=signal.Signals(outcome.stopped_by).name,
                       finished_at=record.get("finished_at") or now_iso())
+        if ended_at is not None:
+            record["interrupted_at_step"] = ended_at
     elif outcome.exit_code or not trained:
         record.update(status="failed", exit_code=outcome.exit_code, finished_at=now_iso())
+        if ended_at is not None:
+            record["failed_at_step"] = ended_at
         if not outcome.exit_code:
             record["error"] = "the ranks exited without reporting a completed run"
     else:

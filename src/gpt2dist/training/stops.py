@@ -1,8 +1,12 @@
 """Where a stop signal may interrupt training: anywhere but inside `deferred()`, which keeps a checkpoint
 and the run record naming it together (a stop between the two left run.json naming an older step
-than the checkpoint a re-run resumes from). The signal handler (launch.lifetime) asks `postpone`;
-a postponed stop is raised when the section ends. A section that hangs is still cut: a stopped
-rank's watchdog ends the process after its grace time, and atomic writes leave the older pair."""
+than the checkpoint a re-run resumes from). The signal handler (launch.lifetime) calls `ask`; a stop
+asked inside a section is raised when the section ends. A section that hangs is still cut: a stopped
+rank's watchdog ends the process after its grace time, and atomic writes leave the older pair.
+
+A stop is raised once per process (a second signal must not break the first one's clean-up), and
+Python drops an exception raised where its handler happened to run inside a finalizer (`__del__`, a
+weakref callback): `check()` at each step raises a stop that was asked but got lost that way."""
 
 from __future__ import annotations
 
@@ -11,15 +15,23 @@ from collections.abc import Iterator
 
 from gpt2dist.errors import Interrupted
 
+asked: int | None = None  # the first stop signal this process got
 _open_sections = 0
-_postponed: list[int] = []
 
 
-def postpone(signum: int) -> bool:
-    """Keep a stop signal for the end of the current section; False outside one (stop now)."""
-    if _open_sections:
-        _postponed.append(signum)
-    return bool(_open_sections)
+def ask(signum: int) -> None:
+    """Note a stop signal; raise it now unless a section defers it or an earlier one was noted."""
+    global asked
+    if asked is None:
+        asked = signum
+        if not _open_sections:
+            raise Interrupted(signum)
+
+
+def check() -> None:
+    """Raise the stop asked earlier, outside any section: one whose exception was lost."""
+    if asked is not None and not _open_sections:
+        raise Interrupted(asked)
 
 
 @contextlib.contextmanager
@@ -30,5 +42,4 @@ def deferred() -> Iterator[None]:
         yield
     finally:
         _open_sections -= 1
-    if not _open_sections and _postponed:
-        raise Interrupted(_postponed[0])
+    check()
