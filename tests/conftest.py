@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -19,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-import torch
 import yaml
 
 from gpt2dist.cli import WARNING_CONTINUED
@@ -118,7 +118,15 @@ def runs_alone(item: pytest.Item) -> bool:
     worker's test ended (75 s of the suite's 127 skips in one measured run)."""
     if item.get_closest_marker("alone") is not None:
         return True
-    return item.get_closest_marker("gpu") is not None and torch.cuda.is_available()
+    return item.get_closest_marker("gpu") is not None and cuda_visible()
+
+
+@functools.cache
+def cuda_visible() -> bool:
+    """Asked only where a test is marked gpu: a pytest session of a few tests that need no torch (the suite's
+    own tests run such sessions) does not import it for this."""
+    import torch
+    return torch.cuda.is_available()
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -182,13 +190,17 @@ _skip_reasons: list[str] = []
 
 
 def pytest_collection_modifyitems(config, items):
-    """The longest modules first (LONGEST_FIRST). Tests marked gpu_image run only when the -m expression names that
-    marker: they take an hour."""
+    """The longest modules first (LONGEST_FIRST). Tests marked gpu skip where torch sees no CUDA device. Tests marked
+    gpu_image run only when the -m expression names that marker: they take an hour."""
     def rank(item: pytest.Item) -> int:
         module = item.nodeid.split("::")[0]
         return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: each module's tests keep their order
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_tests and not cuda_visible():
+        for item in gpu_tests:
+            item.add_marker(pytest.mark.skipif(True, reason="needs a CUDA GPU"), append=False)  # its reason first
     if "gpu_image" in (config.option.markexpr or ""):
         return
     kept = [item for item in items if item.get_closest_marker("gpu_image") is None]
@@ -244,9 +256,6 @@ TINY_PRESET = {
 }
 
 REPO = Path(__file__).resolve().parent.parent
-
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 def synthetic_tokens(n_tokens: int, vocab: int, seed: int) -> np.ndarray:
     """Shifted copies of one random motif plus noise: learnable, so losses move every step."""
@@ -408,6 +417,7 @@ def _rank_in_environment(rank: int, fn, environ: dict[str, str], *args) -> None:
 
 def start_ranks(fn, *args, nprocs: int) -> None:
     """fn(rank, *args) in `nprocs` processes forked from the forkserver, joined; a rank's exception fails the test."""
+    import torch.multiprocessing
     torch.multiprocessing.start_processes(_rank_in_environment, args=(fn, dict(os.environ), *args), nprocs=nprocs,
                                           join=True, start_method="forkserver")
 
@@ -443,7 +453,8 @@ def assert_same_losses(expected: Path, got: Path, rtol: float = 1e-6) -> None:
     assert worst <= rtol, f"{got} left {expected}'s losses by {worst:.2e} (allowed {rtol:g})"
 
 
-def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+def final_params(run_dir: Path) -> dict:
+    import torch
     return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]
 
 
@@ -571,5 +582,6 @@ def assert_resumed_exactly(resumed_dir, whole_dir) -> None:
     resumed, uninterrupted = read_metrics(resumed_dir), read_metrics(whole_dir)
     assert [line["step"] for line in resumed] == list(range(RESUME_STEPS))
     assert [line["loss"] for line in resumed] == [line["loss"] for line in uninterrupted]
+    import torch
     a, b = final_params(resumed_dir), final_params(whole_dir)
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -20,7 +20,7 @@ from gpt2dist.training.loop import Trainer
 from gpt2dist.training.model import VOCAB_MULTIPLE, chunked_head_loss, compiled_head_loss, head_loss
 from gpt2dist.training.strategies import REGISTRY
 
-from conftest import (RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, gpt2dist, gpu, kill_after_checkpoint,
+from conftest import (RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, gpt2dist, kill_after_checkpoint,
                       kill_point, run_record, train_args)
 from test_equivalence import assert_follows_reference
 # The ops through which the host waits for a value the device computed: .item(), float(t), bool(t), `if t`.
@@ -241,7 +241,6 @@ def test_cuda_graphs_replay_only_the_whole_compiled_model_and_only_on_a_gpu(shar
 
 
 @pytest.mark.gpu
-@gpu
 def test_cuda_graphs_replay_every_step_without_a_skip(shards, params_file, tmp_path):
     """Inductor falls back to launching kernels one by one, with a log line only, where a graph cannot be captured
     (a CPU tensor, a mutated input, a dynamic shape): the step's graphs, training's and evaluation's, are captured."""
@@ -318,7 +317,7 @@ SWITCHES = {"chunked-loss": CHUNKED, "whole-model-compiled": set_args(*WHOLE),
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("switch", [pytest.param(switch, marks=[pytest.mark.gpu, gpu] if "cuda" in switch else [])
+@pytest.mark.parametrize("switch", [pytest.param(switch, marks=[pytest.mark.gpu] if "cuda" in switch else [])
                                     for switch in SWITCHES])
 def test_a_run_with_an_engine_switch_follows_todays_and_resumes_exactly(switch, reference, trained, shards,
                                                                         params_file, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_equivalence import assert_follows_in_precision
 
-from conftest import gpt2dist, gpu, read_metrics, run_record, train_args
+from conftest import gpt2dist, read_metrics, run_record, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,6 @@ def test_mixed_precision_policy_runs_and_is_recorded(single_in, trained, shards,
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.timeout(600)
 def test_mixed_precision_policy_on_gpu(shards, params_file, tmp_path):
     record, losses = _fsdp_run(shards, params_file, tmp_path, "bf16", "--set", "train.fsdp_mixed_precision=true",

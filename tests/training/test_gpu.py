@@ -16,9 +16,9 @@ from gpt2dist.training.model import TokenLoss, lm_loss
 from gpt2dist.training.strategies import REGISTRY
 from gpt2dist.training.strategies.single import Single
 
-from conftest import gpt2dist, gpu, read_metrics, run_record, train_args
+from conftest import gpt2dist, read_metrics, run_record, train_args
 
-pytestmark = [pytest.mark.gpu, gpu]
+pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("strategy, precision", [("single", "fp32"), ("ddp", "fp16"), ("ddp", "bf16"),

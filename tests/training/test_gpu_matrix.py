@@ -30,10 +30,10 @@ from gpt2dist.launch.runner import build_spec
 from gpt2dist.training.loop import Trainer
 from gpt2dist.training.strategies import REGISTRY
 
-from conftest import (REPO, STUDY_REFUSES, TINY_PRESET, gpt2dist, gpu, read_metrics, run_record, start_ranks,
+from conftest import (REPO, STUDY_REFUSES, TINY_PRESET, gpt2dist, read_metrics, run_record, start_ranks,
                       train_args)
 
-pytestmark = [pytest.mark.gpu, gpu]
+pytestmark = pytest.mark.gpu
 
 GPUS = torch.cuda.device_count()
 ONE_ROW = ("--set", "train.micro_batch_size=1")  # the global batch of 8 divides over 1, 2, 4 or 8 GPUs

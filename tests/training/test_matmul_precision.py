@@ -13,7 +13,7 @@ import torch
 
 from gpt2dist.training.matmul_precision import pin_fp32_arithmetic
 
-from conftest import gpt2dist, gpu, read_metrics, run_record, train_args
+from conftest import gpt2dist, read_metrics, run_record, train_args
 
 ampere = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
                             reason="TF32 needs an Ampere or newer GPU")
@@ -49,7 +49,6 @@ def _matmul_error(precision: str) -> float:
 
 
 @pytest.mark.gpu
-@gpu
 @ampere
 def test_tf32_changes_cuda_matmuls_and_fp32_is_ieee():
     try:
@@ -61,7 +60,6 @@ def test_tf32_changes_cuda_matmuls_and_fp32_is_ieee():
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@gpu
 @ampere
 def test_tf32_run_on_gpu_records_tf32_in_effect(shards, params_file, tmp_path):
     runs = {}
