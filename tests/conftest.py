@@ -394,12 +394,12 @@ def gpt2dist(*args: str, check: bool = True, env: dict | None = None, **popen) -
     return result
 
 
-# The ranks a test starts itself (the fault controls, the counted payloads) are forked by multiprocessing's forkserver,
-# a process per pytest process that imported torch, torch._dynamo and gpt2dist's training code once; spawn started
-# each rank as a fresh interpreter that imported them again (34 ranks at 3.4 CPU-seconds each in a suite run on a
-# 2-core EPYC). The forkserver never trains, so its children start as clean as spawn's, CUDA untouched. Each child
-# still imports the test modules its function and classes come from: the forkserver (Python 3.11's) does not see the
-# tests' folders on sys.path.
+# The ranks a test starts itself (the fault controls, the counted payloads, the cross-strategy chain) are forked
+# by multiprocessing's forkserver, a process per pytest process that imported torch, torch._dynamo and gpt2dist's
+# training code once; spawn started each rank as a fresh interpreter that imported them again (34 ranks at 3.4
+# CPU-seconds each in a suite run on a 2-core EPYC). The forkserver never trains, so its children start as clean as
+# spawn's, CUDA untouched. Each child still imports the test modules its function and classes come from: the
+# forkserver (Python 3.11's) does not see the tests' folders on sys.path.
 multiprocessing.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed.fsdp",
                                         "torch.distributed.tensor.parallel", "pytest", "psutil", "yaml", "gpt2dist.cli",
                                         "gpt2dist.launch.runner", "gpt2dist.training.loop",

@@ -79,7 +79,8 @@ def test_an_alone_test_has_the_machine_and_made_once_makes_once(tmp_path, case):
     its directory."""
     mark, alone, make_it = CASES[case]
     skips = case == "gpu" and not torch.cuda.is_available()
-    intervals, makes = run_suite(tmp_path, mark, make_it, {"passed": 8 if skips else 9, "skipped": int(skips), "failed": 0})
+    outcome = {"passed": 8 if skips else 9, "skipped": int(skips), "failed": 0}
+    intervals, makes = run_suite(tmp_path, mark, make_it, outcome)
     sleeping = [i for i in intervals if i[0] == "alone"]
     assert len(sleeping) == (0 if skips else 1), intervals
     for _, start, end, _ in sleeping:

@@ -1,18 +1,30 @@
 """A run continues under another strategy and process count (`gpt2dist train --resume-from`): one chain of
 runs passes the training on, two steps each, through every strategy the engine runs on CPU (and each pipeline
 schedule), from one process to four and back, and follows single's uninterrupted run step for step (fp32, the
-equivalence tolerance).
+equivalence tolerance). Each link runs the ranks' own entry point (`launch.worker`), forked from the suite's
+forkserver instead of behind a launcher of their own each (a launch spends seconds importing and starting, and the
+chain has fifteen links); horovod's, which needs horovodrun, through the CLI: a CLI continuation, as the control's
+and the refusals are.
 Its control: a checkpoint whose AdamW moments were lost continues off that curve. What cannot be continued is
 refused, saying why: another computation, or a path with no checkpoint. (Apex amp's optimizer state, kept by
 position, is refused too: a GPU path, training.checkpoint's own check.)"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
-from test_equivalence import ATOL_PARAMS, RTOL
+from test_equivalence import ATOL_PARAMS, RTOL, _free_port
 
-from conftest import TINY_PRESET, final_params, gpt2dist, read_metrics, run_record, train_args
+from gpt2dist.config.presets import load_params
+from gpt2dist.config.schema import write_spec
+from gpt2dist.config.strategies import describe
+from gpt2dist.launch import worker
+from gpt2dist.launch.commands import THREAD_VARIABLES
+from gpt2dist.launch.runner import build_spec
+
+from conftest import TINY_PRESET, final_params, gpt2dist, read_metrics, run_record, start_ranks, train_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -48,6 +60,28 @@ def off_curve(expected: list[dict], got: list[dict]) -> list[tuple]:
             if abs(a[key] - b[key]) > RTOL * abs(a[key])]
 
 
+def link(shards, params_file, out, strategy: str, nproc: int, options: tuple[str, ...], steps: int, previous) -> None:
+    """One link of the chain (the module's docstring says how it runs)."""
+    if describe(strategy).launcher == "horovodrun":
+        continued(shards, params_file, out, strategy, nproc, options, steps, previous)
+        return
+    overrides = [option for option in (*FLAT, *options) if option != "--set"] + [f"train.max_steps={steps}"]
+    spec = build_spec(data=shards, out=out, strategy=strategy, precision="fp32", nproc=nproc,
+                      params=load_params(params_file), preset=None, overrides=overrides, resume_from=previous)
+    out.mkdir(parents=True)
+    write_spec(spec, out / "spec.json")
+    start_ranks(_launched_rank, str(out / "spec.json"), _free_port(), nproc, nprocs=nproc)
+
+
+def _launched_rank(rank: int, spec_path: str, port: int, nproc: int) -> None:
+    """What torchrun gives a rank on this machine (its place, the rendezvous, and a core's share of threads, as
+    launch_env splits them; single and dp, one process each, read none of it), then the ranks' entry point."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **dict.fromkeys(THREAD_VARIABLES, "1"))
+    torch.set_num_threads(1)
+    assert worker.main([spec_path]) == 0
+
+
 @pytest.fixture(scope="module")
 def whole(shards, params_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("whole")
@@ -59,22 +93,22 @@ def whole(shards, params_file, tmp_path_factory):
 def chain(shards, params_file, tmp_path_factory) -> list:
     """The chain's run directories, link by link, each continuing the one before."""
     root, links = tmp_path_factory.mktemp("chain"), []
-    for link, (strategy, nproc, options) in enumerate(CHAIN):
-        out = root / f"{link}-{strategy}-n{nproc}"
-        continued(shards, params_file, out, strategy, nproc, options, STEPS_EACH * (link + 1),
-                  links[-1] if links else None)
+    for position, (strategy, nproc, options) in enumerate(CHAIN):
+        out = root / f"{position}-{strategy}-n{nproc}"
+        link(shards, params_file, out, strategy, nproc, options, STEPS_EACH * (position + 1),
+             links[-1] if links else None)
         links.append(out)
     return links
 
 
 def test_a_run_passed_through_every_strategy_follows_singles(whole, chain):
-    for link, out in enumerate(chain):
+    for position, out in enumerate(chain):
         record = run_record(out)
-        assert record["resumed_from_step"] == STEPS_EACH * link
-        if link:
-            assert record["continued_from"] == {"checkpoint": str(chain[link - 1] / "checkpoint.pt"),
-                                                "step": STEPS_EACH * link, "strategy": CHAIN[link - 1][0],
-                                                "nproc": CHAIN[link - 1][1]}
+        assert record["resumed_from_step"] == STEPS_EACH * position
+        if position:
+            assert record["continued_from"] == {"checkpoint": str(chain[position - 1] / "checkpoint.pt"),
+                                                "step": STEPS_EACH * position, "strategy": CHAIN[position - 1][0],
+                                                "nproc": CHAIN[position - 1][1]}
     assert off_curve(read_metrics(whole), read_metrics(chain[-1])) == []
     got, expected = without_key_biases(final_params(chain[-1])), without_key_biases(final_params(whole))
     assert got.keys() == expected.keys()
