@@ -271,12 +271,13 @@ class Trainer:
                             list_element_bytes=gradient_bytes(self.spec.precision))
         ledger = next(({k: v for k, v in line.items() if k not in ("kind", "step")}  # traced before a resume
                        for line in history if line.get("kind") == "ledger"), None)
-        step = start
+        done = start  # steps finished, counted as checkpoint_step is: where the record says a stop or failure came
         try:
             for step in range(start, t.max_steps):
                 stops.check()
                 with tracer.step(step):
                     line = self.train_step(step)
+                done = step + 1
                 if step in tracer.steps:
                     line["traced"] = True  # the profiler slows it: not a throughput sample
                 metrics.write(line)
@@ -286,7 +287,6 @@ class Trainer:
                         metrics.write({"kind": "ledger", "step": step + 1, **ledger})
                 progress.set_postfix(loss=f"{line['loss']:.4f}", tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
                 progress.update()
-                done = step + 1
                 if self.rank0 and not interactive and (done % log_every == 0 or done == t.max_steps):
                     log.info("step %d/%d  loss %.4f  %s tokens/s", done, t.max_steps, line["loss"],
                              f"{line['tokens_per_s']:,.0f}")
@@ -297,7 +297,7 @@ class Trainer:
                     self.saved_at = time.monotonic()
         except BaseException:
             if report is not None:
-                _report_the_end(report, step)
+                _report_the_end(report, done)
             raise
         finally:
             progress.close()
@@ -336,15 +336,15 @@ class Trainer:
         }
 
 
-def _report_the_end(report: RankReport, step: int) -> None:
-    """Where the loop ended, for the record's "interrupted (or failed) at step": whatever ended it, as a
-    collective can fail before this rank's own stop arrives, once a stopped peer has gone. That stop's
-    exception can then be raised inside this very write: the report is written once more (a process
-    raises its stop once)."""
+def _report_the_end(report: RankReport, done: int) -> None:
+    """The steps finished when the loop ended, for the record's "interrupted (or failed) at step": whatever ended
+    it, as a collective can fail before this rank's own stop arrives, once a stopped peer has gone. That stop's
+    exception can then be raised inside this very write: the report is written once more (a process raises its
+    stop once)."""
     try:
-        report.update(ended_at_step=step, finished_at=now_iso())
+        report.update(ended_at_step=done, finished_at=now_iso())
     except Interrupted:
-        report.update(ended_at_step=step, finished_at=now_iso())
+        report.update(ended_at_step=done, finished_at=now_iso())
         raise
 
 
