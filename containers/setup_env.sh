@@ -5,8 +5,7 @@
 # install_horovod.sh the same way.
 #
 # Env: TORCH_VERSION (default 2.13.0), VENV (default .venv), PYTHON (default: the faster Python of two,
-#      containers/pick_python.sh), APEX (none: skip Apex
-#      on a GPU node),
+#      containers/pick_python.sh), APEX (none: skip Apex on a GPU node),
 #      HOROVOD_FLAVOUR (--cpu, --gpu, or none to skip Horovod; default: install_horovod.sh
 #      decides, which picks --gpu for a CUDA build of torch when nvcc exists, even without a GPU)
 set -euo pipefail

@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -420,6 +421,24 @@ def start_ranks(fn, *args, nprocs: int) -> None:
     import torch.multiprocessing
     torch.multiprocessing.start_processes(_rank_in_environment, args=(fn, dict(os.environ), *args), nprocs=nprocs,
                                           join=True, start_method="forkserver")
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now: a test's ranks rendezvous there."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def as_torchrun_rank(rank: int, nproc: int, port: int) -> None:
+    """Make this process rank `rank` of `nproc` on this machine as torchrun would: its place and rendezvous in the
+    environment, and a core's share of threads (launch_env's split of 2 cores; one thread each)."""
+    import torch
+
+    from gpt2dist.launch.commands import THREAD_VARIABLES
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **dict.fromkeys(THREAD_VARIABLES, "1"))
+    torch.set_num_threads(1)
 
 
 def assert_answer_or_one_error(code: int, out: str, err: str, answer: str = "") -> None:

@@ -10,7 +10,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from test_equivalence import _free_port
 
 from gpt2dist.config.schema import ModelConfig, RunSpec, TrainConfig
 from gpt2dist.config.sizes import parameter_count, split_parameter_count
@@ -18,7 +17,7 @@ from gpt2dist.config.strategies import traffic
 from gpt2dist.training.model import TokenLoss, build_model, lm_loss
 from gpt2dist.training.strategies.tensor_parallel import shard_blocks
 
-from conftest import RANKS, TINY_PRESET, start_ranks
+from conftest import RANKS, TINY_PRESET, free_port, start_ranks
 
 MODEL = ModelConfig(**TINY_PRESET["model"])
 TRAIN = TrainConfig(**TINY_PRESET["train"])
@@ -91,7 +90,7 @@ def _count_rank(rank: int, port: int, results) -> None:
 @pytest.mark.timeout(120)
 def test_the_modelled_payloads_are_what_ddp_and_tp_send():
     results = RANKS.SimpleQueue()
-    start_ranks(_count_rank, _free_port(), results, nprocs=2)
+    start_ranks(_count_rank, free_port(), results, nprocs=2)
     ddp_bytes, tp_collectives = results.get()
     assert ddp_bytes == parameter_count(MODEL) * 4  # the payload the ring all-reduce model is applied to
     assert tp_collectives == 4 * MODEL.n_layer  # two all-reduces per block forward, two backward

@@ -6,13 +6,10 @@ would hide a scale error in the loss), and the final parameters."""
 from __future__ import annotations
 
 import math
-import os
-import socket
 import subprocess
 import sys
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from gpt2dist.config.presets import load_params
@@ -24,8 +21,8 @@ from gpt2dist.launch.commands import horovodrun_bin
 from gpt2dist.training.strategies.ddp import DDP
 from gpt2dist.training.strategies.fsdp import FSDP
 
-from conftest import (REPO, assert_same_losses, final_params, gpt2dist, read_metrics, run_record, start_ranks,
-                      train_args)
+from conftest import (REPO, as_torchrun_rank, assert_same_losses, final_params, free_port, gpt2dist, read_metrics,
+                      run_record, start_ranks, train_args)
 
 RTOL = 1e-5  # per-step loss and grad norm, relative
 ATOL_PARAMS = 1e-5  # final parameters, absolute
@@ -183,9 +180,7 @@ def train_horovod_with_summed_gradients(shards, params_file, out) -> None:
 def _rank_with_fault(rank: int, spec_json: str, port: int, strategy_class, inject) -> None:
     """One rank, in a process of its own: `inject()` plants the fault, then the loop trains."""
     spec = RunSpec.model_validate_json(spec_json)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(spec.nproc), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+    as_torchrun_rank(rank, spec.nproc, port)
     if inject:
         inject()
     strategy = strategy_class(spec)
@@ -195,19 +190,13 @@ def _rank_with_fault(rank: int, spec_json: str, port: int, strategy_class, injec
         strategy.teardown()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def train_with_fault(strategy_class, shards, params_file, out, inject=None, precision: str = "fp32",
                      overrides: list[str] | None = None, nproc: int = 2) -> None:
     """Train strategy_class (a faulty subclass, or one `inject` breaks) on `nproc` ranks (as many GPUs
     where CUDA is visible)."""
     spec = build_spec(data=shards, out=out, strategy=strategy_class.name, precision=precision, nproc=nproc,
                       params=load_params(params_file), preset=None, overrides=overrides or [])
-    start_ranks(_rank_with_fault, spec.model_dump_json(), _free_port(), strategy_class, inject, nprocs=nproc)
+    start_ranks(_rank_with_fault, spec.model_dump_json(), free_port(), strategy_class, inject, nprocs=nproc)
 
 
 def _every_rank_reads_rank_0s_rows() -> None:

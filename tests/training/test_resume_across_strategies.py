@@ -11,20 +11,18 @@ position, is refused too: a GPU path, training.checkpoint's own check.)"""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from test_equivalence import ATOL_PARAMS, RTOL, _free_port
+from test_equivalence import ATOL_PARAMS, RTOL
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import write_spec
 from gpt2dist.config.strategies import describe
 from gpt2dist.launch import worker
-from gpt2dist.launch.commands import THREAD_VARIABLES
 from gpt2dist.launch.runner import build_spec
 
-from conftest import TINY_PRESET, final_params, gpt2dist, read_metrics, run_record, start_ranks, train_args
+from conftest import (TINY_PRESET, as_torchrun_rank, final_params, free_port, gpt2dist, read_metrics, run_record,
+                      start_ranks, train_args)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -70,15 +68,12 @@ def link(shards, params_file, out, strategy: str, nproc: int, options: tuple[str
                       params=load_params(params_file), preset=None, overrides=overrides, resume_from=previous)
     out.mkdir(parents=True)
     write_spec(spec, out / "spec.json")
-    start_ranks(_launched_rank, str(out / "spec.json"), _free_port(), nproc, nprocs=nproc)
+    start_ranks(_launched_rank, str(out / "spec.json"), free_port(), nproc, nprocs=nproc)
 
 
 def _launched_rank(rank: int, spec_path: str, port: int, nproc: int) -> None:
-    """What torchrun gives a rank on this machine (its place, the rendezvous, and a core's share of threads, as
-    launch_env splits them; single and dp, one process each, read none of it), then the ranks' entry point."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **dict.fromkeys(THREAD_VARIABLES, "1"))
-    torch.set_num_threads(1)
+    """The ranks' entry point as torchrun starts it (single and dp, one process each, read none of its variables)."""
+    as_torchrun_rank(rank, nproc, port)
     assert worker.main([spec_path]) == 0
 
 

@@ -9,7 +9,6 @@ import contextlib
 import pytest
 import torch
 from test_communication import MODEL, gloo_rank
-from test_equivalence import _free_port
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -17,7 +16,7 @@ from gpt2dist.training.model import TokenLoss, build_model, lm_loss, transformer
 from gpt2dist.training.strategies.ddp import data_parallel
 from gpt2dist.training.strategies.fsdp import shard_fully
 
-from conftest import RANKS, start_ranks
+from conftest import RANKS, free_port, start_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -52,7 +51,7 @@ def _rank(rank: int, port: int, results) -> None:
 
 def test_ddp_gradients_are_bucket_views_and_fsdp_gathers_the_last_block_once():
     results = RANKS.SimpleQueue()
-    start_ranks(_rank, _free_port(), results, nprocs=2)
+    start_ranks(_rank, free_port(), results, nprocs=2)
     (ours, count), (default, _), (gathers, plain_gathers) = results.get()
     assert ours < count  # the tiny model's gradients share its few buckets' storage
     assert default == count  # control: torch's default keeps a separate tensor per gradient, copied into
