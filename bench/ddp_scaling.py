@@ -12,7 +12,6 @@ not as a GPU prediction.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 from common import REPO, median, random_shards, ratio_interval
 
 from gpt2dist.config.presets import load_params
+from gpt2dist.errors import OneLineArgumentParser
 
 
 def throughput(data: Path, out: Path, strategy: str, nproc: int, args) -> tuple[float, float]:
@@ -42,7 +42,7 @@ def throughput(data: Path, out: Path, strategy: str, nproc: int, args) -> tuple[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(__doc__)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--steps", type=int, default=40)

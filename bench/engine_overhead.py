@@ -10,8 +10,6 @@ target, or --max-rounds, when it says the machine was too noisy to decide.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from common import (
     LoadMonitor,
@@ -24,11 +22,13 @@ from common import (
     verdict_line,
 )
 
+from gpt2dist.errors import OneLineArgumentParser
+
 TARGET = 0.97
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(__doc__)
     parser.add_argument("--preset", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="params.yaml preset (default: paper on CUDA, cpu otherwise)")
     parser.add_argument("--precision", default="bf16" if torch.cuda.is_available() else "fp32")

@@ -12,7 +12,6 @@ the machine was meanwhile.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 from common import REPO, machine_line, median, random_shards, ratio_interval, timed_command
 
 from gpt2dist.config.presets import load_params
+from gpt2dist.errors import OneLineArgumentParser
 from gpt2dist.system.conditions import QUIET_WAIT_ENV, LoadMonitor
 
 
@@ -46,7 +46,7 @@ def cpu_seconds(command: list[str], data: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(__doc__)
     parser.add_argument("other_venv", type=Path, help="the venv to hold this one against (its bin/python)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=6)

@@ -11,7 +11,6 @@ and how busy the machine was meanwhile.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from common import REPO, machine_line, median, random_shards, ratio_interval, timed_command
 
 from gpt2dist.config.presets import load_params
+from gpt2dist.errors import OneLineArgumentParser
 from gpt2dist.launch.commands import launch_env, local_command
 from gpt2dist.system.conditions import LoadMonitor
 
@@ -43,7 +43,7 @@ def launch(command: list[str], nproc: int, out: Path) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(__doc__)
     parser.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=6)

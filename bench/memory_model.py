@@ -11,7 +11,6 @@ compared there (collect checks the state on every run as well).
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from gpt2dist.config.memory import predict
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import STRATEGY_NAMES, RunSpec
 from gpt2dist.config.strategies import REFERENCE, check_run, describe
-from gpt2dist.errors import UsageError
+from gpt2dist.errors import OneLineArgumentParser, UsageError
 from gpt2dist.system.hardware import cuda_gpus
 
 TARGET = 0.10
@@ -57,7 +56,7 @@ def runnable(params: Path, strategy: str, nproc: int, args, device: str, gpus: i
 
 def main() -> None:
     gpus = cuda_gpus()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(__doc__)
     parser.add_argument("--preset", default="paper" if gpus else "cpu")
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--nproc", type=int, default=max(gpus, 2), help="processes of every multi-process strategy")

@@ -29,7 +29,6 @@ the operators that take the GPU's time, so a change to the engine starts from wh
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
@@ -46,6 +45,7 @@ from common import (
 
 from gpt2dist.config.schema import PRECISIONS
 from gpt2dist.config.sizes import flops_per_token
+from gpt2dist.errors import OneLineArgumentParser
 from gpt2dist.results.statistics import log_interval
 from gpt2dist.system.gpu_telemetry import DISTURBING_REASONS
 from gpt2dist.system.hardware import COMPUTE_DTYPE, mfu, peak_flops
@@ -53,7 +53,7 @@ from gpt2dist.training.ledger import PARTS, profile_ledger
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(__doc__)
     parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds of engine and bare loop")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per round and contender")
     parser.add_argument("--warmup", type=int, default=10)

@@ -11,7 +11,6 @@ the other until the budget is spent; each prints tokens/s and MFU as soon as it 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -23,6 +22,7 @@ from common import single_trainer
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.sizes import flops_per_token
+from gpt2dist.errors import OneLineArgumentParser
 from gpt2dist.system.hardware import mfu, peak_flops
 from gpt2dist.training.model import build_model, transformer_blocks
 
@@ -146,7 +146,7 @@ def rate(step_fn, tokens_per_step: int, warmup: int, steps: int) -> tuple[float,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(__doc__)
     parser.add_argument("--budget-s", type=float, default=420)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")))
     parser.add_argument("--only", default="", help="comma-separated variant names to run")

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from gpt2dist.errors import OneLineArgumentParser
+
 BATCH = 1024  # documents per call, as prepare's default data.batch_documents
 
 
@@ -71,7 +73,7 @@ def child(engine: str, cores: str, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(__doc__)
     parser.add_argument("--mb", type=float, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--child", nargs=2, metavar=("ENGINE", "CORES"), help=argparse.SUPPRESS)

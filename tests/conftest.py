@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from gpt2dist.cli import WARNING_CONTINUED
+from gpt2dist.config.strategies import describe
 from gpt2dist.data.shards import write_shards
 from gpt2dist.launch.lifetime import ended
 from gpt2dist.launch.locks import MACHINE_LOCK_ENV
@@ -322,15 +323,22 @@ def shards(pytestconfig) -> Path:
 def trained(shards, params_file, pytestconfig):
     """`gpt2dist train` of a (strategy, extra arguments, process count, precision), made once a session: the
     equivalence, multi-node and resume tests compare against the same runs instead of each training its own.
-    The tests only read these runs."""
+    The tests only read these runs. torchrun's ranks are forked here (train_in_forked_ranks): these runs are
+    what the tests compare with, and every strategy's own launch is run by its kill-and-resume test."""
     runs: dict[tuple, Path] = {}
 
     def run(strategy: str, *extra: str, nproc: int = 1, precision: str = "fp32") -> Path:
         key = (strategy, nproc, precision, *extra)
         if key not in runs:
             digest = hashlib.sha1(repr(key).encode()).hexdigest()[:8]
-            runs[key] = made_once(pytestconfig, f"{strategy}-n{nproc}-{precision}-{digest}", lambda out: gpt2dist(
-                *train_args(shards, params_file, out, strategy, *extra, nproc=nproc, precision=precision)))
+
+            def make(out: Path) -> None:
+                if describe(strategy).launcher == "torchrun":
+                    train_in_forked_ranks(shards, params_file, out, strategy, *extra, nproc=nproc, precision=precision)
+                else:  # single and dp train in the command's own process; horovod's ranks need horovodrun
+                    gpt2dist(*train_args(shards, params_file, out, strategy, *extra, nproc=nproc, precision=precision))
+
+            runs[key] = made_once(pytestconfig, f"{strategy}-n{nproc}-{precision}-{digest}", make)
         return runs[key]
 
     return run
@@ -432,13 +440,31 @@ def free_port() -> int:
 
 def as_torchrun_rank(rank: int, nproc: int, port: int) -> None:
     """Make this process rank `rank` of `nproc` on this machine as torchrun would: its place and rendezvous in the
-    environment, and a core's share of threads (launch_env's split of 2 cores; one thread each)."""
+    environment, and the threads a launch gives each of its ranks (launch_env's split of the cores)."""
     import torch
 
-    from gpt2dist.launch.commands import THREAD_VARIABLES
+    from gpt2dist.launch.commands import THREAD_VARIABLES, launch_env
+    threads = launch_env(nproc)[THREAD_VARIABLES[0]]
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **dict.fromkeys(THREAD_VARIABLES, "1"))
-    torch.set_num_threads(1)
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **dict.fromkeys(THREAD_VARIABLES, threads))
+    torch.set_num_threads(int(threads))
+
+
+def rank_of_spec(rank: int, spec_path: str, port: int, nproc: int) -> None:
+    """What a rank that torchrun started runs: the ranks' entry point on the run's spec.json."""
+    from gpt2dist.launch import worker
+    as_torchrun_rank(rank, nproc, port)
+    assert worker.main([spec_path]) == 0
+
+
+def train_in_forked_ranks(shards: Path, params: Path, out: Path, strategy: str, *extra: str, nproc: int,
+                          precision: str = "fp32") -> None:
+    """`gpt2dist train` (train_args) of a torchrun strategy, its ranks forked from the forkserver instead of torchrun's
+    process: the command line writes the spec it would launch (--print-command), and each rank runs it as a
+    torchrun rank does, with the same threads: the same run to the bit (the kill-and-resume tests hold each
+    strategy's launched run against these), where a launch costs 2 to 3 times as much, torchrun's start most of it."""
+    gpt2dist(*train_args(shards, params, out, strategy, *extra, nproc=nproc, precision=precision), "--print-command")
+    start_ranks(rank_of_spec, str(out / "spec.json"), free_port(), nproc, nprocs=nproc)
 
 
 def assert_answer_or_one_error(code: int, out: str, err: str, answer: str = "") -> None:

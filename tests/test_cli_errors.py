@@ -3,13 +3,14 @@ exit status 2, never a traceback, through the real command line."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from gpt2dist.errors import failure_line
+from gpt2dist.errors import OneLineArgumentParser, failure_line
 from gpt2dist.results.inputs import SUMMARY_KEYS
 
 from conftest import REPO, gpt2dist
@@ -168,6 +169,21 @@ def test_the_error_line_is_the_root_cause():
                "Traceback (most recent call last):\n"
                "RuntimeError: Horovod detected that one or more processes exited with non-zero status\n")
     assert failure_line(refused) == "error: --resume-from x: its single run keeps AdamW's state by parameter name"
+
+
+def test_a_bench_scripts_bad_command_line_is_one_error_line(capsys):
+    def refusal(parser: argparse.ArgumentParser) -> tuple[int, str]:
+        parser.add_argument("--strategies")
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(["--strategies"])
+        return exited.value.code, capsys.readouterr().err
+
+    ours = OneLineArgumentParser("what the script measures")
+    assert refusal(ours) == (2, f"error: argument --strategies: expected one argument; {ours.prog} --help lists its "
+                                "options\n")
+    # the control: argparse's own parser puts a usage block before its error line
+    code, err = refusal(argparse.ArgumentParser(description="what the script measures"))
+    assert code == 2 and err.startswith("usage:") and len(err.splitlines()) == 2
 
 
 def test_a_gpu_study_planned_without_gpus_names_a_command_that_plans_it(tmp_path):

@@ -1,5 +1,6 @@
 """The exception types the CLI turns into one `error:` line: bad input (exit 2) and a stop signal (exit 128+N)."""
 
+import argparse
 import re
 import signal
 
@@ -25,6 +26,17 @@ def error_line(problem: object) -> str:
     """The one line a failure is reported with: a message that embeds another tool's (a multi-line
     ImportError, say) is folded onto it."""
     return "error: " + " ".join(str(problem).split())
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse for the scripts beside the CLI (bench/): a bad command line ends in one `error:` line and status 2,
+    as the CLI's does, instead of argparse's usage block; the script's docstring is its --help, line breaks kept."""
+
+    def __init__(self, description: str | None):
+        super().__init__(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def error(self, message: str):
+        self.exit(2, error_line(f"{message}; {self.prog} --help lists its options") + "\n")
 
 
 EXCEPTION = re.compile(r"\b(\w+(?:Error|Exception)): .+")

@@ -17,7 +17,10 @@ from gpt2dist.pipeline.study import plan_study
 
 from reduced_study import copy_workflow, hog, run
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]  # its runs' disturbance flags count
+# Beside other tests: their load can flag more runs as disturbed, which each assertion allows (ddp, with at most one
+# undisturbed pair, stays undecided, and a flagged added run only spends the budget sooner); passed 3 times out of 3
+# beside two busy loops on both cores
+pytestmark = pytest.mark.slow
 
 HOGGED = "ddp-fp32-n1-r1"
 

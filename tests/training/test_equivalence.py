@@ -97,7 +97,6 @@ def test_two_ranks_follow_single_process(strategy, reference, trained):
     expected = {"fsdp": 0.5, "tp": 1 - split_share(reference) / 2,
                 "pp": share(reference, ("transformer.wte.", "transformer.wpe.", "transformer.h.0."))}
     assert held == pytest.approx(expected.get(strategy, 1.0), rel=0.02)
-    assert record["conditions"]["foreign_cpu_share"] and record["command_line"].endswith("--nproc 2 --precision fp32")
 
 
 @pytest.mark.timeout(300)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from test_equivalence import assert_follows_in_precision
 
-from conftest import gpt2dist, read_metrics, run_record, train_args
+from conftest import read_metrics, run_record, train_in_forked_ranks
 
 pytestmark = pytest.mark.slow
 
 
 def _fsdp_run(shards, params_file, out, precision, *extra, nproc=2):
-    gpt2dist(*train_args(shards, params_file, out, "fsdp", *extra, nproc=nproc, precision=precision))
+    train_in_forked_ranks(shards, params_file, out, "fsdp", *extra, nproc=nproc, precision=precision)
     return run_record(out), [line["loss"] for line in read_metrics(out)]
 
 

@@ -10,7 +10,7 @@ from gpt2dist.config.schema import ModelConfig
 from gpt2dist.config.sizes import parameter_count
 from gpt2dist.training.ledger import COMM_WAIT, DATA, PARTS, STEP, summarise_trace, union
 
-from conftest import TINY_PRESET, gpt2dist, read_metrics, run_record, train_args
+from conftest import TINY_PRESET, read_metrics, run_record
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -63,9 +63,8 @@ def test_union_merges_overlaps_and_drops_empty_spans():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "nproc"), [("single", 1), ("ddp", 2), ("horovod", 2)])
-def test_a_runs_ledger_partitions_its_traced_steps(strategy, nproc, shards, params_file, tmp_path):
-    out = tmp_path / strategy
-    gpt2dist(*train_args(shards, params_file, out, strategy, nproc=nproc))
+def test_a_runs_ledger_partitions_its_traced_steps(strategy, nproc, trained):
+    out = trained(strategy, nproc=nproc)
     ledger = run_record(out)["ledger"]
     lines = read_metrics(out)
     traced = [line for line in lines if line.get("traced")]

@@ -15,7 +15,7 @@ from gpt2dist.config.strategies import rank_blocks, stage_blocks
 from gpt2dist.training.strategies.pipeline_parallel import PipelineParallel
 
 from conftest import (RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, gpt2dist, kill_after_checkpoint, kill_point,
-                      read_metrics, run_record, train_args)
+                      read_metrics, run_record, train_args, train_in_forked_ranks)
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def test_stages_take_contiguous_blocks_as_evenly_as_they_divide(stages, sizes):
 @pytest.fixture(scope="module")
 def gpipe(shards, params_file, tmp_path_factory):
     out = tmp_path_factory.mktemp("gpipe")
-    gpt2dist(*train_args(shards, params_file, out, "pp", "--set", "train.pipeline_schedule=gpipe", nproc=2))
+    train_in_forked_ranks(shards, params_file, out, "pp", "--set", "train.pipeline_schedule=gpipe", nproc=2)
     return out
 
 
@@ -66,7 +66,7 @@ def test_checkpoint_is_single_s_portable_state(reference, gpipe):
 def test_three_stages_follow_single_process(deeper_single, shards, params_file, tmp_path):
     """4 blocks over 3 stages: an uneven split, and a middle stage outside the tied weight's group."""
     pp = tmp_path / "pp"
-    gpt2dist(*train_args(shards, params_file, pp, "pp", "--set", "model.n_layer=4", nproc=3))
+    train_in_forked_ranks(shards, params_file, pp, "pp", "--set", "model.n_layer=4", nproc=3)
     assert_follows_reference(deeper_single(4), pp)
     assert run_record(pp)["wrapping"]["blocks_per_stage"] == [2, 1, 1]
 
@@ -172,6 +172,6 @@ def test_the_chunked_loss_on_the_last_stage_follows_single_under_zero_bubble(dee
                                                                              tmp_path):
     """train.head_loss_chunk_tokens reaches the last stage's head, whose gradients the chunked loss computes in
     its forward: zero-bubble's split backward (input gradients, then weight gradients) still gets both."""
-    gpt2dist(*train_args(shards, params_file, tmp_path, "pp", "--set", "model.n_layer=4", "--set",
-                         "train.pipeline_schedule=zero-bubble", "--set", "train.head_loss_chunk_tokens=24", nproc=2))
+    train_in_forked_ranks(shards, params_file, tmp_path, "pp", "--set", "model.n_layer=4", "--set",
+                          "train.pipeline_schedule=zero-bubble", "--set", "train.head_loss_chunk_tokens=24", nproc=2)
     assert_follows_reference(deeper_single(4), tmp_path)

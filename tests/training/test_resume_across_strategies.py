@@ -18,10 +18,9 @@ from test_equivalence import ATOL_PARAMS, RTOL
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import write_spec
 from gpt2dist.config.strategies import describe
-from gpt2dist.launch import worker
 from gpt2dist.launch.runner import build_spec
 
-from conftest import (TINY_PRESET, as_torchrun_rank, final_params, free_port, gpt2dist, read_metrics, run_record,
+from conftest import (TINY_PRESET, final_params, free_port, gpt2dist, rank_of_spec, read_metrics, run_record,
                       start_ranks, train_args)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -68,13 +67,7 @@ def link(shards, params_file, out, strategy: str, nproc: int, options: tuple[str
                       params=load_params(params_file), preset=None, overrides=overrides, resume_from=previous)
     out.mkdir(parents=True)
     write_spec(spec, out / "spec.json")
-    start_ranks(_launched_rank, str(out / "spec.json"), free_port(), nproc, nprocs=nproc)
-
-
-def _launched_rank(rank: int, spec_path: str, port: int, nproc: int) -> None:
-    """The ranks' entry point as torchrun starts it (single and dp, one process each, read none of its variables)."""
-    as_torchrun_rank(rank, nproc, port)
-    assert worker.main([spec_path]) == 0
+    start_ranks(rank_of_spec, str(out / "spec.json"), free_port(), nproc, nprocs=nproc)
 
 
 @pytest.fixture(scope="module")

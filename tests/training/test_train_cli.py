@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 
@@ -74,6 +75,8 @@ def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision
     gpt2dist(*train_args(shards, params_file, killed, strategy, *RESUME_EXTRA, **args))
     record = run_record(killed)
     assert record["status"] == "completed" and 0 < record["resumed_from_step"] < RESUME_STEPS
+    # what the launcher adds: how busy the machine was meanwhile, and the command that started the run
+    assert record["conditions"]["foreign_cpu_share"] and record["command_line"].endswith(shlex.join(RESUME_EXTRA))
     assert_resumed_exactly(killed, whole)
 
 
