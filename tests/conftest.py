@@ -459,10 +459,10 @@ def rank_of_spec(rank: int, spec_path: str, port: int, nproc: int) -> None:
 
 def train_in_forked_ranks(shards: Path, params: Path, out: Path, strategy: str, *extra: str, nproc: int,
                           precision: str = "fp32") -> None:
-    """`gpt2dist train` (train_args) of a torchrun strategy, its ranks forked from the forkserver instead of torchrun's
-    process: the command line writes the spec it would launch (--print-command), and each rank runs it as a
-    torchrun rank does, with the same threads: the same run to the bit (the kill-and-resume tests hold each
-    strategy's launched run against these), where a launch costs 2 to 3 times as much, torchrun's start most of it."""
+    """`gpt2dist train` (train_args), its ranks forked from the forkserver instead of started by torchrun: the command
+    line writes the spec it would launch (--print-command), and each rank runs it as a torchrun rank does, with the
+    same threads: for a torchrun strategy the same run to the bit (the kill-and-resume tests hold each strategy's
+    launched run against `trained`'s), where a launch costs 2 to 3 times as much, torchrun's start most of it."""
     gpt2dist(*train_args(shards, params, out, strategy, *extra, nproc=nproc, precision=precision), "--print-command")
     start_ranks(rank_of_spec, str(out / "spec.json"), free_port(), nproc, nprocs=nproc)
 

@@ -1,10 +1,11 @@
 """A run continues under another strategy and process count (`gpt2dist train --resume-from`): one chain of
 runs passes the training on, two steps each, through every strategy the engine runs on CPU (and each pipeline
 schedule), from one process to four and back, and follows single's uninterrupted run step for step (fp32, the
-equivalence tolerance). Each link runs the ranks' own entry point (`launch.worker`), forked from the suite's
-forkserver instead of behind a launcher of their own each (a launch spends seconds importing and starting, and the
-chain has fifteen links); horovod's, which needs horovodrun, through the CLI: a CLI continuation, as the control's
-and the refusals are.
+equivalence tolerance). Each link's spec is written by the CLI (`--print-command`, which checks the continuation as a
+run does) and its ranks run the ranks' own entry point, forked from the suite's forkserver instead of behind a
+launcher of their own each (conftest's train_in_forked_ranks: a launch spends seconds importing and starting, and the
+chain has fifteen links); horovod's, which needs horovodrun, is launched: a CLI continuation, as the control's and
+the refusals are.
 Its control: a checkpoint whose AdamW moments were lost continues off that curve. What cannot be continued is
 refused, saying why: another computation, or a path with no checkpoint. (Apex amp's optimizer state, kept by
 position, is refused too: a GPU path, training.checkpoint's own check.)"""
@@ -15,13 +16,9 @@ import pytest
 import torch
 from test_equivalence import ATOL_PARAMS, RTOL
 
-from gpt2dist.config.presets import load_params
-from gpt2dist.config.schema import write_spec
 from gpt2dist.config.strategies import describe
-from gpt2dist.launch.runner import build_spec
 
-from conftest import (TINY_PRESET, final_params, free_port, gpt2dist, rank_of_spec, read_metrics, run_record,
-                      start_ranks, train_args)
+from conftest import TINY_PRESET, final_params, gpt2dist, read_metrics, run_record, train_args, train_in_forked_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -43,11 +40,15 @@ FLAT = ("--set", f"train.min_lr={TINY_PRESET['train']['lr']}", "--set", "model.n
 TIMEOUT_S = 240
 
 
+def continuation(options: tuple[str, ...], steps: int, previous) -> list[str]:
+    """The train arguments of a run to `steps` that continues `previous` (None: from the start)."""
+    return [*FLAT, *options, "--max-steps", str(steps), *(["--resume-from", str(previous)] if previous else [])]
+
+
 def continued(shards, params_file, out, strategy: str, nproc: int, options: tuple[str, ...], steps: int,
               previous=None, check=True):
-    extra = [*FLAT, *options, "--max-steps", str(steps), *(["--resume-from", str(previous)] if previous else [])]
-    return gpt2dist(*train_args(shards, params_file, out, strategy, *extra, nproc=nproc), check=check,
-                    timeout=TIMEOUT_S)
+    return gpt2dist(*train_args(shards, params_file, out, strategy, *continuation(options, steps, previous),
+                                nproc=nproc), check=check, timeout=TIMEOUT_S)
 
 
 def off_curve(expected: list[dict], got: list[dict]) -> list[tuple]:
@@ -62,12 +63,7 @@ def link(shards, params_file, out, strategy: str, nproc: int, options: tuple[str
     if describe(strategy).launcher == "horovodrun":
         continued(shards, params_file, out, strategy, nproc, options, steps, previous)
         return
-    overrides = [option for option in (*FLAT, *options) if option != "--set"] + [f"train.max_steps={steps}"]
-    spec = build_spec(data=shards, out=out, strategy=strategy, precision="fp32", nproc=nproc,
-                      params=load_params(params_file), preset=None, overrides=overrides, resume_from=previous)
-    out.mkdir(parents=True)
-    write_spec(spec, out / "spec.json")
-    start_ranks(rank_of_spec, str(out / "spec.json"), free_port(), nproc, nprocs=nproc)
+    train_in_forked_ranks(shards, params_file, out, strategy, *continuation(options, steps, previous), nproc=nproc)
 
 
 @pytest.fixture(scope="module")
