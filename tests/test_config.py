@@ -170,7 +170,7 @@ def test_apex_combinations_that_can_run(params_file, shards, strategy, precision
 
 
 def test_unknown_strategy_and_precision(params_file, shards):
-    with pytest.raises(UsageError, match=r"unknown --strategy 'pipeline' \(allowed: single, dp, ddp, horovod, fsdp, tp, pp, fsdp-tp, apex-ddp, zero1, zero2, hsdp\)"):
+    with pytest.raises(UsageError, match=r"unknown --strategy 'pipeline' \(allowed: single, dp, ddp, horovod, fsdp, tp, pp, fsdp-tp, apex-ddp, zero1, zero2, hsdp, or a data-parallel method with degrees such as ddp-tp2, "):
         spec_for(params_file, shards, strategy="pipeline")
     with pytest.raises(UsageError, match="unknown --precision 'fp8'"):
         spec_for(params_file, shards, precision="fp8")

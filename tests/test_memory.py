@@ -19,7 +19,7 @@ from gpt2dist.config.memory import model_state, predict
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import parameter_shapes
-from gpt2dist.config.strategies import STRATEGIES, Description, describe
+from gpt2dist.config.strategies import STRATEGIES, describe
 
 from conftest import REPO, assert_answer_or_one_error, run_record
 
@@ -56,7 +56,7 @@ def test_without_the_strategys_division_the_count_misses_every_divided_run():
     assert {r["strategy"] for r in divided} == {"fsdp", "tp", "pp"}
     for record in divided:
         spec = RunSpec.model_validate(record["config"])
-        whole = Description.held_shapes(STRATEGIES[spec.strategy], spec)
+        whole = parameter_shapes(spec.model).values()
         assert sum(math.prod(shape) for shape in whole) * 4 > measured(record)[0], record["run_id"]
 
 
@@ -84,14 +84,14 @@ def test_zero1s_busiest_rank_is_planned_and_rank_0_is_what_a_run_is_checked_agai
     assert describe("zero1").busiest_rank(four) != 0
     assert predict(four).optimizer > predict(four, busiest=False).optimizer == model_state(four)[2]
     assert describe("zero1").busiest_rank(eight) == 0 and predict(eight) == predict(eight, busiest=False)
-    shares = describe("zero1").partition(four)
+    shares = describe("zero1").method.partition(four)
     assert sorted(shape for share in shares for shape in share) == sorted(parameter_shapes(preset.model).values())
     # more ranks than tensors: each tensor to an empty rank of its own, the ranks past them holding nothing, counted
     # without a list per rank (recommend --gpus 99999999999 once filled 12 GB with them)
     huge, tensors = spec(10**11), len(parameter_shapes(preset.model))
-    shares = describe("zero1").partition(huge)
+    shares = describe("zero1").method.partition(huge)
     assert len(shares) == tensors and all(len(share) == 1 for share in shares)
-    assert shares == describe("zero1").partition(spec(tensors))
+    assert shares == describe("zero1").method.partition(spec(tensors))
     assert describe("zero1").optimizer_shapes(huge, rank=10**11 - 1) == [] and describe("zero1").busiest_rank(huge) == 0
 
 

@@ -23,8 +23,9 @@ from gpt2dist.pipeline.imports import PACKAGE
 
 from conftest import REPO, gpt2dist
 
-# Where a strategy may be named: the list of names, its description, its runtime class, and the runtime registry.
-HOMES = ("config/schema.py", "config/strategies.py", "training/strategies/")
+# Where a strategy may be named: the list of names, the grammar of splits and their degrees (whose mesh dimensions
+# share tp's and pp's names), its description, its runtime class, and the runtime registry.
+HOMES = ("config/schema.py", "config/split.py", "config/degrees.py", "config/strategies.py", "training/strategies/")
 # The Horovod package (its version, its build), which shares the strategy's name
 PACKAGE_NAMES = {("system/environment.py", "horovod"), ("system/doctor.py", "horovod")}
 

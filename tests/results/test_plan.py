@@ -91,7 +91,7 @@ def test_the_plan_fits_100_columns_and_states_what_it_assumes():
     ("--format", "yaml", "error: --format 'yaml': choose table, csv or json"),
     ("--sizes", "small,huge", "error: --sizes 'small,huge': name GPT-2 sizes from small, medium, large, xl"),
     ("--budget-s", "0", "error: --budget-s 0: give the seconds the study may take, above 0 (e.g. 540)"),
-    ("--budget-s", "3600", "error: preset 'paper' is predicted to take 71,041 s on 8 H100 GPU(s), over --budget-s "
+    ("--budget-s", "3600", "error: preset 'paper' is predicted to take 71,034 s on 8 H100 GPU(s), over --budget-s "
                            "3600: cut its runs (study.runs, study.repeats, study.selftests) or steps"),
 ])
 def test_bad_plan_input_is_one_error_line_and_no_file(option, value, message, tmp_path):

@@ -190,10 +190,10 @@ def _rank_with_fault(rank: int, spec_json: str, port: int, strategy_class, injec
 
 
 def train_with_fault(strategy_class, shards, params_file, out, inject=None, precision: str = "fp32",
-                     overrides: list[str] | None = None, nproc: int = 2) -> None:
+                     overrides: list[str] | None = None, nproc: int = 2, strategy: str | None = None) -> None:
     """Train strategy_class (a faulty subclass, or one `inject` breaks) on `nproc` ranks (as many GPUs
-    where CUDA is visible)."""
-    spec = build_spec(data=shards, out=out, strategy=strategy_class.name, precision=precision, nproc=nproc,
+    where CUDA is visible), as `strategy` (default: the class's data-parallel method, ddp or fsdp)."""
+    spec = build_spec(data=shards, out=out, strategy=strategy or strategy_class.name, precision=precision, nproc=nproc,
                       params=load_params(params_file), preset=None, overrides=overrides or [])
     start_ranks(_rank_with_fault, spec.model_dump_json(), free_port(), strategy_class, inject, nprocs=nproc)
 

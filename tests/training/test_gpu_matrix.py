@@ -59,7 +59,7 @@ def refused_by_the_rules(strategy: str, precision: str, nproc: int) -> bool:
         strategy == "dp" and precision == "apex-O2",  # O2 patches a forward that DataParallel's replicas share
         apex and strategy in ("fsdp", "tp", "pp", "fsdp-tp", "zero1", "zero2", "hsdp"),  # sharded or split state
         strategy == "hsdp" and nproc % 2,  # its shard groups are of 2 ranks
-        precision == "fp16" and strategy in ("tp", "pp", "fsdp-tp"),  # the loss scaler cannot wrap them
+        precision == "fp16" and strategy in ("tp", "pp", "fsdp-tp") and nproc > 1,  # the loss scaler cannot wrap them
         strategy == "apex-ddp" and precision in ("fp16", "bf16"),  # Apex's DDP pairs with Apex amp or fp32
         strategy == "fsdp-tp" and nproc % 2,  # its tensor-parallel size is 2
         strategy == "tp" and model["n_head"] % nproc,  # heads split over the ranks

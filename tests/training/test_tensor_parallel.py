@@ -11,7 +11,9 @@ from torch.distributed.tensor import Partial
 from torch.distributed.tensor.parallel import RowwiseParallel
 
 from gpt2dist.training.strategies import tensor_parallel
-from gpt2dist.training.strategies.tensor_parallel import FSDPTensorParallel, TensorParallel, qkv_order
+from gpt2dist.training.strategies.fsdp import FSDP
+from gpt2dist.training.strategies.tensor_parallel import qkv_order
+from gpt2dist.training.strategies.torch_distributed import OneReplica
 
 from conftest import gpt2dist, read_metrics, run_record, train_args
 
@@ -36,7 +38,8 @@ def test_fsdp_tp_on_four_ranks_follows_single_process(reference, trained):
     run = trained("fsdp-tp", nproc=4)
     assert_follows_reference(reference, run)
     record = run_record(run)
-    assert record["wrapping"] == {"tensor_parallel": 2, "fsdp_replicas": 2, "fully_shard_modules": 3}
+    assert record["wrapping"] == {"tensor_parallel": 2, "parallel_blocks": 2, "fully_shard_modules": 3,
+                                  "param_dtype": "float32", "reduce_dtype": "float32", "mesh": {"dp_shard": 2}}
     assert record["grad_accum_steps"] == 2  # global 8 = 2 replicas x 2 rows x 2 micro-steps
     held = record["model_state_bytes"]["total"] / run_record(reference)["model_state_bytes"]["total"]
     assert 0.25 <= held < 0.5  # FSDP halves everything; TP halves the block matrices again
@@ -73,7 +76,7 @@ def _split_fused_qkv_as_is() -> None:
 @pytest.mark.parametrize("fault", ["dropped-shard", "fused-qkv-split-as-is"])
 def test_comparison_catches_a_broken_split(fault, reference, shards, params_file, tmp_path):
     inject = {"dropped-shard": _leave_row_parallel_sums_unreduced, "fused-qkv-split-as-is": _split_fused_qkv_as_is}
-    train_with_fault(TensorParallel, shards, params_file, tmp_path, inject=inject[fault])
+    train_with_fault(OneReplica, shards, params_file, tmp_path, inject=inject[fault], strategy="tp")
     with pytest.raises(AssertionError):
         assert_follows_reference(reference, tmp_path)
     # from the first step on: at the initial weights attention is nearly uniform, so the loss moves only a
@@ -81,7 +84,7 @@ def test_comparison_catches_a_broken_split(fault, reference, shards, params_file
     assert read_metrics(tmp_path)[0]["loss"] != pytest.approx(read_metrics(reference)[0]["loss"], rel=RTOL)
 
 
-class SummingFSDPTensorParallel(FSDPTensorParallel):
+class SummingFSDPTensorParallel(FSDP):
     """fsdp-tp whose FSDP reduce-scatter over the replicas sums instead of averaging."""
 
     def prepare(self, model, make_optimizer, precision):
@@ -93,7 +96,7 @@ class SummingFSDPTensorParallel(FSDPTensorParallel):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_comparison_catches_fsdp_tp_summing_over_its_replicas(reference, shards, params_file, tmp_path):
-    train_with_fault(SummingFSDPTensorParallel, shards, params_file, tmp_path, nproc=4)
+    train_with_fault(SummingFSDPTensorParallel, shards, params_file, tmp_path, nproc=4, strategy="fsdp-tp")
     with pytest.raises(AssertionError):
         assert_follows_reference(reference, tmp_path)
     # the same weights at step 0, the gradient of 2 replicas summed: exactly twice the averaged norm

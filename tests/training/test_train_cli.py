@@ -63,6 +63,9 @@ def test_compile_where_it_cannot_apply_is_recorded_with_the_reason(shards, param
 @pytest.mark.parametrize("strategy, nproc, precision", [
     ("single", 1, "fp32"), ("dp", 1, "fp32"), ("fsdp", 2, "fp32"), ("tp", 2, "fp32"), ("pp", 2, "bf16"),
     ("fsdp-tp", 4, "fp32"), ("hsdp", 4, "fp32"), ("zero1", 2, "fp32"), ("zero2", 2, "fp32"),
+    # the splits of test_splits.py: DP x TP, DP x PP, FSDP x PP, TP x PP and all three
+    ("ddp-tp2", 4, "fp32"), ("ddp-pp2", 4, "fp32"), ("fsdp-pp2", 4, "fp32"), ("tp2-pp2", 4, "fp32"),
+    ("ddp-tp2-pp2", 8, "fp32"),
 ])
 def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision, trained, shards, params_file,
                                                       tmp_path):

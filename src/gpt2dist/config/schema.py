@@ -8,19 +8,32 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 
+from gpt2dist.config.split import EXAMPLES, NAME_PATTERN, NAMED, parse_split
+from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_write_text
 
 # torch.distributed's rendezvous port: launchers pass it, and ranks that SLURM starts derive theirs from it.
 DEFAULT_PORT = 29500
 
-# Each has a description in config.strategies and a runtime class in training.strategies, under this name.
-StrategyName = Literal["single", "dp", "ddp", "horovod", "fsdp", "tp", "pp", "fsdp-tp", "apex-ddp", "zero1", "zero2",
-                       "hsdp"]
-STRATEGY_NAMES: tuple[str, ...] = get_args(StrategyName)
+
+def _split_name(name: str) -> str:
+    try:
+        parse_split(name, said="strategy")
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
+    return name
+
+
+# A named strategy or a data-parallel method with degrees (config.split); config.strategies describes each
+StrategyName = Annotated[str, AfterValidator(_split_name), WithJsonSchema(
+    {"type": "string", "pattern": f"^{NAME_PATTERN}$",
+     "description": f"One of {', '.join(NAMED)}, or a data-parallel method with degrees such as {EXAMPLES}."})]
+# The named strategies, in the order of every table and figure
+STRATEGY_NAMES: tuple[str, ...] = tuple(NAMED)
 # fp32 is IEEE fp32 everywhere; tf32 is fp32 with TF32 tensor-core matmuls (NVIDIA containers' default).
 PrecisionName = Literal["fp32", "tf32", "fp16", "bf16", "apex-O1", "apex-O2"]
 DeviceType = Literal["cpu", "cuda"]
@@ -111,21 +124,23 @@ class TrainConfig(_Strict):
         description="fsdp with bf16 or fp16 only: FSDP2's MixedPrecisionPolicy, parameters all-gathered and "
                     "computed in that dtype, gradients reduced in fp32. Off (default): fp32 communication, as DDP.",
     )
-    tensor_parallel_size: int = Field(2, gt=1, description="fsdp-tp only: processes that split each layer "
-                                      "(tensor parallel); FSDP shards over nproc / tensor_parallel_size replicas.")
-    data_parallel_shard_size: int = Field(2, gt=0, description="hsdp only: ranks that shard one copy of the "
-                                          "model state; it is replicated over nproc / data_parallel_shard_size groups.")
+    tensor_parallel_size: int = Field(2, gt=1, description="The named strategy fsdp-tp only: processes that split "
+                                      "each layer (tensor parallel); FSDP shards over nproc / tensor_parallel_size "
+                                      "replicas. Other splits say their degrees in their name (fsdp-tp4, ddp-tp2-pp2).")
+    data_parallel_shard_size: int = Field(2, gt=0, description="hsdp and its splits (hsdp-tp2, ...): data-parallel "
+                                          "ranks that shard one copy of the model state; it is replicated over the "
+                                          "data-parallel ranks / data_parallel_shard_size groups.")
     activation_checkpointing: Literal["none", "block"] = Field(
         "none", description="Every strategy: 'block' keeps only each transformer block's input for backward and "
         "computes the rest again there (about a third more compute for a block's activations in memory).")
     pipeline_schedule: PipelineSchedule = Field(
-        "1f1b", description="pp only: GPipe (all forwards, then all backwards), 1F1B (one forward, one backward, "
-        "fewer activations held), interleaved 1F1B (pipeline_virtual_stages stages per rank: a bubble that many times "
-        "smaller) or interleaved zero-bubble (ZB1P: each backward split into its input and weight gradients, the "
-        "weight ones filling the bubble). The global batch is one pipeline step of global_batch_size / "
-        "micro_batch_size micro-batches.")
-    pipeline_virtual_stages: int = Field(2, ge=2, description="pp with interleaved-1f1b or zero-bubble: stages per "
-                                         "rank; rank r holds stages r, r + nproc, r + 2 nproc, ...")
+        "1f1b", description="Every split with a pipeline (pp, ddp-pp2, tp2-pp2, ...): GPipe (all forwards, then all "
+        "backwards), 1F1B (one forward, one backward, fewer activations held), interleaved 1F1B "
+        "(pipeline_virtual_stages stages per rank: a bubble that many times smaller) or interleaved zero-bubble (ZB1P: "
+        "each backward split into its input and weight gradients, the weight ones filling the bubble). Each "
+        "data-parallel share of the global batch is one pipeline step of micro-batches of micro_batch_size.")
+    pipeline_virtual_stages: int = Field(2, ge=2, description="A pipeline with interleaved-1f1b or zero-bubble: stages "
+                                         "per rank; pipeline rank r of p holds stages r, r + p, r + 2p, ...")
     seed: int = Field(1337, ge=0, description="Seeds init, data order and dropout.")
 
     @model_validator(mode="after")

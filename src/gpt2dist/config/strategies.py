@@ -1,31 +1,33 @@
-"""Every parallel strategy described once, without torch: how it is launched, its degrees for a process
-count (config.degrees), the extras it needs, the combinations it refuses, the bytes it moves per step and how
-many of them it sends while it computes, and what the papers call it. Config, planning, preflight, doctor, selftest, findings and the CLI ask this
-registry; its runtime half, under training/strategies/, has the same `name` (here `<Name>Description`, there
-`<Name>`).
+"""Every parallel strategy described once, without torch: how it is launched, its degrees for a process count
+(config.degrees), the extras it needs, the combinations it refuses, the bytes it moves per step on each of its
+process groups and how many of them it sends while it computes, and what the papers call it. Config, planning,
+preflight, doctor, selftest, findings and the CLI ask this registry; its runtime half, under
+training/strategies/, binds each data-parallel method's behaviour.
 
-Adding a strategy: its name in config.schema's StrategyName, one Description subclass here (listed in
-STRATEGIES), one runtime class under training/strategies/ with the same `name`, and its equivalence, resume
-and bad-input tests.
+A strategy is a split of the devices (config.split): a data-parallel method, how the data-parallel ranks hold the
+state (a `Method` here), and tensor- and pipeline-parallel degrees. Its description composes the two: the
+parameters a rank holds are its pipeline stage's, tensor-parallel slices of them, then the method's share; its
+traffic is the method's collectives on those parameters over the data-parallel group, tensor parallelism's
+activation all-reduces over its group and the pipeline's boundary sends. The twelve named strategies are points
+of the same grammar (`tp` is one replica split by layer over every process, `fsdp-tp` FSDP over
+tensor-parallel groups of train.tensor_parallel_size ranks).
+
+Adding a data-parallel method: one Method here (listed in METHODS), its name in config.split, one runtime class
+under training/strategies/, and its equivalence, resume and bad-input tests.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 from gpt2dist.config.degrees import Degrees
-from gpt2dist.config.schema import INTERLEAVED_SCHEDULES, STRATEGY_NAMES, ModelConfig, RunSpec, TrainConfig
-from gpt2dist.config.sizes import (
-    COLUMN_PARALLEL,
-    ROW_PARALLEL,
-    parameter_count,
-    parameter_shapes,
-    split_parameter_count,
-    weight_decayed,
-)
+from gpt2dist.config.schema import INTERLEAVED_SCHEDULES, ModelConfig, RunSpec, TrainConfig
+from gpt2dist.config.sizes import COLUMN_PARALLEL, ROW_PARALLEL, parameter_count, parameter_shapes, weight_decayed
+from gpt2dist.config.split import NAMED, NONE, Split, parse_split
 from gpt2dist.errors import UsageError
 
 BAI, PATWARDHAN = "Bai 2022", "Patwardhan et al. 2024"
@@ -34,6 +36,7 @@ APEX_PRECISIONS = ("apex-O1", "apex-O2")
 # Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD): 0.28's horovod/common/operations.cc sets 128 MiB by default,
 # though its tensor-fusion docs still say 64 MB
 HOROVOD_FUSION_BYTES = 128 * 2**20
+HEAD = "lm_head.weight"  # the last pipeline stage's copy of the tied token embedding
 
 
 @dataclass(frozen=True)
@@ -59,11 +62,22 @@ PRECISION_EXTRAS = {precision: ("apex.amp",) for precision in APEX_PRECISIONS}
 
 
 @dataclass(frozen=True)
+class Collective:
+    """The bytes the busiest rank sends per optimizer step on one of its process groups."""
+
+    group: str  # the mesh dimension whose ranks it runs over: "dp", "tp" or "pp"
+    ranks: int
+    bytes_per_step: float
+    what: str
+
+
+@dataclass(frozen=True)
 class Traffic:
-    """Bytes the busiest rank sends per optimizer step, by an analytic model (not measured)."""
+    """Bytes the busiest rank sends per optimizer step, by an analytic model (not measured), in all and by group."""
 
     bytes_per_step: int
     pattern: str
+    parts: tuple[Collective, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,8 @@ class Overlap:
 NO_OVERLAP = Overlap(0.0, 0.0)
 # Backward's share of a step's FLOPs: 4 of every 6 per parameter and token (forward 2)
 BACKWARD_SHARE = 2 / 3
+# The mesh dimensions a collective group spans
+GROUP_DIMS = {"dp": ("dp_replicate", "dp_shard"), "tp": ("tp",), "pp": ("pp",)}
 
 
 def root_elements(m: ModelConfig) -> int:
@@ -123,16 +139,70 @@ def stage_blocks(n_layer: int, stages: int) -> list[range]:
 
 
 def pipeline_stage_blocks(n_layer: int, ranks: int, virtual: int) -> list[range]:
-    """Every stage's blocks in the pipeline's order, `ranks` x `virtual` stages; stage s runs on rank s % ranks."""
+    """Every stage's blocks in the pipeline's order, `ranks` x `virtual` stages; stage s runs on pipeline rank
+    s % ranks."""
     return stage_blocks(n_layer, ranks * virtual)
 
 
+def rank_blocks(spec: RunSpec, stage_rank: int) -> list[int]:
+    """The blocks a pipeline rank (its coordinate along pp) holds: those of stages stage_rank, stage_rank + pp, ..."""
+    degrees = degrees_of(spec)
+    stages = pipeline_stage_blocks(spec.model.n_layer, degrees.pp, degrees.pp_virtual)
+    return [block for blocks in stages[stage_rank::degrees.pp] for block in blocks]
+
+
+def stage_parameters(spec: RunSpec, rank: int = 0) -> dict[str, tuple[int, ...]]:
+    """The parameter tensors `rank`'s pipeline stages hold, whole, by name: every one without a pipeline; else the
+    blocks of its stages, the embeddings on the first and ln_f with the head's copy of the tied embedding on the
+    last (training/strategies/pipeline_parallel.py's RankPart)."""
+    shapes, degrees = parameter_shapes(spec.model), degrees_of(spec)
+    if degrees.pp == 1:
+        return shapes
+    stage = degrees.coordinates(rank)["pp"]
+    first, last = stage == 0, stage == degrees.pp - 1
+    blocks = tuple(f"transformer.h.{block}." for block in rank_blocks(spec, stage))
+    held = {name: shape for name, shape in shapes.items()
+            if name.startswith(blocks) or (first and name.startswith(("transformer.wte.", "transformer.wpe.")))
+            or (last and name.startswith("transformer.ln_f."))}
+    if last and not first:
+        held[HEAD] = shapes["transformer.wte.weight"]
+    return held
+
+
+def tensor_parallel_slice(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    """A parameter's local shape under tensor parallelism: column-parallel tensors split their rows, row-parallel
+    ones their columns (config.sizes); the rest stays whole on every rank of the group."""
+    rows, *rest = shape
+    if name.endswith(COLUMN_PARALLEL):
+        rows //= tp
+    elif name.endswith(ROW_PARALLEL):
+        rest = [rest[0] // tp]
+    return (rows, *rest)
+
+
+def local_parameters(spec: RunSpec, rank: int = 0) -> dict[str, tuple[int, ...]]:
+    """What `rank` computes with: its stages' parameters, tensor-parallel slices of them (before any sharding of
+    the data-parallel method)."""
+    tp = degrees_of(spec).tp
+    return {name: tensor_parallel_slice(name, shape, tp) for name, shape in stage_parameters(spec, rank).items()}
+
+
+def local_elements(spec: RunSpec) -> int:
+    """Elements of rank 0's local parameters: what its data-parallel collectives move."""
+    return sum(math.prod(shape) for shape in local_parameters(spec).values())
+
+
 def gathered_bytes(spec: RunSpec) -> int:
-    """FSDP's gathered parameters at the peak: the root's (embeddings and ln_f, kept after forward) and two blocks'
-    (the one computing and the one prefetched), each rank's tensor-parallel slice of them."""
+    """FSDP's gathered parameters at the peak. Without a pipeline: the root's (embeddings and ln_f, kept after
+    forward) and two blocks' (the one computing and the one prefetched), each rank's tensor-parallel slice of them.
+    Under a pipeline every stage keeps its blocks gathered through the step (their micro-batches come one after
+    another): all of rank 0's local parameters."""
+    degrees = degrees_of(spec)
+    if degrees.pp > 1:
+        return local_elements(spec) * gathered_bytes_per_element(spec)
     block = sum(math.prod(shape) for name, shape in parameter_shapes(spec.model).items()
                 if name.startswith("transformer.h.0."))
-    return round((root_elements(spec.model) + 2 * block) * FP32 / degrees_of(spec).tp)
+    return round((root_elements(spec.model) + 2 * block) * FP32 / degrees.tp)
 
 
 def gathered_bytes_per_element(spec: RunSpec) -> int:
@@ -145,52 +215,41 @@ def compute_bytes(precision: str) -> int:
     return HALF if precision in ("bf16", "fp16", *APEX_PRECISIONS) else FP32
 
 
-def activation_bytes(spec: RunSpec) -> int:
-    """One forward pass's hidden states [rows, context, width] in the precision's compute dtype."""
+def activation_bytes(spec: RunSpec, rows: int) -> int:
+    """The hidden states [rows, context, width] of `rows` sequences in the precision's compute dtype."""
     m = spec.model
-    return degrees_of(spec).rows_per_pass * m.n_positions * m.n_embd * compute_bytes(spec.precision)
+    return rows * m.n_positions * m.n_embd * compute_bytes(spec.precision)
 
 
-class Description:
-    """Defaults describe one process per device, each a whole replica of the model (plain data parallelism)."""
+# -- data-parallel methods ----------------------------------------------------------------------------------------
+
+class Method:
+    """How the data-parallel ranks hold the model state and how their gradients meet. Defaults: one process per
+    device, each holding the whole state (replicated), gradients all-reduced."""
 
     name: ClassVar[str]
-    summary: ClassVar[str]  # one line for `gpt2dist train --help`
     launcher: ClassVar[str] = "torchrun"  # "python": one process drives every device of the run
-    data_parallel: ClassVar[bool] = True  # whole-model replicas, each on its share of the batch
-    splits_model: ClassVar[bool] = False  # the model itself is divided over processes (each group: one replica)
-    shards_state: ClassVar[bool] = False  # parameters, gradients and optimizer state are sharded over ranks
-    idle_by_design: ClassVar[bool] = False  # ranks wait for each other by design (a pipeline's bubble)
+    data_parallel: ClassVar[bool] = True  # each rank computes the gradient of its own share of the batch
+    shards_state: ClassVar[bool] = False  # parameters, gradients and optimizer state are sharded over the dp ranks
     cuda_only: ClassVar[bool] = False
     accepts_apex: ClassVar[bool] = True  # Apex amp can patch its model and optimizer
     extras: ClassVar[tuple[str, ...]] = ()  # keys of EXTRAS
-    options: ClassVar[dict[str, str]] = {}  # train.* switches of this strategy alone -> when they apply
-    papers: ClassVar[dict[str, str]] = {}  # paper -> what it calls this strategy
+    options: ClassVar[dict[str, str]] = {}  # train.* switches of this method alone -> when they apply
 
-    @property
-    def one_process(self) -> bool:
-        return self.launcher == "python"
-
-    def degrees(self, nproc: int, train: TrainConfig) -> Degrees:
-        """How this strategy divides nproc devices and the global batch (config.degrees checks them)."""
-        return Degrees(self.name, nproc, train.global_batch_size, train.micro_batch_size, **self.split(nproc, train))
-
-    def split(self, nproc: int, train: TrainConfig) -> dict:
-        """The degrees that are not 1: a whole replica on every device."""
-        return {"dp_replicate": nproc}
+    def split(self, dp: int, train: TrainConfig) -> dict:
+        """The data-parallel degrees of `dp` ranks (and, for DataParallel, the devices one process drives)."""
+        return {"dp_replicate": dp}
 
     def check(self, spec: RunSpec, visible_gpus: int) -> None:
-        """Refuse what this strategy cannot run with the precision and device, naming the key and what is allowed
-        (Degrees.validate refuses what does not divide)."""
+        """Refuse what this method cannot run with the precision and device, naming the key and what is allowed."""
 
-    def held_shapes(self, spec: RunSpec) -> list[tuple[int, ...]]:
-        """The parameter tensors rank 0 holds, by local shape (rank 0 holds the largest share): every one, whole."""
-        return list(parameter_shapes(spec.model).values())
+    def held(self, shape: tuple[int, ...], degrees: Degrees) -> tuple[int, ...]:
+        """Rank 0's part of a local parameter: the whole of it unless the method shards it."""
+        return shape
 
-    def optimizer_shapes(self, spec: RunSpec, rank: int = 0) -> list[tuple[int, ...]]:
-        """The parameter tensors whose AdamW state `rank` holds: those rank 0 holds (where ranks differ, rank 0
-        holds the largest share)."""
-        return self.held_shapes(spec)
+    def optimizer_shapes(self, spec: RunSpec, held: list[tuple[int, ...]], rank: int) -> list[tuple[int, ...]]:
+        """The parameter tensors whose AdamW state `rank` holds: those it holds."""
+        return held
 
     def busiest_rank(self, spec: RunSpec) -> int:
         """The rank holding the most model state: rank 0 unless the optimizer's partition says otherwise."""
@@ -201,39 +260,36 @@ class Description:
         are the gradients themselves (gradient_as_bucket_view)."""
         return 0
 
-    def traffic(self, spec: RunSpec) -> Traffic:
-        size = parameter_count(spec.model) * gradient_bytes(spec.precision)
-        return Traffic(round(ring_all_reduce(size, spec.nproc)), "gradient all-reduce, once per step")
+    def traffic(self, spec: RunSpec, elements: int, degrees: Degrees) -> tuple[float, str]:
+        """Bytes rank 0 sends per step over the data-parallel group for `elements` local parameters, and how."""
+        return ring_all_reduce(elements * gradient_bytes(spec.precision), degrees.dp), "gradient all-reduce, once per step"
 
-    def overlap(self, spec: RunSpec) -> Overlap:
+    def overlap(self, spec: RunSpec, elements: int, degrees: Degrees) -> Overlap:
         """The gradient all-reduce runs bucket by bucket as backward produces them (DDP's buckets, Horovod's and
-        Apex's hooks) under the last micro-step's backward (the others skip it), all but the embeddings' bucket."""
-        size = parameter_count(spec.model) * gradient_bytes(spec.precision) * (1 - root_share(spec))
-        return Overlap(ring_all_reduce(size, spec.nproc), BACKWARD_SHARE / degrees_of(spec).grad_accum_steps)
+        Apex's hooks) under the last pass's backward (the others skip it), all but the embeddings' bucket. A
+        pipeline's stages reduce after their last micro-batch, exposed."""
+        if degrees.pp > 1:
+            return NO_OVERLAP
+        reduced = ring_all_reduce(elements * gradient_bytes(spec.precision) * (1 - root_share(spec)), degrees.dp)
+        return Overlap(reduced, BACKWARD_SHARE / degrees.passes)
 
 
-class SingleDescription(Description):
+class SingleMethod(Method):
     name = "single"
-    summary = "one process on one device: the reference every strategy must match"
     launcher = "python"
     data_parallel = False
-    papers = {BAI: "Single GPU", PATWARDHAN: "single GPU"}
-    # train.cuda_graphs needs compile_whole_model (the schema's check), so it is single's alone too
-    options = {"compile_whole_model": "(the one process that holds the whole model, unwrapped)"}
 
     def check(self, spec, visible_gpus):
         if spec.nproc != 1:
             raise UsageError(f"strategy 'single' runs one process; got --nproc {spec.nproc} (use ddp, fsdp or horovod)")
 
 
-class DataParallelDescription(Description):
+class DataParallelMethod(Method):
     name = "dp"
-    summary = "torch.nn.DataParallel: one process scatters each batch over --nproc GPUs"
     launcher = "python"
-    papers = {BAI: "Single Parameter Server"}
 
-    def split(self, nproc, train):
-        return {"dp_replicate": nproc, "devices_per_process": nproc}  # one process reads and scatters every share
+    def split(self, dp, train):
+        return {"dp_replicate": dp, "devices_per_process": dp}  # one process reads and scatters every share
 
     def check(self, spec, visible_gpus):
         limit = max(visible_gpus, 1)
@@ -246,30 +302,31 @@ class DataParallelDescription(Description):
             raise UsageError("precision 'apex-O2' patches the model's forward, which DataParallel replicas would "
                              "share with cuda:0; use dp with apex-O1, or ddp with apex-O2")
 
-    def traffic(self, spec):
+    def traffic(self, spec, elements, degrees):
         if spec.device != "cuda":
-            return Traffic(0, "none: DataParallel without CUDA runs on one device")
-        sent = 2 * (spec.nproc - 1) * parameter_count(spec.model) * FP32 * degrees_of(spec).grad_accum_steps
-        return Traffic(round(sent), "parameters broadcast from and gradients reduced to GPU 0, every micro-step")
+            return 0.0, "none: DataParallel without CUDA runs on one device"
+        sent = 2 * (spec.nproc - 1) * elements * FP32 * degrees.grad_accum_steps
+        return sent, "parameters broadcast from and gradients reduced to GPU 0, every micro-step"
 
-    def overlap(self, spec):
+    def overlap(self, spec, elements, degrees):
         """One process broadcasts before and reduces after each micro-step's computation."""
         return NO_OVERLAP
 
 
-class DDPDescription(Description):
+class DDPMethod(Method):
     name = "ddp"
-    summary = "DistributedDataParallel: one process per device, bucketed all-reduce overlapped with backward"
-    papers = {BAI: "Distributed Parameter Server", PATWARDHAN: "DDP"}
+
+    def buffer_bytes(self, spec):
+        """In a split the replicas are FSDP2's replicate-only groups (training/strategies/ddp.py), which gather
+        each block as FSDP does."""
+        return gathered_bytes(spec) if describe(spec.strategy).splits_model else 0
 
 
-class ZeRO1Description(DDPDescription):
+class ZeRO1Method(DDPMethod):
     name = "zero1"
-    summary = "ZeRO-1: DDP's all-reduce, AdamW's state partitioned over ranks (ZeroRedundancyOptimizer)"
     accepts_apex = False
-    papers = {}
 
-    def optimizer_shapes(self, spec, rank=0):
+    def optimizer_shapes(self, spec, held, rank):
         shares = self.partition(spec)
         return shares[rank] if rank < len(shares) else []
 
@@ -297,34 +354,30 @@ class ZeRO1Description(DDPDescription):
                 shares[rank].append(shape)
         return shares
 
-    def traffic(self, spec):
-        params, n = parameter_count(spec.model), spec.nproc
-        sent = ring_all_reduce(params * gradient_bytes(spec.precision), n) + ring_gather(params * FP32, n)
-        return Traffic(round(sent), "gradient all-reduce, then each rank's updated parameters broadcast, once per step")
+    def traffic(self, spec, elements, degrees):
+        n = degrees.dp
+        sent = ring_all_reduce(elements * gradient_bytes(spec.precision), n) + ring_gather(elements * FP32, n)
+        return sent, "gradient all-reduce, then each rank's updated parameters broadcast, once per step"
 
 
-class HorovodDescription(Description):
+class HorovodMethod(Method):
     name = "horovod"
-    summary = "Horovod's DistributedOptimizer: ring all-reduce, launched by horovodrun"
     launcher = "horovodrun"
     extras = ("horovod.torch",)
-    papers = {BAI: "Horovod"}
 
     def buffer_bytes(self, spec):
         return HOROVOD_FUSION_BYTES
 
-    def overlap(self, spec):
+    def overlap(self, spec, elements, degrees):
         """Under Apex O2 the model's cast to fp16 replaces the gradients Horovod hooked, and every gradient is
         reduced after backward (training/strategies/horovod.py)."""
-        return NO_OVERLAP if spec.precision == "apex-O2" else super().overlap(spec)
+        return NO_OVERLAP if spec.precision == "apex-O2" else super().overlap(spec, elements, degrees)
 
 
-class ApexDDPDescription(Description):
+class ApexDDPMethod(Method):
     name = "apex-ddp"
-    summary = "apex.parallel.DistributedDataParallel (CUDA): Bai 2022's DDP + Apex wrapper"
     cuda_only = True
     extras = ("apex.parallel",)
-    papers = {BAI: "Distributed Parameter Server + Apex"}
 
     def check(self, spec, visible_gpus):
         if spec.device != "cuda":
@@ -335,16 +388,14 @@ class ApexDDPDescription(Description):
                              f"{spec.precision}; use ddp for {spec.precision}")
 
 
-class FSDPDescription(Description):
+class FSDPMethod(Method):
     name = "fsdp"
-    summary = "FSDP2 (fully_shard): parameters, gradients and optimizer state sharded over ranks"
     shards_state = True
     accepts_apex = False
     options = {"fsdp_mixed_precision": "with --precision bf16 or fp16"}
-    papers = {PATWARDHAN: "FSDP"}
 
-    def split(self, nproc, train):
-        return {"dp_shard": nproc}
+    def split(self, dp, train):
+        return {"dp_shard": dp}
 
     def check(self, spec, visible_gpus):
         if spec.train.fsdp_mixed_precision and spec.precision not in ("bf16", "fp16"):
@@ -352,200 +403,287 @@ class FSDPDescription(Description):
                              f"{self.options['fsdp_mixed_precision']}, not {spec.strategy} with {spec.precision}; set "
                              "train.fsdp_mixed_precision=false")
 
-    def held_shapes(self, spec):
-        return [first_chunk(shape, degrees_of(spec).dp_shard) for shape in super().held_shapes(spec)]
+    def held(self, shape, degrees):
+        return first_chunk(shape, degrees.dp_shard)
 
     def buffer_bytes(self, spec):
         return gathered_bytes(spec)
 
-    def traffic(self, spec):
-        degrees = degrees_of(spec)
-        params, n, accum = parameter_count(spec.model), degrees.dp_shard, degrees.grad_accum_steps
-        sent = 2 * accum * ring_gather(params * gathered_bytes_per_element(spec), n) + ring_gather(params * FP32, n)
-        return Traffic(round(sent), "parameter all-gather in forward and backward per micro-step, gradient "
-                                    "reduce-scatter once per step")
+    def gathers(self, degrees: Degrees) -> int:
+        """All-gathers of the parameters per step: in forward and again in backward per pass; a pipeline's stage
+        keeps them gathered through its micro-batches (as torchtitan runs FSDP under a pipeline)."""
+        return 1 if degrees.pp > 1 else 2 * degrees.passes
 
-    def overlap(self, spec):
+    def traffic(self, spec, elements, degrees):
+        n = degrees.dp_shard
+        sent = self.gathers(degrees) * ring_gather(elements * gathered_bytes_per_element(spec), n) + ring_gather(
+            elements * FP32, n)
+        return sent, "parameter all-gather in forward and backward per micro-step, gradient reduce-scatter once per step"
+
+    def overlap(self, spec, elements, degrees):
         """Each block's all-gather is prefetched while the block before it computes, and its reduce-scatter runs
         while the next computes backward, through the whole step: all but the root's (embeddings, gathered first
-        and reduced last)."""
-        return Overlap(self.traffic(spec).bytes_per_step * (1 - root_share(spec)), 1.0)
+        and reduced last). Under a pipeline the stage reduces after its last micro-batch, exposed."""
+        if degrees.pp > 1:
+            return NO_OVERLAP
+        return Overlap(self.traffic(spec, elements, degrees)[0] * (1 - root_share(spec)), 1.0)
 
 
-class HSDPDescription(FSDPDescription):
+class HSDPMethod(FSDPMethod):
     name = "hsdp"
-    summary = "HSDP: FSDP2 sharding in groups of train.data_parallel_shard_size ranks, replicated across them"
-    papers = {}
 
-    def split(self, nproc, train):
+    def split(self, dp, train):
         shard = train.data_parallel_shard_size
-        return {"dp_replicate": nproc // shard, "dp_shard": shard,
-                "fixed_by": ("train.data_parallel_shard_size", shard)}
+        return {"dp_replicate": dp // shard, "dp_shard": shard, "fixed_by": ("train.data_parallel_shard_size", shard)}
 
-    def traffic(self, spec):
-        degrees = degrees_of(spec)
-        across = ring_all_reduce(parameter_count(spec.model) * FP32 / degrees.dp_shard, degrees.dp_replicate)
-        return Traffic(round(super().traffic(spec).bytes_per_step + across),
-                       "parameter all-gather within the shard group in forward and backward per micro-step; "
-                       "gradient reduce-scatter within it and all-reduce of each shard across the groups once per "
-                       "step")
+    def traffic(self, spec, elements, degrees):
+        within, _ = super().traffic(spec, elements, degrees)
+        across = ring_all_reduce(elements * FP32 / degrees.dp_shard, degrees.dp_replicate)
+        return within + across, ("parameter all-gather within the shard group in forward and backward per micro-step; "
+                                 "gradient reduce-scatter within it and all-reduce of each shard across the groups "
+                                 "once per step")
 
 
-class ZeRO2Description(FSDPDescription):
+class ZeRO2Method(FSDPMethod):
     name = "zero2"
-    summary = "ZeRO-2 on FSDP2: parameters gathered once per forward, gradients and optimizer state sharded"
-    papers = {}
 
     def buffer_bytes(self, spec):
         """Every block's gathered parameters, held from its forward to its backward."""
-        return parameter_count(spec.model) * gathered_bytes_per_element(spec)
+        return local_elements(spec) * gathered_bytes_per_element(spec)
 
-    def traffic(self, spec):
-        degrees = degrees_of(spec)
-        params, n, accum = parameter_count(spec.model), degrees.dp_shard, degrees.grad_accum_steps
-        sent = accum * (ring_gather(params * gathered_bytes_per_element(spec), n) + ring_gather(params * FP32, n))
-        return Traffic(round(sent), "parameter all-gather in forward and gradient reduce-scatter, per micro-step")
+    def traffic(self, spec, elements, degrees):
+        n, passes = degrees.dp_shard, 1 if degrees.pp > 1 else degrees.passes
+        sent = passes * (ring_gather(elements * gathered_bytes_per_element(spec), n) + ring_gather(elements * FP32, n))
+        return sent, "parameter all-gather in forward and gradient reduce-scatter, per micro-step"
 
 
-class _SplitsLayersDescription(Description):
-    """Tensor parallelism's shared rules: attention heads and MLP columns divide over the layer's ranks."""
+class NoMethod(Method):
+    """No data parallelism: one replica, split over every process (tp, pp and their products)."""
 
+    name = NONE
     data_parallel = False
-    splits_model = True
-    accepts_apex = False
 
-    def check(self, spec, visible_gpus):
-        if spec.precision == "fp16" and spec.device == "cuda":
-            # seen on an H100 (torch 2.11): aten._amp_foreach_non_finite_check_and_unscale_ got mixed Tensor and DTensor
-            raise UsageError(f"strategy '{spec.strategy}' with fp16 on CUDA: the loss scaler checks all gradients in "
-                             "one fused kernel, which refuses tensor parallelism's mix of DTensor and plain gradients; "
-                             f"use {spec.strategy} with bf16")
-
-    def held_shapes(self, spec):
-        """Column-parallel tensors split their rows, row-parallel ones their columns (config.sizes); the rest
-        stays whole. Sharded state: FSDP2 then cuts each local tensor along dim 0 over the replicas."""
-        degrees, shapes = degrees_of(spec), []
-        for name, (rows, *rest) in parameter_shapes(spec.model).items():
-            if name.endswith(COLUMN_PARALLEL):
-                rows //= degrees.tp
-            elif name.endswith(ROW_PARALLEL):
-                rest = [rest[0] // degrees.tp]
-            shapes.append((rows, *rest))
-        return [first_chunk(shape, degrees.dp_shard) for shape in shapes]
+    def traffic(self, spec, elements, degrees):
+        return 0.0, ""
 
     def buffer_bytes(self, spec):
-        return gathered_bytes(spec) if self.shards_state else 0
+        return 0
 
-    def overlap(self, spec):
-        """The activations' all-reduces sit between a block's matmuls, on the path of the step (FSDP's part of
-        fsdp-tp could hide, and is not counted as hidden: an upper bound on its step)."""
-        return NO_OVERLAP
-
-    def activation_traffic(self, spec: RunSpec) -> float:
-        """All-reduces of activations after each block's two row-parallel projections, forward and backward."""
-        degrees = degrees_of(spec)
-        return 4 * spec.model.n_layer * degrees.grad_accum_steps * ring_all_reduce(activation_bytes(spec), degrees.tp)
-
-
-class TensorParallelDescription(_SplitsLayersDescription):
-    name = "tp"
-    summary = "tensor parallelism (DTensor): every layer split over all --nproc ranks, one replica"
-    papers = {PATWARDHAN: "tensor parallelism"}
-
-    def split(self, nproc, train):
-        return {"tp": nproc}
-
-    def traffic(self, spec):
-        return Traffic(round(self.activation_traffic(spec)), "activation all-reduce after each block's two "
-                                                             "row-parallel projections, and of their input gradients "
-                                                             "in backward")
-
-
-class FSDPTensorParallelDescription(_SplitsLayersDescription):
-    name = "fsdp-tp"
-    summary = "FSDP over tensor-parallel groups of train.tensor_parallel_size ranks (2-D mesh)"
-    shards_state = True
-
-    def split(self, nproc, train):
-        tp = train.tensor_parallel_size
-        return {"dp_shard": nproc // tp, "tp": tp, "fixed_by": ("train.tensor_parallel_size", tp)}
-
-    def traffic(self, spec):
-        degrees = degrees_of(spec)
-        m, tp, replicas, accum = spec.model, degrees.tp, degrees.dp_shard, degrees.grad_accum_steps
-        local = parameter_count(m) - split_parameter_count(m) + split_parameter_count(m) / tp
-        sent = self.activation_traffic(spec) + 2 * accum * ring_gather(local * FP32, replicas) + ring_gather(
-            local * FP32, replicas)
-        return Traffic(round(sent), "tensor-parallel activation all-reduces, and FSDP's all-gathers and "
-                                    "reduce-scatter of each rank's slice over the replicas")
-
-
-class PipelineParallelDescription(Description):
-    name = "pp"
-    summary = "pipeline parallelism (torch.distributed.pipelining): consecutive blocks per stage, one replica"
-    data_parallel = False
-    splits_model = True
-    idle_by_design = True
-    accepts_apex = False
-    papers = {PATWARDHAN: "pipeline parallelism"}
-
-    def split(self, nproc, train):
-        virtual = train.pipeline_virtual_stages if train.pipeline_schedule in INTERLEAVED_SCHEDULES else 1
-        return {"pp": nproc, "pp_virtual": virtual, "whole_batch_per_pass": True}
-
-    def check(self, spec, visible_gpus):
-        if spec.precision == "fp16":
-            raise UsageError("strategy 'pp' runs backward inside the pipeline schedule, where fp16's loss scaler "
-                             "cannot wrap it; use pp with bf16")
-
-    def held_shapes(self, spec):
-        """The first rank's: the embeddings and the blocks of its stages (the last rank's ln_f and head copy are
-        smaller than wpe and the first stages' extra blocks)."""
-        first = rank_blocks(spec, 0)
-        return [shape for name, shape in parameter_shapes(spec.model).items()
-                if name.startswith(("transformer.wte.", "transformer.wpe."))
-                or any(name.startswith(f"transformer.h.{block}.") for block in first)]
-
-    def traffic(self, spec):
-        degrees = degrees_of(spec)
-        m, n, micro_batches, virtual = spec.model, degrees.pp, degrees.pipeline_micro_batches, degrees.pp_virtual
-        per_micro = activation_bytes(spec) // micro_batches  # one micro-batch's activations at a stage boundary
-        tied = ring_all_reduce(m.vocab_size * m.n_embd * FP32, 2)  # embedding and head copies' gradients
-        # each rank sends at each of its stages' boundaries: forward out of all but the last stage, backward out
-        # of all but the first
-        ends = (2 * virtual - 1) * micro_batches * per_micro + tied
-        middle = 2 * virtual * micro_batches * per_micro if n > 2 else 0
-        return Traffic(round(max(ends, middle)), "activations forward and their gradients backward at each stage "
-                                                 "boundary per micro-batch, tied embedding gradients summed "
-                                                 "between the first and last stage")
-
-    def overlap(self, spec):
-        """A stage sends while the next micro-batch computes, but the bubble (results.prediction) already counts
-        what a stage waits for: nothing more is hidden."""
+    def overlap(self, spec, elements, degrees):
         return NO_OVERLAP
 
 
-def rank_blocks(spec: RunSpec, rank: int) -> list[int]:
-    """The blocks a pipeline's rank holds: those of stages rank, rank + pp, ..."""
-    degrees = degrees_of(spec)
-    stages = pipeline_stage_blocks(spec.model.n_layer, degrees.pp, degrees.pp_virtual)
-    return [block for blocks in stages[rank::degrees.pp] for block in blocks]
+METHODS: dict[str, Method] = {m.name: m for m in (
+    SingleMethod(), DataParallelMethod(), DDPMethod(), HorovodMethod(), FSDPMethod(), ApexDDPMethod(), ZeRO1Method(),
+    ZeRO2Method(), HSDPMethod(), NoMethod())}
 
 
-# in config.schema's STRATEGY_NAMES order, the order of every table and figure
-STRATEGIES: dict[str, Description] = {d.name: d for d in (
-    SingleDescription(), DataParallelDescription(), DDPDescription(), HorovodDescription(), FSDPDescription(),
-    TensorParallelDescription(), PipelineParallelDescription(), FSDPTensorParallelDescription(), ApexDDPDescription(),
-    ZeRO1Description(), ZeRO2Description(), HSDPDescription(),
-)}
-REFERENCE = "single"  # the strategy every other one must follow
+# -- strategies: a method and degrees -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Named:
+    """What a named strategy says of itself beyond its split: one line for `gpt2dist strategies`, and the papers'
+    names for it."""
+
+    summary: str
+    papers: dict[str, str]
 
 
+NAMED_WORDS = {
+    "single": Named("one process on one device: the reference every strategy must match",
+                    {BAI: "Single GPU", PATWARDHAN: "single GPU"}),
+    "dp": Named("torch.nn.DataParallel: one process scatters each batch over --nproc GPUs",
+                {BAI: "Single Parameter Server"}),
+    "ddp": Named("DistributedDataParallel: one process per device, bucketed all-reduce overlapped with backward",
+                 {BAI: "Distributed Parameter Server", PATWARDHAN: "DDP"}),
+    "horovod": Named("Horovod's DistributedOptimizer: ring all-reduce, launched by horovodrun", {BAI: "Horovod"}),
+    "fsdp": Named("FSDP2 (fully_shard): parameters, gradients and optimizer state sharded over ranks",
+                  {PATWARDHAN: "FSDP"}),
+    "tp": Named("tensor parallelism (DTensor): every layer split over all --nproc ranks, one replica",
+                {PATWARDHAN: "tensor parallelism"}),
+    "pp": Named("pipeline parallelism (torch.distributed.pipelining): consecutive blocks per stage, one replica",
+                {PATWARDHAN: "pipeline parallelism"}),
+    "fsdp-tp": Named("FSDP over tensor-parallel groups of train.tensor_parallel_size ranks (2-D mesh)", {}),
+    "apex-ddp": Named("apex.parallel.DistributedDataParallel (CUDA): Bai 2022's DDP + Apex wrapper",
+                      {BAI: "Distributed Parameter Server + Apex"}),
+    "zero1": Named("ZeRO-1: DDP's all-reduce, AdamW's state partitioned over ranks (ZeroRedundancyOptimizer)", {}),
+    "zero2": Named("ZeRO-2 on FSDP2: parameters gathered once per forward, gradients and optimizer state sharded",
+                   {}),
+    "hsdp": Named("HSDP: FSDP2 sharding in groups of train.data_parallel_shard_size ranks, replicated across them",
+                  {}),
+}
+METHOD_WORDS = {"ddp": "replicas with all-reduced gradients (DDP)", "fsdp": "FSDP2 over replicas",
+                "hsdp": "HSDP over replicas", "zero2": "ZeRO-2 over replicas", NONE: "one replica"}
+
+
+@dataclass(frozen=True)
+class Description:
+    """A strategy: its split (the name parsed) and its data-parallel method, composed."""
+
+    split: Split
+    method: Method
+
+    @property
+    def name(self) -> str:
+        return self.split.name
+
+    @property
+    def summary(self) -> str:
+        """One line for `gpt2dist strategies` and `train --help`."""
+        if self.split.named:
+            return NAMED_WORDS[self.name].summary
+        parts = [f"{kind} {degree}" for kind, degree in (("tensor parallel", self.split.tp),
+                                                         ("pipeline parallel", self.split.pp)) if degree != 1]
+        each = "" if self.method.name == NONE else ", each"
+        return f"{METHOD_WORDS[self.method.name]}{each} split {' x '.join(parts)}"
+
+    @property
+    def papers(self) -> dict[str, str]:
+        """Paper -> what it calls this strategy."""
+        return NAMED_WORDS[self.name].papers if self.split.named else {}
+
+    @property
+    def launcher(self) -> str:
+        return self.method.launcher
+
+    @property
+    def one_process(self) -> bool:
+        return self.launcher == "python"
+
+    @property
+    def data_parallel(self) -> bool:
+        """Whole-model copies (replicated or sharded), each rank on its share of the batch."""
+        return self.method.data_parallel and not self.split.splits_model
+
+    @property
+    def splits_model(self) -> bool:
+        """The model itself is divided over processes (each group of them: one replica)."""
+        return self.split.splits_model
+
+    @property
+    def shards_state(self) -> bool:
+        return self.method.shards_state
+
+    @property
+    def idle_by_design(self) -> bool:
+        """Ranks wait for each other by design (a pipeline's bubble)."""
+        return self.split.pp != 1
+
+    @property
+    def cuda_only(self) -> bool:
+        return self.method.cuda_only
+
+    @property
+    def accepts_apex(self) -> bool:
+        """Apex amp can patch its model and optimizer: not a split model's."""
+        return self.method.accepts_apex and not self.splits_model
+
+    @property
+    def extras(self) -> tuple[str, ...]:
+        return self.method.extras
+
+    @property
+    def options(self) -> dict[str, str]:
+        """train.* switches of this strategy alone -> when they apply (the method's, on an unsplit model)."""
+        if self.name == "single":  # train.cuda_graphs needs compile_whole_model (the schema's check): single's too
+            return {"compile_whole_model": "(the one process that holds the whole model, unwrapped)"}
+        return {} if self.splits_model else self.method.options
+
+    def degrees(self, nproc: int, train: TrainConfig) -> Degrees:
+        """How this strategy divides nproc devices and the global batch (config.degrees checks them)."""
+        tp, pp = self.split.degrees(nproc, train.tensor_parallel_size)
+        dp = max(1, nproc // (tp * pp))
+        extra = {}
+        if self.name == "fsdp-tp":
+            extra["fixed_by"] = ("train.tensor_parallel_size", tp)
+        virtual = train.pipeline_virtual_stages if pp > 1 and train.pipeline_schedule in INTERLEAVED_SCHEDULES else 1
+        return Degrees(self.name, nproc, train.global_batch_size, train.micro_batch_size,
+                       **{**self.method.split(dp, train), **extra}, tp=tp, pp=pp, pp_virtual=virtual,
+                       composed=not self.split.named, method=self.method.name)
+
+    def check(self, spec: RunSpec, visible_gpus: int) -> None:
+        """Refuse what this strategy cannot run with the precision and device, naming the key and what is allowed
+        (Degrees.validate refuses what does not divide)."""
+        self.method.check(spec, visible_gpus)
+        degrees = degrees_of(spec)
+        if degrees.pp > 1 and spec.precision == "fp16":
+            raise UsageError(f"strategy '{self.name}' runs backward inside the pipeline schedule, where fp16's loss "
+                             f"scaler cannot wrap it; use {self.name} with bf16")
+        if degrees.tp > 1 and spec.precision == "fp16" and spec.device == "cuda":
+            # seen on an H100 (torch 2.11): aten._amp_foreach_non_finite_check_and_unscale_ got mixed Tensor and DTensor
+            raise UsageError(f"strategy '{self.name}' with fp16 on CUDA: the loss scaler checks all gradients in "
+                             "one fused kernel, which refuses tensor parallelism's mix of DTensor and plain gradients; "
+                             f"use {self.name} with bf16")
+
+    def held_shapes(self, spec: RunSpec) -> list[tuple[int, ...]]:
+        """The parameter tensors rank 0 holds, by local shape (rank 0 holds the largest share): its pipeline stage's,
+        tensor-parallel slices of them, then the method's share (FSDP cuts each local tensor along dim 0)."""
+        degrees = degrees_of(spec)
+        return [self.method.held(shape, degrees) for shape in local_parameters(spec).values()]
+
+    def optimizer_shapes(self, spec: RunSpec, rank: int = 0) -> list[tuple[int, ...]]:
+        """The parameter tensors whose AdamW state `rank` holds (where ranks differ, rank 0 holds the largest
+        share, but under zero1's partition)."""
+        return self.method.optimizer_shapes(spec, self.held_shapes(spec), rank)
+
+    def busiest_rank(self, spec: RunSpec) -> int:
+        return self.method.busiest_rank(spec)
+
+    def buffer_bytes(self, spec: RunSpec) -> int:
+        return self.method.buffer_bytes(spec)
+
+    def traffic(self, spec: RunSpec) -> Traffic:
+        """Rank 0's bytes per step on each of its groups: the method's collectives on its local parameters over the
+        data-parallel group, tensor parallelism's activation all-reduces, the pipeline's boundary sends."""
+        degrees, parts = degrees_of(spec), []
+        if degrees.dp > 1:
+            sent, what = self.method.traffic(spec, local_elements(spec), degrees)
+            if sent or what:
+                parts.append(Collective("dp", degrees.dp, sent, what))
+        if degrees.tp > 1:
+            blocks = len(rank_blocks(spec, 0))
+            rows = degrees.global_batch_size // degrees.dp  # the rows this rank's replica computes per step
+            parts.append(Collective("tp", degrees.tp, 4 * blocks * ring_all_reduce(activation_bytes(spec, rows), degrees.tp),
+                                    "activation all-reduce after each block's two row-parallel projections, and of "
+                                    "their input gradients in backward"))
+        if degrees.pp > 1:
+            parts.append(Collective("pp", degrees.pp, pipeline_bytes(spec, degrees),
+                                    "activations forward and their gradients backward at each stage boundary per "
+                                    "micro-batch, tied embedding gradients summed between the first and last stage"))
+        if not parts:
+            return Traffic(0, "none")
+        return Traffic(round(sum(part.bytes_per_step for part in parts)), "; ".join(part.what for part in parts),
+                       tuple(parts))
+
+    def overlap(self, spec: RunSpec) -> Overlap:
+        """The data-parallel part the method sends while the step computes; tensor parallelism's all-reduces sit
+        between a block's matmuls and a pipeline's waits are its bubble (results.prediction): neither hides."""
+        degrees = degrees_of(spec)
+        return self.method.overlap(spec, local_elements(spec), degrees) if degrees.dp > 1 else NO_OVERLAP
+
+
+def pipeline_bytes(spec: RunSpec, degrees: Degrees) -> float:
+    """What the busiest pipeline rank sends per step: each rank sends at each of its stages' boundaries, forward
+    out of all but the last stage, backward out of all but the first; the first and last also sum the tied
+    embedding's gradients (their local shard of it under a sharding method)."""
+    m, micro_batches, virtual = spec.model, degrees.pipeline_micro_batches, degrees.pp_virtual
+    per_micro = activation_bytes(spec, degrees.micro_batch_size)  # one micro-batch's activations at a boundary
+    tied = ring_all_reduce(m.vocab_size * m.n_embd * FP32 / degrees.dp_shard, 2)
+    ends = (2 * virtual - 1) * micro_batches * per_micro + tied
+    middle = 2 * virtual * micro_batches * per_micro if degrees.pp > 2 else 0
+    return max(ends, middle)
+
+
+@functools.cache
 def describe(name: str) -> Description:
-    try:
-        return STRATEGIES[name]
-    except KeyError:
-        raise UsageError(f"unknown --strategy {name!r} (allowed: {', '.join(STRATEGY_NAMES)})") from None
+    """The strategy a name says: one of the twelve, or a method with degrees (config.split)."""
+    split = parse_split(name)
+    return Description(split, METHODS[split.method])
+
+
+# in config.split's NAMED order, the order of every table and figure
+STRATEGIES: dict[str, Description] = {name: describe(name) for name in NAMED}
+REFERENCE = "single"  # the strategy every other one must follow
 
 
 def degrees_of(spec: RunSpec) -> Degrees:
@@ -572,6 +710,18 @@ def overlap(spec: RunSpec) -> Overlap:
     return NO_OVERLAP if spec.nproc == 1 else describe(spec.strategy).overlap(spec)
 
 
+def spans_nodes(spec: RunSpec, group: str) -> bool:
+    """Whether rank 0's group of a kind ("dp", "tp", "pp") has ranks on more than one node (nodes hold consecutive
+    ranks, nproc / nodes each)."""
+    per_node = spec.nproc // spec.nodes
+    return len({rank // per_node for rank in degrees_of(spec).group(0, GROUP_DIMS[group])}) > 1
+
+
+def crossing_bytes(spec: RunSpec) -> float:
+    """The bytes per step of the groups that span nodes: what a link between nodes carries."""
+    return sum(part.bytes_per_step for part in traffic(spec).parts if spans_nodes(spec, part.group))
+
+
 def check_run(spec: RunSpec, visible_gpus: int) -> None:
     """Refuse a combination that cannot run, naming the key and what is allowed."""
     description = describe(spec.strategy)
@@ -591,7 +741,8 @@ def check_run(spec: RunSpec, visible_gpus: int) -> None:
                              f"optimizer state; use {spec.strategy} with bf16 or fp16")
         if spec.device != "cuda":
             raise UsageError(f"precision '{spec.precision}' needs CUDA; on CPU use bf16 or fp16 (torch.amp)")
-    degrees_of(spec).validate(spec.model, spec.train)
+    degrees = degrees_of(spec)
+    degrees.validate(spec.model, spec.train)
     if spec.nodes > 1:
         if description.one_process:
             raise UsageError(f"strategy '{spec.strategy}' runs in one process, which cannot spread over {spec.nodes} "
@@ -599,7 +750,15 @@ def check_run(spec: RunSpec, visible_gpus: int) -> None:
         if spec.nproc % spec.nodes:
             raise UsageError(f"--nproc {spec.nproc} does not divide over {spec.nodes} nodes; give each node as many "
                              f"processes (e.g. --nproc {spec.nodes * max(1, spec.nproc // spec.nodes)})")
+        per_node = spec.nproc // spec.nodes
+        if degrees.tp > 1 and per_node % degrees.tp:
+            raise UsageError(f"strategy '{spec.strategy}' splits every layer over {degrees.tp} consecutive ranks, and "
+                             f"with {per_node} processes on each of {spec.nodes} nodes a tensor-parallel group would "
+                             f"span nodes (four all-reduces per block and micro-batch on the link between them); use a "
+                             f"tensor-parallel degree that divides {per_node}, or {degrees.tp * spec.nodes} processes "
+                             "or more per node")
     per_node = spec.nproc // spec.nodes
     if spec.device == "cuda" and per_node > visible_gpus:
         where = f" on each of {spec.nodes} nodes" if spec.nodes > 1 else ""
         raise UsageError(f"--nproc {spec.nproc} needs {per_node} CUDA GPUs{where}, but this node sees {visible_gpus}")
+

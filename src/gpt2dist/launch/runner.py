@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 
 from gpt2dist.config.presets import Params
-from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES, RunSpec, write_spec
+from gpt2dist.config.schema import PRECISIONS, RunSpec, write_spec
+from gpt2dist.config.split import refuse_unread_settings
 from gpt2dist.config.strategies import check_run, describe
 from gpt2dist.errors import Interrupted, UsageError, failure_line
 from gpt2dist.io import file_kind
@@ -50,8 +51,9 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
     against this machine's GPUs, or `node_gpus` per node where it is meant for other machines (--hosts). `size`: the
     preset's model at that size (config.sizes). `init_from`: a transformers GPT-2 directory to start from, checked
     against the model here, before any rank starts."""
-    _choice(strategy, STRATEGY_NAMES, "--strategy")
+    split = describe(strategy).split
     _choice(precision, PRECISIONS, "--precision")
+    refuse_unread_settings(split, {override.partition("=")[0].strip() for override in overrides})
     if size is not None and not size.strip():
         raise UsageError("--size '': name a model size (GPT-2's small, medium, large or xl, or one of the preset's "
                          "study.model_sizes), or leave --size out for the preset's own model")

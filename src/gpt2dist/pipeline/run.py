@@ -8,10 +8,12 @@ from dataclasses import dataclass
 
 from gpt2dist.config.configuration import Configuration
 from gpt2dist.config.placement import Placement
-from gpt2dist.config.schema import PRECISIONS, SIZE_NAME, STRATEGY_NAMES
+from gpt2dist.config.schema import PRECISIONS, SIZE_NAME
+from gpt2dist.config.split import NAME_PATTERN, parse_split
 from gpt2dist.errors import UsageError
 
-RUN_ID = re.compile(rf"^(?P<strategy>{'|'.join(map(re.escape, STRATEGY_NAMES))})-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
+# the strategy is any name (ddp, fsdp-tp, ddp-tp2-pp2); parse_run_id checks it
+RUN_ID = re.compile(rf"^(?P<strategy>{NAME_PATTERN})-(?P<precision>{'|'.join(map(re.escape, PRECISIONS))})"
                     rf"-n(?P<nproc>\d+)(?:-(?P<size>{SIZE_NAME[1:-1]}))?(?:-(?P<nodes>\d+)nodes(?:-(?P<link>\d+(?:\.\d+)?)mbit)?)?"
                     r"-r(?P<repeat>\d+)$")
 
@@ -57,5 +59,6 @@ def parse_run_id(text: str) -> Run:
     match = RUN_ID.match(text)
     if not match:
         raise UsageError(f"'{text}' is not a run id like ddp-bf16-n2-r0")
+    parse_split(match["strategy"], said=f"run id {text}: strategy")
     return Run(match["strategy"], match["precision"], int(match["nproc"]), int(match["repeat"]), int(match["nodes"] or 1),
                float(match["link"]) if match["link"] else None, size=match["size"])

@@ -27,7 +27,8 @@ from gpt2dist.config.configuration import config_id
 from gpt2dist.config.machine import describe_cpu
 from gpt2dist.config.memory import predict as predict_memory
 from gpt2dist.config.placement import Kind, Placement
-from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES, RunSpec
+from gpt2dist.config.schema import PRECISIONS, RunSpec
+from gpt2dist.config.split import strategy_order
 from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.config.strategies import REFERENCE
 from gpt2dist.data.shards import read_meta
@@ -214,7 +215,8 @@ def in_study_order(frame: pd.DataFrame, sizes: list[str | None] | None = None) -
     """Rows by model size in the study's order (where it trains sizes: `sizes`, the plan's, else their order in
     `frame`, a table already in the study's order), then single, dp, ddp, horovod, fsdp; then precision; then
     process count; then one machine before emulated nodes, fastest link first."""
-    key = frame["strategy"].map(STRATEGY_NAMES.index) * 1000 + frame["precision"].map(PRECISIONS.index) * 100 + frame["nproc"]
+    strategies = {name: rank for rank, name in enumerate(sorted(set(frame["strategy"]), key=strategy_order))}
+    key = frame["strategy"].map(strategies) * 1000 + frame["precision"].map(PRECISIONS.index) * 100 + frame["nproc"]
     nodes = frame["nodes"] if "nodes" in frame else 1
     link = -frame["link_mbit"].fillna(math.inf) if "link_mbit" in frame else 0
     order = list(dict.fromkeys(sizes or frame["size"])) if "size" in frame else []

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 
 from gpt2dist.config.schema import StudyConfig
-from gpt2dist.config.strategies import STRATEGIES
+from gpt2dist.config.strategies import describe
 from gpt2dist.system.gpu_telemetry import DISTURBING_REASONS
 
 
@@ -62,7 +62,7 @@ def conditions_of(record: dict, steady: pd.DataFrame) -> dict:
     on_cpu = str((record.get("placement") or {}).get("device", "cpu")).startswith("cpu")
     # pp's stages idle in the pipeline's bubble, and ranks on a shaped link wait for it: by design, not starved
     on_a_shaped_link = bool((record.get("emulated_nodes") or {}).get("link_mbit"))
-    judged = on_cpu and not STRATEGIES[record["strategy"]].idle_by_design and not on_a_shaped_link
+    judged = on_cpu and not describe(record["strategy"]).idle_by_design and not on_a_shaped_link
     return {
         "foreign_cpu_share": foreign_share_while_steady(conditions, steady),
         "steal_share": conditions.get("steal_share_mean", float("nan")),

@@ -19,7 +19,7 @@ import pandas as pd
 from gpt2dist.config.configuration import config_id
 from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.sizes import size_words
-from gpt2dist.config.strategies import BAI, PATWARDHAN, REFERENCE, STRATEGIES, called
+from gpt2dist.config.strategies import BAI, PATWARDHAN, REFERENCE, called, describe
 from gpt2dist.results.link_model import worst_error
 from gpt2dist.results.statistics import log_interval, paired_ratio, ratio_text, verdict
 
@@ -112,7 +112,7 @@ def _fastest(t: Tables, favourite: str, rivals: list[str]) -> Finding:
 
 
 def _data_parallel(strategies: pd.Series) -> pd.Series:
-    return strategies.map(lambda name: STRATEGIES[name].data_parallel).astype(bool)
+    return strategies.map(lambda name: describe(name).data_parallel).astype(bool)
 
 
 def _configs(t: Tables, precisions, nproc: int) -> list[str]:
@@ -221,7 +221,7 @@ def horovod_most_robust(t: Tables) -> Finding:
     name = {c: f"{t.everything.loc[c, 'strategy']} {t.everything.loc[c, 'precision']}" for c in kept}
     strategy = {c: t.everything.loc[c, "strategy"] for c in kept}
     horovod = sorted((c for c in kept if strategy[c] == HOROVOD), key=lambda c: "apex" not in c)
-    rivals = [c for c in kept if strategy[c] != HOROVOD and STRATEGIES[strategy[c]].data_parallel]
+    rivals = [c for c in kept if strategy[c] != HOROVOD and describe(strategy[c]).data_parallel]
     if not horovod or not rivals:
         return _untestable(f"needs undisturbed {HOROVOD} runs and another data-parallel strategy's across nodes "
                            "and on one node")
@@ -297,7 +297,7 @@ def fsdp_least_memory(t: Tables) -> Finding:
     fsdp = [c for c in s.index[(s["strategy"] == FSDP) & (s["nproc"] == n)] if t.usable(c)]
     if not fsdp or s["model_state_bytes"].isna().any():
         return _untestable(f"needs FSDP at n={n} and every run's model-state bytes")
-    sharded = s["strategy"].map(lambda name: STRATEGIES[name].shards_state).astype(bool)  # FSDP, alone or with TP
+    sharded = s["strategy"].map(lambda name: describe(name).shards_state).astype(bool)  # FSDP, alone or with TP
     others = s[(s["nproc"] == n) & ~sharded]
     if others.empty:
         return _untestable(f"needs another strategy at n={n}")

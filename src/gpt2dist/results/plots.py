@@ -30,6 +30,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from gpt2dist.config.configuration import configuration_name  # noqa: E402
 from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES  # noqa: E402
+from gpt2dist.config.split import strategy_order  # noqa: E402
 from gpt2dist.config.placement import Kind, Placement  # noqa: E402
 from gpt2dist.config.strategies import REFERENCE  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
@@ -71,11 +72,32 @@ def _tint(colour: tuple, white: float) -> tuple:
     return tuple(c + (1 - c) * white for c in colour)
 
 
+# For the strategies that name their degrees (ddp-tp2-pp2): tab10's colours the palette above has no near twin of
+SPLIT_COLOURS = ("#9467bd", "#bcbd22", "#17becf", "#e377c2", "#8c564b", "#7f7f7f", "#2ca02c", "#ff7f0e")
+
+
+class _Styles(dict):
+    """The named strategies' styles, and any other's made when first asked for."""
+
+    def __missing__(self, strategy: str) -> dict:
+        _, method, tp, pp = strategy_order(strategy)[:4]
+        index = (method * 8 + int(tp).bit_length()) * 8 + int(pp).bit_length()  # (method, tp, pp): its own index
+        self[strategy] = {"color": mcolors.to_rgb(SPLIT_COLOURS[index % len(SPLIT_COLOURS)]),
+                          "marker": MARKERS[index % len(MARKERS)]}
+        return self[strategy]
+
+
 def strategy_style() -> dict[str, dict]:
     """Each strategy's colour and marker, the same in every figure; past the palette, colours repeat with
-    another marker, so any number of strategies is drawn."""
-    return {s: {"color": mcolors.to_rgb(STRATEGY_COLOURS[i % len(STRATEGY_COLOURS)]), "marker": MARKERS[i % len(MARKERS)]}
-            for i, s in enumerate(STRATEGY_NAMES)}
+    another marker, so any number of strategies is drawn. A split with degrees (ddp-tp2) takes a colour of a
+    palette of its own by its method and degrees."""
+    return _Styles({s: {"color": mcolors.to_rgb(STRATEGY_COLOURS[i % len(STRATEGY_COLOURS)]),
+                        "marker": MARKERS[i % len(MARKERS)]} for i, s in enumerate(STRATEGY_NAMES)})
+
+
+def drawn_strategies(data: pd.DataFrame) -> list[str]:
+    """The strategies of `data` in the order of every table and figure."""
+    return sorted(set(data["strategy"]), key=strategy_order)
 
 
 def _strategy_bars(ax: plt.Axes, y: np.ndarray, data: pd.DataFrame, values, **kw):
@@ -91,7 +113,7 @@ def _strategy_bars(ax: plt.Axes, y: np.ndarray, data: pd.DataFrame, values, **kw
 def _bar_keys(data: pd.DataFrame) -> list:
     """Legend entries for _strategy_bars: each strategy drawn (its colour), then each precision (its hatch)."""
     style = strategy_style()
-    drawn = [s for s in STRATEGY_NAMES if s in set(data["strategy"])]
+    drawn = drawn_strategies(data)
     return ([Patch(color=style[s]["color"], label=s) for s in drawn]
             + [Patch(facecolor="grey", edgecolor="white", hatch=HATCHES[p], label=p)
                for p in PRECISIONS if p in set(data["precision"])])
@@ -300,7 +322,7 @@ def scaling(runs, summary, metrics, title):
 def _line_keys(data: pd.DataFrame) -> list:
     """Legend entries for lines: each strategy drawn (its colour and marker), then each precision (its style)."""
     style = strategy_style()
-    drawn = [s for s in STRATEGY_NAMES if s in set(data["strategy"])]
+    drawn = drawn_strategies(data)
     return ([Line2D([], [], label=s, **style[s]) for s in drawn]
             + [Line2D([], [], color="black", linestyle=LINES.get(p, "-"), label=p)
                for p in PRECISIONS if p in set(data["precision"])])

@@ -123,8 +123,11 @@ def head_loss_of(train: TrainConfig, compiled: bool) -> Callable[..., torch.Tens
     return compiled_head_loss() if compiled else head_loss
 
 
-def transformer_blocks(model: GPT2) -> list[nn.Module]:
-    return list(model.transformer.h)
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's blocks in order: GPT-2's list of them, a pipeline rank's part's (a ModuleDict by block) or a
+    pipeline stage's (its `blocks`)."""
+    blocks = model.blocks if isinstance(getattr(model, "blocks", None), nn.ModuleList) else model.transformer.h
+    return list(blocks.values()) if isinstance(blocks, nn.ModuleDict) else list(blocks)
 
 
 def checkpoint_blocks(model: GPT2) -> None:

@@ -20,13 +20,13 @@ class ApexDDP(TorchDistributed):
     compile_conflict = ("Apex's wrapper hooks the gradient accumulators of the parameters it sees at wrap time "
                         "and rebuilds its buckets from hook order, which a compiled block's backward changes")
 
-    def prepare(self, model, make_optimizer, precision):
-        model, optimizer = super().prepare(model, make_optimizer, precision)
+    def data_parallel(self, part, stages, make_optimizer, precision):
+        model, optimizer = precision.prepare(part, self.wrap_optimizer(part, make_optimizer(part)))
         wrapped = require_apex_parallel().DistributedDataParallel(model)
         self.wrapping = {"wrapper": "apex.parallel.DistributedDataParallel", "message_size": wrapped.message_size}
         log_wrapping(self, f"apex.parallel.DistributedDataParallel, world {self.placement.world_size}, "
                            f"accumulation {self.degrees.grad_accum_steps}")
-        return wrapped, optimizer
+        return [wrapped], optimizer
 
     def accumulate(self, model, last):
         if last:

@@ -1,7 +1,10 @@
-"""Fully Sharded Data Parallel (FSDP2, `fully_shard`): parameters, gradients and optimizer
-state sharded over ranks; each transformer block and then the root are sharded, so a
-block's parameters are gathered only while it runs. Its two variants: HSDP (a 2-D mesh) and
-ZeRO-2 (gathered parameters kept from forward to backward).
+"""Fully Sharded Data Parallel (FSDP2, `fully_shard`): parameters, gradients and optimizer state sharded over the
+data-parallel ranks; each transformer block and then the root are sharded, so a block's parameters are gathered
+only while it runs. Its two variants: HSDP (a 2-D mesh) and ZeRO-2 (gathered parameters kept from forward to
+backward). In a split, what is sharded is each rank's local state: every tensor-parallel slice (FSDP x TP, as
+torchtitan's 2-D), and each pipeline stage, a root of its own whose blocks stay gathered through the stage's
+micro-batches (torchtitan's FSDP under a pipeline: gathering them again for every micro-batch would multiply the
+all-gathers by their number).
 
 Communication stays fp32 by default, as under DDP, so the two differ only in sharding;
 train.fsdp_mixed_precision opts into FSDP2's MixedPrecisionPolicy (parameters gathered and
@@ -17,7 +20,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from gpt2dist.training.model import transformer_blocks
 from gpt2dist.training.strategies.base import log_wrapping
-from gpt2dist.training.strategies.torch_distributed import TorchDistributed, sharded_grad_norm
+from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
 
 def shard_fully(model: nn.Module, mesh: DeviceMesh | None, policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
@@ -41,29 +44,30 @@ def shard_fully(model: nn.Module, mesh: DeviceMesh | None, policy: MixedPrecisio
 class FSDP(TorchDistributed):
     name = "fsdp"
     reshard_after_forward = True
+    dp_dims = ("dp_shard",)
 
-    def mesh(self) -> DeviceMesh | None:
+    def mesh_of_replicas(self) -> DeviceMesh | None:
         """The ranks the state is sharded over (None: all of them)."""
-        return None
+        return None if self.mesh is None else self.mesh["dp_shard"]
 
-    def prepare(self, model, make_optimizer, precision):
+    def data_parallel(self, part, stages, make_optimizer, precision):
         # Shard first: the optimizer must be built over the sharded (DTensor) parameters.
-        model.to(self.placement.device)
         policy = self._mixed_precision_policy(precision)
-        mesh = self.mesh()
-        self.wrapping = {
-            "fully_shard_modules": shard_fully(model, mesh=mesh, policy=policy,
-                                               reshard_after_forward=self.reshard_after_forward),
+        mesh = self.mesh_of_replicas()
+        reshard = self.reshard_after_forward and self.pipeline is None
+        self.wrapping |= {
+            "fully_shard_modules": sum(shard_fully(stage, mesh=mesh, policy=policy, reshard_after_forward=reshard)
+                                       for stage in stages),
             "param_dtype": str(policy.param_dtype or torch.float32).removeprefix("torch."),
             "reduce_dtype": str(policy.reduce_dtype or policy.param_dtype or torch.float32).removeprefix("torch."),
         }
         if mesh is not None:
             self.wrapping["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))
-        log_wrapping(self, f"fully_shard on {self.wrapping['fully_shard_modules'] - 1} blocks + root, world "
-                           f"{self.placement.world_size}, mesh {self.wrapping.get('mesh', 'flat')}, reshard after forward "
-                           f"{self.reshard_after_forward}, params {self.wrapping['param_dtype']}, "
-                           f"reduce {self.wrapping['reduce_dtype']}")
-        return model, make_optimizer(model)
+        log_wrapping(self, f"fully_shard on {self.wrapping['fully_shard_modules'] - len(stages)} blocks + "
+                           f"{len(stages)} root(s), world {self.placement.world_size}, mesh "
+                           f"{self.wrapping.get('mesh', 'flat')}, reshard after forward {reshard}, params "
+                           f"{self.wrapping['param_dtype']}, reduce {self.wrapping['reduce_dtype']}")
+        return stages, make_optimizer(part)
 
     def _mixed_precision_policy(self, precision) -> MixedPrecisionPolicy:
         if not self.spec.train.fsdp_mixed_precision:
@@ -71,22 +75,21 @@ class FSDP(TorchDistributed):
         return MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=torch.float32)
 
     def accumulate(self, model, last):
-        model.set_requires_gradient_sync(last)
+        if self.pipeline is None:  # a pipeline's stages decide that themselves
+            model.set_requires_gradient_sync(last)
         return super().accumulate(model, last)
-
-    def global_grad_norm(self, grads):
-        return sharded_grad_norm(grads, self.placement.device)
 
 
 class HSDP(FSDP):
-    """Hybrid sharding: the state sharded within groups of train.data_parallel_shard_size consecutive ranks (one
-    node's, on a cluster) and replicated across the groups; gradients are reduce-scattered within a group, then
-    all-reduced across groups."""
+    """Hybrid sharding: the state sharded within groups of train.data_parallel_shard_size consecutive
+    data-parallel ranks (one node's, on a cluster) and replicated across the groups; gradients are reduce-scattered
+    within a group, then all-reduced across groups."""
 
     name = "hsdp"
+    dp_dims = ("dp_replicate", "dp_shard")
 
-    def mesh(self):
-        return self.device_mesh("dp_replicate", "dp_shard")
+    def mesh_of_replicas(self):
+        return self.mesh["dp_replicate", "dp_shard"]
 
 
 class ZeRO2(FSDP):

@@ -1,18 +1,20 @@
-"""Pipeline parallelism (`torch.distributed.pipelining`): the blocks are split into stages, the
-embeddings on the first, the final LayerNorm, head and loss on the last. One pipeline step per
-optimizer step takes the whole global batch as global_batch_size / micro_batch_size micro-batches.
-GPipe and 1F1B give each process one stage; interleaved 1F1B and the interleaved zero-bubble schedule
-give it train.pipeline_virtual_stages of them, rank r holding stages r, r + nproc, r + 2 nproc, ...,
-so that the last stage is on the last rank and the first on rank 0.
+"""Pipeline parallelism (`torch.distributed.pipelining`) for every split with stages (pp, ddp-pp2, tp2-pp2, ...):
+the blocks are split into stages, the embeddings on the first, the final LayerNorm, head and loss on the last. Each
+data-parallel share of the global batch is one pipeline step of micro-batches of train.micro_batch_size. GPipe and
+1F1B give each pipeline rank one stage; interleaved 1F1B and the interleaved zero-bubble schedule give it
+train.pipeline_virtual_stages of them, pipeline rank r of p holding stages r, r + p, r + 2p, ..., so that the last
+stage is on the last rank and the first on rank 0. A pipeline's ranks are one group of the mesh (its pp dimension);
+each stage module the schedule runs may be wrapped by the data-parallel method (torch's stages know DDP's and
+FSDP's gradient sync) and split by tensor parallelism, whose stage boundaries stay plain tensors.
 
-GPT-2 ties the head to the token embedding, which now sit on different stages. As Megatron
-does, the first and last stage each hold a copy (equal at the start) and sum their gradients
-after backward, so both copies step identically and the pipeline trains the same model as
-`single`. The schedule runs forward and backward itself, so the loop's loss scaler cannot
-wrap it: pp takes fp32, tf32 and bf16 (config refuses fp16 and Apex).
+GPT-2 ties the head to the token embedding, which now sit on different stages. As Megatron does, the first and
+last stage each hold a copy (equal at the start) and sum their gradients after backward, over a group of the two
+ranks of each pipeline (Megatron's embedding group), so both copies step identically and the pipeline trains the
+same model as `single`. The schedule runs forward and backward itself, so the loop's loss scaler cannot wrap it:
+splits with a pipeline take fp32, tf32 and bf16 (config refuses fp16 and Apex).
 
-Checkpoints are the portable full state dict: the ranks' parts gathered on rank 0 under
-the original parameter names, the tied weight's optimizer state once, as `single` writes it."""
+Checkpoints are the portable full state dict (torch_distributed gathers them): the ranks' parts merged on rank 0
+under the original parameter names, the tied weight's optimizer state once, as `single` writes it."""
 
 from __future__ import annotations
 
@@ -21,11 +23,6 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -35,18 +32,19 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-from gpt2dist.config.strategies import pipeline_stage_blocks, rank_blocks
+from gpt2dist.config.degrees import Degrees
+from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.strategies import HEAD, pipeline_stage_blocks, rank_blocks
 from gpt2dist.training.model import head_loss
-from gpt2dist.training.strategies.base import log_wrapping
-from gpt2dist.training.strategies.torch_distributed import TorchDistributed
+from gpt2dist.training.strategies.base import Placement
 
-EMBEDDING, HEAD = "transformer.wte.weight", "lm_head.weight"
+EMBEDDING = "transformer.wte.weight"
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B,
              "zero-bubble": ScheduleInterleavedZeroBubble}
 
 
 class RankPart(nn.Module):
-    """What one rank holds of GPT-2, under the full model's parameter names (`transformer.h.3...`,
+    """What one pipeline rank holds of GPT-2, under the full model's parameter names (`transformer.h.3...`,
     `lm_head.weight`): the blocks of its stages, the embeddings on the first rank, ln_f and the head on the
     last. Its optimizer and checkpoints work on this module; the stages run on views of it."""
 
@@ -75,7 +73,7 @@ class RankPart(nn.Module):
 class Stage(nn.Module):
     """One stage's forward over modules of its rank's part: token ids (the first stage) or the previous stage's
     hidden states in; hidden states out (the last stage's after ln_f: the head runs in the loss, see
-    PipelineParallel._loss). The last stage registers the head too, whose weight the zero-bubble schedule's
+    Pipeline._loss). The last stage registers the head too, whose weight the zero-bubble schedule's
     weight-gradient pass must reach."""
 
     def __init__(self, part: RankPart, blocks: range, *, first: bool, last: bool, autocast):
@@ -97,119 +95,113 @@ class Stage(nn.Module):
                 x = self.ln_f(x)
         return x
 
-class PipelineParallel(TorchDistributed):
-    name = "pp"
-    compile_conflict = "the pipeline schedule drives each stage's forward and backward itself"
-    schedules_backward = True
 
-    def prepare(self, model, make_optimizer, precision):
-        place = self.placement
-        ranks, rank, t = self.degrees.pp, place.rank, self.spec.train
-        self.blocks = pipeline_stage_blocks(self.spec.model.n_layer, ranks, self.degrees.pp_virtual)
-        mine = range(rank, len(self.blocks), ranks)  # the global indices of this rank's stages
-        self.part = RankPart(model, rank_blocks(self.spec, rank), first=rank == 0,
-                             last=rank == ranks - 1).to(place.device)
-        self.autocast = precision.autocast
+class Pipeline:
+    """A rank's part of its pipeline, its stages and their schedule: the pipeline group is this rank's ranks along
+    the mesh's pp dimension (`group`; None: every rank), in stage order."""
+
+    def __init__(self, spec: RunSpec, degrees: Degrees, placement: Placement, model: nn.Module, group, autocast):
+        self.spec, self.degrees, self.autocast, self.group = spec, degrees, autocast, group
+        self.device = placement.device
+        self.ranks = degrees.group(placement.rank, ("pp",))  # this pipeline's global ranks, stage rank by stage rank
+        self.stage_rank = degrees.coordinates(placement.rank)["pp"]
+        self.blocks = pipeline_stage_blocks(spec.model.n_layer, degrees.pp, degrees.pp_virtual)
+        self.mine = range(self.stage_rank, len(self.blocks), degrees.pp)  # the global indices of this rank's stages
+        self.part = RankPart(model, rank_blocks(spec, self.stage_rank), first=self.stage_rank == 0,
+                             last=self.stage_rank == degrees.pp - 1).to(placement.device)
+        # each pipeline's first and last rank sum the tied weight's gradients; every rank takes part in making them
+        self.ends, _ = dist.new_subgroups_by_enumeration(
+            [[ranks[0], ranks[-1]] for ranks in degrees.groups(("pp",))])
+        self.micro_batches = degrees.pipeline_micro_batches
+
+    def stages(self) -> list[nn.Module]:
+        """This rank's stage modules (views of its part), in the pipeline's order, for the method to wrap."""
         last = len(self.blocks) - 1
-        stages = [PipelineStage(Stage(self.part, self.blocks[s], first=s == 0, last=s == last,
-                                      autocast=precision.autocast), s, len(self.blocks), place.device)
-                  for s in mine]
-        # the first and last stage sum the tied weight's gradients; every rank takes part in making the group
-        self.ends = dist.new_group([0, ranks - 1]) if ranks > 1 else None
-        self.micro_batches = self.degrees.pipeline_micro_batches
-        schedule = SCHEDULES[t.pipeline_schedule]
+        return [Stage(self.part, self.blocks[s], first=s == 0, last=s == last, autocast=self.autocast)
+                for s in self.mine]
+
+    def schedule(self, wrapped: list[nn.Module]) -> None:
+        """The schedule over this rank's (wrapped) stages."""
+        self.wrapped = dict(zip(self.mine, wrapped))  # what evaluation runs too: a sharded stage gathers in its forward
+        stages = [PipelineStage(module, s, len(self.blocks), self.device, group=self.group)
+                  for s, module in self.wrapped.items()]
+        schedule = SCHEDULES[self.spec.train.pipeline_schedule]
         # scale_grads=False: the loss function already divides each micro-batch's mean by their number
-        self.schedule = schedule(stages[0] if issubclass(schedule, PipelineScheduleSingle) else stages,
-                                 self.micro_batches, loss_fn=self._loss, scale_grads=False)
-        self.wrapping = {"stages": len(self.blocks), "blocks_per_stage": [len(b) for b in self.blocks],
-                         "schedule": t.pipeline_schedule, "micro_batches": self.micro_batches}
-        log_wrapping(self, f"{len(self.blocks)} stages on {ranks} ranks holding blocks "
-                           f"{[f'{b.start}-{b.stop - 1}' for b in self.blocks]}, {t.pipeline_schedule} over "
-                           f"{self.micro_batches} micro-batches")
-        return self.part, make_optimizer(self.part)
+        self.runner = schedule(stages[0] if issubclass(schedule, PipelineScheduleSingle) else stages,
+                               self.micro_batches, loss_fn=self._loss, scale_grads=False)
+
+    def wrapping(self) -> dict:
+        """For run.json: the stages, their blocks, the schedule and its micro-batches."""
+        return {"stages": len(self.blocks), "blocks_per_stage": [len(b) for b in self.blocks],
+                "schedule": self.spec.train.pipeline_schedule, "micro_batches": self.micro_batches}
 
     def _loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """One micro-batch's share of the global batch's mean loss. The head runs here rather than in the
+        """One micro-batch's share of the pipeline's batch's mean loss. The head runs here rather than in the
         stage's forward because the schedule keeps every micro-batch's stage output until the step ends
         (torch 2.8 has no step(return_outputs=False)): the global batch's logits would be vocab_size / n_embd
         times the hidden states (26 GB in fp32 for GPT-2 small at 128 x 1024 tokens)."""
         return self.part.mean_loss(hidden, targets, self.autocast) / self.micro_batches
 
-    def loss_module(self, model, precision, loss):
+    def loss_module(self, loss) -> nn.Module:
         self.part.head_loss = loss
-        return model  # the schedule computes the loss on the last stage
+        return self.part  # the schedule computes the loss on the last stage
 
-    def _tied_copy(self) -> torch.Tensor | None:
+    def tied_copy(self) -> torch.Tensor | None:
         """This rank's copy of the tied embedding, where the first and last stage hold one each."""
-        if self.ends is None:
+        if self.degrees.pp == 1:
             return None
         return self.part.transformer.wte.weight if self.part.first else self.part.lm_head.weight if self.part.last \
             else None
 
-    def forward(self, loss_module, inputs, targets, accum):
-        """The schedule over the whole batch, backward included; the loss detached."""
-        place = self.placement
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The schedule over this pipeline's batch, backward included; the loss detached, on every rank of it."""
         losses: list[torch.Tensor] = []
         ends = {"target": targets, "losses": losses} if self.part.last else {}
-        self.schedule.step(*([inputs] if self.part.first else []), **ends)
-        tied = self._tied_copy()
+        self.runner.step(*([inputs] if self.part.first else []), **ends)
+        tied = self.tied_copy()
         if tied is not None:
-            dist.all_reduce(tied.grad, op=dist.ReduceOp.SUM, group=self.ends)
-        loss = torch.stack(losses).sum().detach() if losses else torch.zeros((), device=place.device)
-        dist.broadcast(loss, src=place.world_size - 1)  # the last stage's loss, for rank 0 to log
+            grad = tied.grad.to_local() if hasattr(tied.grad, "to_local") else tied.grad  # a shard, under FSDP
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.ends)
+        loss = torch.stack(losses).sum().detach() if losses else torch.zeros((), device=self.device)
+        dist.broadcast(loss, src=self.ranks[-1], group=self.group)  # the last stage's loss, for rank 0 to log
         return loss
 
-    def evaluate_loss(self, loss_module, inputs, targets):
+    def evaluate_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward only, stage to stage by send/recv in the stages' order, one training micro-batch at a time
-        (the whole global batch's logits at once would not fit where a training step does), then the mean loss to
-        every rank."""
-        place = self.placement
-        rank, ranks, last = place.rank, place.world_size, len(self.blocks) - 1
+        (the whole batch's logits at once would not fit where a training step does), then the mean loss to every
+        rank of the pipeline."""
+        ranks, last = self.degrees.pp, len(self.blocks) - 1
         rows = self.spec.train.micro_batch_size
         chunks = list(zip(inputs.split(rows), targets.split(rows)))
-        views = {s: Stage(self.part, self.blocks[s], first=s == 0, last=s == last, autocast=self.autocast)
-                 for s in range(rank, last + 1, ranks)}
-        total = torch.zeros((), device=place.device)
+        views = self.wrapped
+        total = torch.zeros((), device=self.device)
         with torch.no_grad():
             for micro_inputs, micro_targets in chunks:
                 for s, stage in views.items():
                     if s == 0:
                         hidden = stage(micro_inputs)
                     else:
-                        hidden = torch.empty((*micro_inputs.shape, self.spec.model.n_embd), device=place.device)
-                        dist.recv(hidden, src=(s - 1) % ranks)
+                        hidden = torch.empty((*micro_inputs.shape, self.spec.model.n_embd), device=self.device)
+                        dist.recv(hidden, src=self.ranks[(s - 1) % ranks], group=self.group)
                         hidden = stage(hidden)
                     if s < last:
-                        dist.send(hidden.float().contiguous(), dst=(s + 1) % ranks)
+                        dist.send(hidden.float().contiguous(), dst=self.ranks[(s + 1) % ranks], group=self.group)
                     else:
                         total += self.part.mean_loss(hidden, micro_targets, self.autocast)
         loss = total / len(chunks)  # equal rows of equal length: the mean of the means is the batch's mean
-        dist.broadcast(loss, src=ranks - 1)
+        dist.broadcast(loss, src=self.ranks[-1], group=self.group)
         return loss
 
-    def global_grad_norm(self, grads):
-        """Each rank holds its own parameters whole: squared local norms add up over the ranks, the tied
-        weight counted once (the last rank's copy left out)."""
-        tied = self._tied_copy()
-        counted = [g for g in grads if not (self.part.last and tied is not None and g is tied.grad)]
-        squared = torch.nn.utils.get_total_norm(counted).to(self.placement.device, torch.float32).square()
-        dist.all_reduce(squared, op=dist.ReduceOp.SUM)
-        return squared.sqrt()
+    def counted(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The gradients a norm counts: the tied weight once (the last stage's copy left out)."""
+        tied = self.tied_copy()
+        return [g for g in grads if not (self.part.last and not self.part.first and tied is not None
+                                         and g is tied.grad)]
 
     # -- checkpoints: the ranks' parts under the full model's names ------------------------------
-    def _local_optimizer_state(self, optimizer) -> dict:
-        state = get_optimizer_state_dict(self.part, optimizer, options=StateDictOptions(full_state_dict=True))
-        on_cpu = {name: {key: value.cpu() if torch.is_tensor(value) else value for key, value in per_param.items()}
-                  for name, per_param in state["state"].items()}
-        return {**state, "state": on_cpu}
-
-    def full_state_dict(self, model, optimizer, precision):
-        model_state = {k: v.detach().cpu() for k, v in self.part.state_dict().items()}
-        optim_state = self._local_optimizer_state(optimizer)
-        parts = [None] * self.placement.world_size if self.placement.rank == 0 else None
-        dist.gather_object((model_state, optim_state), parts, dst=0)
-        if self.placement.rank != 0:
-            return {}, {}
+    def merged(self, parts: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+        """Every stage's (model, optimizer) state, full tensors under the model's names, merged as `single` keeps
+        them: the head's copy equals the embedding, whose optimizer state is kept once, under its own name."""
         merged_model, merged_state, groups = {}, {}, []
         for part_model, part_optim in parts:
             merged_model.update(part_model)  # the last rank's head copy equals the first rank's embedding
@@ -219,24 +211,24 @@ class PipelineParallel(TorchDistributed):
                 if index == len(groups):
                     groups.append({**group, "params": []})
                 groups[index]["params"] += [n for n in group["params"] if n not in groups[index]["params"]]
-        if self.placement.world_size > 1:  # single keys the tied weight's state by the embedding's name only
-            merged_state.pop(HEAD, None)
-            for group in groups:
-                group["params"] = [n for n in group["params"] if n != HEAD]
+        merged_state.pop(HEAD, None)  # single keys the tied weight's state by the embedding's name only
+        for group in groups:
+            group["params"] = [n for n in group["params"] if n != HEAD]
         return merged_model, {"state": merged_state, "param_groups": groups}
 
-    def load_full_state_dict(self, model, optimizer, precision, model_state, optim_state):
-        mine = self.part.state_dict().keys()
-        self.part.load_state_dict({name: model_state[name] for name in mine})
+    def local_state(self, model_state: dict, optim_state: dict) -> tuple[dict, dict]:
+        """This rank's part of a full (single's) state: its parameters, the head's copy from the embedding's
+        optimizer state, stepping with the embedding's hyperparameters."""
         names = {name for name, _ in self.part.named_parameters()}
+        mine = {name: model_state[name] for name in self.part.state_dict().keys()}
         source = {name: EMBEDDING if name == HEAD and name not in optim_state["state"] else name for name in names}
         groups = []
         for group in optim_state["param_groups"]:
             kept = [n for n in group["params"] if n in names]
             if EMBEDDING in group["params"] and HEAD in names and HEAD not in kept:
-                kept.append(HEAD)  # the head's copy steps with the embedding's hyperparameters
+                kept.append(HEAD)
             groups.append({**group, "params": kept})
         local = {"state": {name: optim_state["state"][source[name]] for name in names
                            if source[name] in optim_state["state"]},
                  "param_groups": groups}
-        set_optimizer_state_dict(self.part, optimizer, local, options=StateDictOptions(full_state_dict=True))
+        return mine, local

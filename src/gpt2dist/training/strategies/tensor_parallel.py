@@ -1,17 +1,14 @@
-"""Tensor parallelism (Megatron-style, on DTensor) and its 2-D combination with FSDP.
+"""Tensor parallelism (Megatron-style, on DTensor) for every split with a tensor-parallel degree (tp, fsdp-tp,
+ddp-tp2, tp2-pp2, ...), applied by torch_distributed to the blocks a rank computes: each block's attention heads and
+MLP columns are split over the mesh's tp group. q/k/v and the first MLP matrix are column-parallel (each rank
+computes its own heads and columns, no communication), the two output projections row-parallel (partial sums
+all-reduced): one all-reduce per sub-layer in forward and one in backward. Embeddings, LayerNorms and the tied head
+stay whole on every rank of the group, which all see the same rows. The data-parallel method then wraps what this
+split (FSDP shards every local tensor over the data-parallel ranks).
 
-`tp`: every block's attention heads and MLP columns are split over all processes. q/k/v and
-the first MLP matrix are column-parallel (each rank computes its own heads and columns, no
-communication), the two output projections row-parallel (partial sums all-reduced): one
-all-reduce per sub-layer in forward and one in backward. Embeddings, LayerNorms and the tied
-head stay whole on every rank, which all see the same rows: one replica, split.
-
-`fsdp-tp`: a (replicas x tensor_parallel_size) mesh; TP inside each replica's ranks as above,
-then FSDP shards every parameter over the replicas.
-
-GPT-2 fuses q, k and v into one [3 x width, width] matrix. A column split of it would give rank 0
-all of q and half of k, so its rows are reordered before the split ([q_r, k_r, v_r] on rank r)
-and put back in GPT-2's order in checkpoints: a checkpoint is the same as `single`'s."""
+GPT-2 fuses q, k and v into one [3 x width, width] matrix. A column split of it would give rank 0 all of q and
+half of k, so its rows are reordered before the split ([q_r, k_r, v_r] on rank r) and put back in GPT-2's order
+in checkpoints: a checkpoint is the same as `single`'s."""
 
 from __future__ import annotations
 
@@ -21,9 +18,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from gpt2dist.training.model import transformer_blocks
-from gpt2dist.training.strategies.base import log_wrapping
-from gpt2dist.training.strategies.fsdp import shard_fully
-from gpt2dist.training.strategies.torch_distributed import TorchDistributed, sharded_grad_norm
 
 FUSED_QKV = ".attn.c_attn."  # parameters (and their optimizer state) stored in the reordered layout
 
@@ -53,7 +47,7 @@ def shard_blocks(model: nn.Module, mesh: DeviceMesh) -> int:
     return len(blocks)
 
 
-def _reorder_qkv(state: dict, tp: int, *, to_gpt2: bool) -> None:
+def reorder_qkv(state: dict, tp: int, *, to_gpt2: bool) -> None:
     """Reorder the fused q/k/v rows of every tensor in `state` (a model or per-parameter optimizer
     state dict, keyed by name), in place."""
     for name, value in state.items():
@@ -70,53 +64,3 @@ def _reorder_qkv(state: dict, tp: int, *, to_gpt2: bool) -> None:
 def _permute_rows(tensor: torch.Tensor, tp: int, to_gpt2: bool) -> torch.Tensor:
     order = qkv_order(tensor.shape[0] // 3, tp)
     return tensor[torch.argsort(order)] if to_gpt2 else tensor[order]
-
-
-class TensorParallel(TorchDistributed):
-    name = "tp"
-    compile_conflict = ("the attention code is compiled with the block; under DTensor it would trace the "
-                        "collectives too, which this study has not validated")
-    uniform_parameters = False  # DTensors on the tensor-parallel mesh next to plain (or other-mesh) ones
-
-    def prepare(self, model, make_optimizer, precision):
-        model.to(self.placement.device)
-        mesh = self.device_mesh("tp")
-        blocks = shard_blocks(model, mesh)
-        self.wrapping = {"tensor_parallel": mesh.size(), "parallel_blocks": blocks}
-        log_wrapping(self, f"{blocks} blocks split over {mesh.size()} ranks (q/k/v, MLP in: column; projections: row); "
-                           "embeddings, LayerNorms and head replicated")
-        return model, make_optimizer(model)
-
-    def global_grad_norm(self, grads):
-        return sharded_grad_norm(grads, self.placement.device)
-
-    def full_state_dict(self, model, optimizer, precision):
-        model_state, optim_state = super().full_state_dict(model, optimizer, precision)
-        _reorder_qkv(model_state, self.degrees.tp, to_gpt2=True)
-        _reorder_qkv(optim_state.get("state", {}), self.degrees.tp, to_gpt2=True)
-        return model_state, optim_state
-
-    def load_full_state_dict(self, model, optimizer, precision, model_state, optim_state):
-        model_state, optim_state = dict(model_state), {**optim_state, "state": dict(optim_state["state"])}
-        _reorder_qkv(model_state, self.degrees.tp, to_gpt2=False)
-        _reorder_qkv(optim_state["state"], self.degrees.tp, to_gpt2=False)
-        super().load_full_state_dict(model, optimizer, precision, model_state, optim_state)
-
-
-class FSDPTensorParallel(TensorParallel):
-    name = "fsdp-tp"
-
-    def prepare(self, model, make_optimizer, precision):
-        model.to(self.placement.device)
-        tp, replicas = self.degrees.tp, self.degrees.dp_shard
-        mesh = self.device_mesh("dp_shard", "tp")
-        shard_blocks(model, mesh["tp"])
-        sharded = shard_fully(model, mesh["dp_shard"])
-        self.wrapping = {"tensor_parallel": tp, "fsdp_replicas": replicas, "fully_shard_modules": sharded}
-        log_wrapping(self, f"{replicas} FSDP replicas x {tp} tensor-parallel ranks; blocks split as tp, every "
-                           "parameter sharded over the replicas")
-        return model, make_optimizer(model)
-
-    def accumulate(self, model, last):
-        model.set_requires_gradient_sync(last)
-        return super().accumulate(model, last)
