@@ -9,7 +9,9 @@ import re
 import pandas as pd
 import pytest
 
-from gpt2dist.results.recommend import Stored, leave_one_out, read_stored, verdict_line
+from gpt2dist.config.presets import load_params
+from gpt2dist.results.recommend import Stored, leave_one_out, read_stored, recommend, verdict_line
+from gpt2dist.system.links import links_of
 
 from conftest import REPO, gpt2dist
 
@@ -44,12 +46,19 @@ def table_of(text: str) -> pd.DataFrame:
 
 
 def test_the_ranking_puts_what_fits_first_then_the_fastest():
+    _, preset = load_params(REPO / "params.yaml").preset("paper", cuda=True)
+    ranked, _ = recommend("paper", preset, read_stored(REFERENCE_STUDIES), gpu="A100", gpus_per_node=8, nodes=1,
+                          precision="bf16", mfu=0.4, tokens=1e10, memory_gb=16, links=links_of("A100"))
+    runnable = ranked[ranked["note"] == ""]
+    fits = runnable["fits"].astype(bool)
+    assert fits.any() and (~fits).any() and not fits[fits.idxmin():].any()  # every fitting row above the rest
+    assert runnable.loc[fits, "hours"].is_monotonic_increasing
+    # every split of 8 GPUs whose tensor-parallel degree divides small's 12 heads, each with and without recompute
+    assert {"ddp-tp2", "fsdp-pp2", "ddp-tp2-pp2", "tp4-pp2", "ddp-pp4", "pp"} <= set(runnable["strategy"])
+    assert set(runnable.loc[runnable["strategy"] == "ddp-tp2", "recompute"]) == {False, True}
     text = recommended("--gpus", "8", "--gpu", "A100", "--memory-gb", "16").stdout
     table = table_of(text)
-    fits = table["fits"] == "True"
-    assert fits.any() and (~fits).any() and not fits[fits.idxmin():].any()  # every fitting row above the rest
-    hours = table.loc[fits, "hours"].str.replace(",", "").astype(float)
-    assert hours.is_monotonic_increasing
+    assert list(table["strategy"]) == list(runnable["strategy"].head(len(table)))  # the printed table is the top
     assert re.search(rf"(Fastest that fits|Tied for fastest \(.*?\)): {table.loc[0, 'strategy']}, ", text), text
     assert "tp: cannot run here: tp splits attention heads over 8 ranks" in text  # GPT-2 small's 12 heads
     assert "No strategy fits" in recommended("--gpus", "8", "--memory-gb", "1").stdout
@@ -59,8 +68,13 @@ def test_a_preset_of_model_sizes_is_ranked_at_each_size():
     text = recommended("--gpus", "8", "--preset", "paper-sizes", "--memory-gb", "40").stdout
     sections = re.findall(r"^GPT-2 (\w+), ([\d,]+)M parameters:$", text, re.M)
     assert [size for size, _ in sections] == ["small", "medium", "large", "xl"]
-    parts = re.split(r"^GPT-2 \w+, [\d,]+M parameters:$", text, flags=re.M)[1:]
-    ddp_peaks = [float(table_of(part).set_index("strategy").loc["ddp", "peak_gib"]) for part in parts]
+    _, preset = load_params(REPO / "params.yaml").preset("paper-sizes", cuda=True)
+    ddp_peaks = []
+    for size, _ in sections:
+        ranked, _ = recommend("paper-sizes", preset, read_stored(REFERENCE_STUDIES), gpu="H100", gpus_per_node=8,
+                              nodes=1, precision="bf16", mfu=0.4, tokens=1e10, memory_gb=40, links=links_of("H100"),
+                              size=size)
+        ddp_peaks.append(ranked.query("strategy == 'ddp' and recompute == False")["peak_gib"].iloc[0])
     assert ddp_peaks == sorted(ddp_peaks) and ddp_peaks[-1] > 40 > ddp_peaks[0]  # XL's own model, not small's
     assert len(re.findall(r"^(Fastest that fits|Tied for fastest|No strategy fits)", text, re.M)) == 4
     assert "global batch that follows the GPUs: 128 sequences" in " ".join(text.split())

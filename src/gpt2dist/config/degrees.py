@@ -98,6 +98,18 @@ class Degrees:
         at = self.coordinates(rank)
         return at["dp_replicate"] * self.dp_shard + at["dp_shard"]
 
+    def stride(self, dim: str) -> int:
+        """How far apart in rank two neighbours along `dim` are (row-major: the product of the inner sizes)."""
+        sizes = list(self.sizes().items())
+        inner = [size for name, size in sizes[[name for name, _ in sizes].index(dim) + 1:]]
+        return math.prod(inner)
+
+    def farthest(self, dims: tuple[str, ...]) -> int:
+        """The highest rank of rank 0's group of `dims`: counted, not enumerated (a planner's groups may hold
+        billions of ranks)."""
+        sizes = self.sizes()
+        return sum((sizes[dim] - 1) * self.stride(dim) for dim in dims)
+
     def group(self, rank: int, dims: tuple[str, ...]) -> list[int]:
         """The ranks that differ from `rank` only along `dims`: its group of those dimensions, in rank order."""
         at, sizes = self.coordinates(rank), self.sizes()

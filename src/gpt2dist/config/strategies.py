@@ -27,7 +27,7 @@ from typing import ClassVar
 from gpt2dist.config.degrees import Degrees
 from gpt2dist.config.schema import INTERLEAVED_SCHEDULES, ModelConfig, RunSpec, TrainConfig
 from gpt2dist.config.sizes import COLUMN_PARALLEL, ROW_PARALLEL, parameter_count, parameter_shapes, weight_decayed
-from gpt2dist.config.split import NAMED, NONE, Split, parse_split
+from gpt2dist.config.split import NAMED, NONE, Split, composed_name, parse_split
 from gpt2dist.errors import UsageError
 
 BAI, PATWARDHAN = "Bai 2022", "Patwardhan et al. 2024"
@@ -92,8 +92,9 @@ class Overlap:
 NO_OVERLAP = Overlap(0.0, 0.0)
 # Backward's share of a step's FLOPs: 4 of every 6 per parameter and token (forward 2)
 BACKWARD_SHARE = 2 / 3
-# The mesh dimensions a collective group spans
-GROUP_DIMS = {"dp": ("dp_replicate", "dp_shard"), "tp": ("tp",), "pp": ("pp",)}
+# The mesh dimensions a collective group spans; the data-parallel group's is the part that can hide under compute
+DATA_PARALLEL_GROUP = "dp"
+GROUP_DIMS = {DATA_PARALLEL_GROUP: ("dp_replicate", "dp_shard"), "tp": ("tp",), "pp": ("pp",)}
 
 
 def root_elements(m: ModelConfig) -> int:
@@ -710,16 +711,52 @@ def overlap(spec: RunSpec) -> Overlap:
     return NO_OVERLAP if spec.nproc == 1 else describe(spec.strategy).overlap(spec)
 
 
-def spans_nodes(spec: RunSpec, group: str) -> bool:
-    """Whether rank 0's group of a kind ("dp", "tp", "pp") has ranks on more than one node (nodes hold consecutive
-    ranks, nproc / nodes each)."""
-    per_node = spec.nproc // spec.nodes
-    return len({rank // per_node for rank in degrees_of(spec).group(0, GROUP_DIMS[group])}) > 1
+def splits_of(nproc: int, per_node: int, model: ModelConfig, train: TrainConfig) -> list[str]:
+    """Every strategy a planner can weigh on `nproc` devices, `per_node` on each node: each named strategy but
+    single (those that cannot run here among them, for check_run to say why), and every factorisation
+    nproc = dp x tp x pp (tp inside a node and dividing the heads, a block per stage at least) with each
+    data-parallel method that composes, or none where dp is 1. A split that is a named strategy's point is named so
+    (tp, pp, fsdp-tp)."""
+    names = [name for name in STRATEGIES if name != REFERENCE]
+    for tp in range(1, min(model.n_head, per_node) + 1):  # a degree divides the heads: counted by them, not the GPUs
+        if per_node % tp or model.n_head % tp or nproc % tp:
+            continue
+        for pp in range(1, min(model.n_layer, nproc // tp) + 1):
+            if (tp, pp) == (1, 1) or nproc % (tp * pp):
+                continue
+            methods = [NONE] if tp * pp == nproc else ["ddp", "fsdp", "hsdp", "zero2"]
+            names += [named_point(method, tp, pp, nproc, train) for method in methods]
+    return list(dict.fromkeys(names))
 
 
-def crossing_bytes(spec: RunSpec) -> float:
-    """The bytes per step of the groups that span nodes: what a link between nodes carries."""
-    return sum(part.bytes_per_step for part in traffic(spec).parts if spans_nodes(spec, part.group))
+def named_point(method: str, tp: int, pp: int, nproc: int, train: TrainConfig) -> str:
+    """The name a split goes by: a named strategy's where one has these degrees at `nproc`, else its own."""
+    for name, d in STRATEGIES.items():
+        if d.splits_model and d.method.name == method and d.split.degrees(nproc, train.tensor_parallel_size) == (tp, pp):
+            return name
+    return composed_name(method, tp, pp)
+
+
+def spans_nodes(spec: RunSpec, group: str, nodes: int | None = None) -> bool:
+    """Whether rank 0's group of a kind ("dp", "tp", "pp") has ranks on more than one of `nodes` nodes (default:
+    the spec's; nodes hold consecutive ranks, nproc / nodes each)."""
+    return degrees_of(spec).farthest(GROUP_DIMS[group]) >= spec.nproc // (nodes or spec.nodes)  # rank 0's is on node 0
+
+
+def crossing_bytes(spec: RunSpec, nodes: int | None = None) -> float:
+    """The bytes per step of the groups that span nodes (`nodes`: the spec's where not given, as for emulated
+    ones): what a link between nodes carries."""
+    return sum(part.bytes_per_step for part in traffic(spec).parts if spans_nodes(spec, part.group, nodes))
+
+
+def check_tensor_parallel_inside_nodes(spec: RunSpec, nodes: int) -> None:
+    """A tensor-parallel group is consecutive ranks: refuse one that `nodes` nodes would split, naming the fix."""
+    tp, per_node = degrees_of(spec).tp, spec.nproc // nodes
+    if tp > 1 and per_node % tp:
+        raise UsageError(f"strategy '{spec.strategy}' splits every layer over {tp} consecutive ranks, and with "
+                         f"{per_node} processes on each of {nodes} nodes a tensor-parallel group would span nodes "
+                         "(four all-reduces per block and micro-batch on the link between them); use a "
+                         f"tensor-parallel degree that divides {per_node}, or {tp} processes or more per node")
 
 
 def check_run(spec: RunSpec, visible_gpus: int) -> None:
@@ -741,7 +778,14 @@ def check_run(spec: RunSpec, visible_gpus: int) -> None:
                              f"optimizer state; use {spec.strategy} with bf16 or fp16")
         if spec.device != "cuda":
             raise UsageError(f"precision '{spec.precision}' needs CUDA; on CPU use bf16 or fp16 (torch.amp)")
-    degrees = degrees_of(spec)
+    check_placement(spec, visible_gpus)
+
+
+def check_placement(spec: RunSpec, visible_gpus: int) -> None:
+    """Refuse degrees that do not divide the model, the batch or the cluster (a tensor-parallel group inside a
+    node): what any run of the split needs, whatever this engine's runtime can run of it (check_run refuses that
+    too). The planner holds published runs of other frameworks to this alone."""
+    description, degrees = describe(spec.strategy), degrees_of(spec)
     degrees.validate(spec.model, spec.train)
     if spec.nodes > 1:
         if description.one_process:
@@ -750,13 +794,7 @@ def check_run(spec: RunSpec, visible_gpus: int) -> None:
         if spec.nproc % spec.nodes:
             raise UsageError(f"--nproc {spec.nproc} does not divide over {spec.nodes} nodes; give each node as many "
                              f"processes (e.g. --nproc {spec.nodes * max(1, spec.nproc // spec.nodes)})")
-        per_node = spec.nproc // spec.nodes
-        if degrees.tp > 1 and per_node % degrees.tp:
-            raise UsageError(f"strategy '{spec.strategy}' splits every layer over {degrees.tp} consecutive ranks, and "
-                             f"with {per_node} processes on each of {spec.nodes} nodes a tensor-parallel group would "
-                             f"span nodes (four all-reduces per block and micro-batch on the link between them); use a "
-                             f"tensor-parallel degree that divides {per_node}, or {degrees.tp * spec.nodes} processes "
-                             "or more per node")
+        check_tensor_parallel_inside_nodes(spec, spec.nodes)
     per_node = spec.nproc // spec.nodes
     if spec.device == "cuda" and per_node > visible_gpus:
         where = f" on each of {spec.nodes} nodes" if spec.nodes > 1 else ""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt2dist.config.schema import RunSpec
-from gpt2dist.config.strategies import describe
+from gpt2dist.config.strategies import check_tensor_parallel_inside_nodes, describe
 from gpt2dist.errors import UsageError
 from gpt2dist.launch import commands, lifetime
 from gpt2dist.launch import emulated_nodes
@@ -29,6 +29,7 @@ class Emulation:
             raise UsageError(f"--emulate-nodes needs a multi-process strategy; {spec.strategy} runs in one process")
         if self.nodes < 2 or spec.nproc % self.nodes:
             raise UsageError(f"--emulate-nodes {self.nodes} must be 2 or more and divide --nproc {spec.nproc}")
+        check_tensor_parallel_inside_nodes(spec, self.nodes)
 
 
 def run(spec: RunSpec, emulation: Emulation) -> tuple[int, int | None, dict, str | None]:

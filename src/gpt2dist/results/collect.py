@@ -30,7 +30,7 @@ from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.schema import PRECISIONS, RunSpec
 from gpt2dist.config.split import strategy_order
 from gpt2dist.config.sizes import flops_per_token
-from gpt2dist.config.strategies import REFERENCE
+from gpt2dist.config.strategies import REFERENCE, crossing_bytes
 from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
@@ -62,7 +62,7 @@ SUMMARISED = ["tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "step_
               "final_val_ppl", "time_to_target_s", "energy_j_per_token", "energy_to_target_j"]
 # Fixed by the configuration (model-state bytes by part, modelled traffic): every repeat has the same value
 PER_CONFIGURATION = ["param_bytes", "grad_bytes", "optimizer_bytes", "predicted_model_state_bytes", "comm_bytes_per_step",
-                     "link_bytes_per_step"]
+                     "link_bytes_per_step", "crossing_bytes_per_step"]
 
 
 def read_run(run_dir: Path) -> tuple[dict, pd.DataFrame]:
@@ -145,6 +145,16 @@ def _ledger_of(ledger: dict | None) -> dict:
                     else math.nan}
 
 
+def _crossing_bytes(record: dict) -> float:
+    """The modelled bytes per step of the groups whose ranks span the run's nodes (emulated ones, or a cluster's):
+    what their links carry (config.strategies.crossing_bytes); NaN for a spec this code no longer reads."""
+    try:
+        spec = RunSpec.model_validate(record["config"])
+    except ValidationError:
+        return math.nan
+    return crossing_bytes(spec, (record.get("emulated_nodes") or {}).get("nodes") or spec.nodes)
+
+
 def _predicted_state(record: dict) -> float:
     """config.memory's model state for the run's own spec; NaN for a record of a spec this code no longer reads."""
     try:
@@ -194,6 +204,7 @@ def per_run(table: pd.DataFrame, records: dict[str, dict], study: Study, train_t
             "predicted_model_state_bytes": _predicted_state(record),
             "comm_bytes_per_step": (record.get("communication") or {}).get("bytes_per_step", math.nan),
             "link_bytes_per_step": _link_bytes_per_step(record, len(run.dropna(subset=["tokens_per_s"]))),
+            "crossing_bytes_per_step": _crossing_bytes(record),
             "final_val_loss": evals["val_loss"].iloc[-1] if len(evals) else math.nan,
             "final_val_ppl": evals["val_ppl"].iloc[-1] if len(evals) else math.nan,
             "steps_to_target": steps_to_target,

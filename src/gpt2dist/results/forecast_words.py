@@ -14,6 +14,7 @@ from tabulate import tabulate
 from gpt2dist.config.memory import USABLE_SHARE
 from gpt2dist.config.schema import Preset
 from gpt2dist.config.sizes import parameter_count
+from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.pipeline.study import model_of, Study
 from gpt2dist.results.plan import duration_words, fit_lines, plan_text
 from gpt2dist.results.link_model import projection
@@ -23,6 +24,7 @@ from gpt2dist.system.links import Links
 
 
 Part = tuple[str, str]  # ("prose", text to wrap to the terminal) or ("table", text printed as it is)
+TOP = 12  # candidates `recommend` shows per model size, of the dozens it ranks
 
 
 def plan_report(study: Study, table: pd.DataFrame, *, gpu: str, mfu: float, memory_gb: list[float], links: Links,
@@ -97,13 +99,22 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
                                   mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links, size=size)
         if size:
             said.append(("prose", f"\nGPT-2 {size}, {parameter_count(model_of(chosen, size)) / 1e6:,.0f}M parameters:"))
-        runnable = table[table["note"] == ""]
-        shown = runnable[["strategy", "gpus", "fits", "peak_gib", "step_ms", "hours", "hours_low",
-                          "hours_high"]].astype({"gpus": int})
+        runnable, refused = table[table["note"] == ""], table[table["note"] != ""]
+        fitting = runnable[runnable["fits"]]
+        said.append(("prose", f"{len(runnable)} candidates of {gpus * nodes} GPUs (every split dp x tp x pp with each "
+                              "data-parallel method, as it is and with activation checkpointing): "
+                              f"{len(fitting)} fit, {len(runnable) - len(fitting)} do not, and "
+                              f"{len(refused)} cannot run. The {min(TOP, len(runnable))} fastest predicted, what fits "
+                              "first, with the step's terms (ms: computation, the pipeline's bubble, and the "
+                              "communication each group leaves exposed):"))
+        shown = runnable.head(TOP).assign(recompute=lambda t: t["recompute"].map({True: "yes", False: ""}))
+        shown = shown[["strategy", "recompute", "fits", "peak_gib", "step_ms", "compute_ms", "bubble_ms", "dp_ms",
+                       "tp_ms", "pp_ms", "hours", "hours_low", "hours_high"]]
         said.append(("table", "\n" + tabulate(shown, headers="keys", tablefmt="github", showindex=False,
                                               floatfmt=",.2f")))
-        said += [("prose", f"{row.strategy}: {row.note}") for row in table[table["note"] != ""].itertuples()]
-        said.append(("prose", "\n" + verdict_line(runnable[runnable["fits"]])))
+        said += [("prose", f"{row.strategy}: {row.note}") for row in refused.itertuples()
+                 if row.strategy in STRATEGIES]  # the named ones; the others are the grammar's every split
+        said.append(("prose", "\n" + verdict_line(fitting)))
 
     def spread(column: str) -> str:
         e = errors[column].dropna()

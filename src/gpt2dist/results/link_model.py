@@ -1,5 +1,6 @@
 """A step across nodes = the same configuration's step on one machine + the bytes its busiest rank
-sends per step (training.communication) over the node's link.
+sends per step on the groups that span nodes (config.strategies' traffic: a split's tensor-parallel pairs inside
+a node send nothing over it) over the node's link.
 
 On the emulated links the model has no overlap of communication with compute (gloo's threads share
 the cores that compute), no latency and no protocol overhead: the simplest model that can be wrong,
@@ -51,10 +52,12 @@ def predicted_vs_measured(summary: pd.DataFrame) -> pd.DataFrame:
         if key not in one_machine.index:
             continue
         compute = one_machine.loc[key, "step_time_s"]
-        link = link_seconds(row.comm_bytes_per_step, row.link_mbit)
+        crossing = getattr(row, "crossing_bytes_per_step", math.nan)
+        crossing = row.comm_bytes_per_step if math.isnan(crossing) else crossing  # collected before it: all cross
+        link = link_seconds(crossing, row.link_mbit)
         rows.append([row.config_id, row.strategy, row.precision, row.nproc, row.nodes, row.link_mbit, compute, link,
                      compute + link, row.step_time_s, row.step_time_s_ci_low, row.step_time_s_ci_high,
-                     row.step_time_s - compute, (compute + link) / row.step_time_s - 1, row.comm_bytes_per_step,
+                     row.step_time_s - compute, (compute + link) / row.step_time_s - 1, crossing,
                      row.link_bytes_per_step])
     return pd.DataFrame(rows, columns=columns)
 

@@ -20,10 +20,10 @@ from tabulate import tabulate
 from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import flops_per_token, parameter_count
-from gpt2dist.config.strategies import check_run, overlap, traffic
+from gpt2dist.config.strategies import check_run, overlap, spans_nodes, traffic
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, planned_spec, selftested, Study
-from gpt2dist.results.prediction import predicted_step_time
+from gpt2dist.results.prediction import StepTerms, step_terms
 from gpt2dist.system.hardware import PEAK_FLOPS, peak_flops
 from gpt2dist.system.links import Links
 
@@ -55,15 +55,23 @@ def gpu_compute_seconds(spec: RunSpec, gpu: str, mfu: float) -> float:
     return single * CHECKPOINTED_COMPUTE if t.activation_checkpointing == "block" else single
 
 
-def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float, links: Links) -> float:
-    """A GPU cluster's step by the step model (results.prediction): gpu_compute_seconds divided among its
-    processes, and the traffic model's bytes at the bus bandwidth of the cluster's `links`, less the part the
-    strategy sends under its computation."""
+def gpu_step_terms(spec: RunSpec, gpu: str, mfu: float, links: Links) -> StepTerms:
+    """A GPU cluster's step by the step model (results.prediction), term by term: gpu_compute_seconds divided among
+    its processes, a pipeline's bubble, and each group's bytes (config.strategies' traffic) at the bus bandwidth of
+    the link it takes in the cluster's `links` (inside a node, or across where its ranks span nodes), less the part
+    the strategy sends under its computation."""
     hidden = overlap(spec)
+    parts = {part.group: (part.bytes_per_step, links.bus_bytes_per_s(spec.nodes if spans_nodes(spec, part.group)
+                                                                      else 1) / 1e9)
+             for part in traffic(spec).parts}
     facts = {"strategy": spec.strategy, "nproc": spec.nproc, "nodes": spec.nodes, "emulated": False,
-             "comm_bytes_per_step": traffic(spec).bytes_per_step, "busbw_gb_s": links.bus_bytes_per_s(spec.nodes) / 1e9,
-             "hidden_comm_bytes": hidden.bytes_per_step, "hidden_under": hidden.under}
-    return predicted_step_time(facts, gpu_compute_seconds(spec, gpu, mfu), "cuda", spec.train)
+             "comm_parts": parts, "hidden_comm_bytes": hidden.bytes_per_step, "hidden_under": hidden.under}
+    return step_terms(facts, gpu_compute_seconds(spec, gpu, mfu), "cuda", spec.train)
+
+
+def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float, links: Links) -> float:
+    """gpu_step_terms' total."""
+    return gpu_step_terms(spec, gpu, mfu, links).total_s
 
 
 def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float], links: Links,

@@ -4,7 +4,10 @@ row's source, its setup as the planner's input, its result as published and as s
 Sources differ in framework and software age, so a row's absolute error mostly says how far its framework is
 from the assumed MFU; within a group (one source, one machine) that cancels, and the ratio of two rows'
 throughputs is what the planner's ranking rests on: a pair is ordered right when the planner puts the same row
-ahead. Rows whose strategy is outside the registry stay in the table, left out of every error."""
+ahead. Rows whose strategy is outside the registry stay in the table, left out of every error. A row is
+predicted where its split fits its model and cluster (config.strategies.check_placement), whatever this engine's
+runtime refuses of it: fp16 under tensor parallelism or a pipeline, which Megatron's own loss scaler runs, is the same
+arithmetic."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from pydantic import ValidationError
 
 from gpt2dist.config.memory import GIB, predict
 from gpt2dist.config.schema import ModelConfig, RunSpec, TrainConfig
-from gpt2dist.config.strategies import check_run
+from gpt2dist.config.strategies import check_placement
 from gpt2dist.errors import UsageError
 from gpt2dist.results.plan import gpu_step_seconds
 from gpt2dist.system.links import Links
@@ -75,7 +78,7 @@ def predictions(table: pd.DataFrame, mfu: float) -> pd.DataFrame:
         if not row.outside:
             try:
                 spec = row_spec(row)
-                check_run(spec, min(int(row.gpus), int(row.gpus_per_node)))
+                check_placement(spec, min(int(row.gpus), int(row.gpus_per_node)))
                 links = Links(row.link_inside, row.link_across, int(row.nics))
                 step = gpu_step_seconds(spec, row.gpu, mfu, links)
             except (UsageError, ValidationError) as refusal:

@@ -1,5 +1,8 @@
-"""`gpt2dist recommend`: for a described GPU cluster and a preset's model, the strategies ranked by predicted
-time to train a number of tokens, each with whether it fits in memory, an interval from the step-time model's
+"""`gpt2dist recommend`: for a described GPU cluster and a preset's model, every split of its GPUs
+(config.strategies.splits_of: each factorisation into data x tensor x pipeline parallel degrees with each
+data-parallel method, and the named strategies), each as it is and with activation checkpointing, ranked by
+predicted time to train a number of tokens, each with whether it fits in memory, the step model's terms that decide
+it (computation, the pipeline's bubble, each group's exposed communication), an interval from the step-time model's
 measured error, and what the prediction extrapolates beyond.
 
 The model's error is measured by leave-one-out over stored studies (collected results directories): each
@@ -13,25 +16,27 @@ give the interval, and the recommendation says it extrapolates.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from gpt2dist.config.memory import GIB, predict, usable_bytes
+from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
 from gpt2dist.config.placement import Kind, Placement
-from gpt2dist.config.schema import STRATEGY_NAMES, Preset
-from gpt2dist.config.strategies import REFERENCE, check_run
+from gpt2dist.config.schema import Preset
+from gpt2dist.config.strategies import GROUP_DIMS, REFERENCE, check_run, splits_of
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.run import Run
-from gpt2dist.pipeline.study import planned_spec
+from gpt2dist.pipeline.study import model_of, planned_spec
 from gpt2dist.results.inputs import read_csv, read_summary
-from gpt2dist.results.plan import gpu_step_seconds
+from gpt2dist.results.plan import gpu_step_terms
 from gpt2dist.system.hardware import COMPUTE_DTYPE
 from gpt2dist.system.links import Links
 
 MIN_ERRORS = 3
+RECOMPUTE = (False, True)  # each split as it is, and with activation checkpointing (train.activation_checkpointing)
 LOW, HIGH = 0.05, 0.95
 
 
@@ -100,19 +105,21 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
     on_gpus = [s for s in stored if s.device == "cuda"]
     measured = pd.concat([s.rivals for s in on_gpus], ignore_index=True) if on_gpus else None
     n = gpus_per_node * nodes
+    model = model_of(preset, size)
     rows = []
-    for strategy in STRATEGY_NAMES:
-        if strategy == REFERENCE:
-            continue
-        # a micro-batch per GPU per step
-        spec = planned_spec(name, preset, Run(strategy, precision, n, 0, nodes, size=size), "cuda", weak_scaling=True)
+    for strategy, recompute in itertools.product(splits_of(n, gpus_per_node, model, preset.train), RECOMPUTE):
+        # a micro-batch per GPU per step, with or without activation checkpointing
+        run = Run(strategy, precision, n, 0, nodes, size=size)
+        spec = with_checkpointed_blocks(planned_spec(name, preset, run, "cuda", weak_scaling=True)) if recompute \
+            else planned_spec(name, preset, run, "cuda", weak_scaling=True)
         tokens_per_step = spec.train.global_batch_size * spec.model.n_positions
         try:
             check_run(spec, gpus_per_node)
         except UsageError as exc:
-            rows.append({"strategy": strategy, "note": f"cannot run here: {exc}"})
+            if not recompute:  # its checkpointed twin is refused alike
+                rows.append({"strategy": strategy, "recompute": False, "note": f"cannot run here: {exc}"})
             continue
-        step = gpu_step_seconds(spec, gpu, mfu, links)
+        terms = gpu_step_terms(spec, gpu, mfu, links)
         own = errors[errors["strategy"] == strategy]
         if measured is not None:
             ratios = measured.loc[measured["strategy"] == strategy]
@@ -122,20 +129,29 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
             correction, column = 1.0, "uncorrected_error"
         spread = (own if len(own) >= MIN_ERRORS else errors)[column].dropna()
         low, high = (spread.quantile(LOW), spread.quantile(HIGH)) if len(spread) else (math.nan, math.nan)
-        hours = tokens / tokens_per_step * step * correction / 3600
+        hours = tokens / tokens_per_step * terms.total_s * correction / 3600
         peak_bytes = predict(spec).peak
-        rows.append({"strategy": strategy, "gpus": n, "fits": peak_bytes <= usable_bytes(memory_gb),
-                     "peak_gib": peak_bytes / GIB, "step_ms": step * correction * 1e3, "hours": hours,
-                     "hours_low": hours / (1 + high), "hours_high": hours / (1 + low), "errors_from": len(spread),
-                     "note": ""})
+        exposed = terms.exposed_s
+        rows.append({"strategy": strategy, "recompute": recompute, "gpus": n,
+                     "fits": peak_bytes <= usable_bytes(memory_gb), "peak_gib": peak_bytes / GIB,
+                     "step_ms": terms.total_s * correction * 1e3, "compute_ms": terms.compute_s * correction * 1e3,
+                     "bubble_ms": terms.bubble_s * correction * 1e3,
+                     **{f"{group}_ms": exposed.get(group, 0.0) * correction * 1e3 for group in GROUP_DIMS},
+                     "hours": hours, "hours_low": hours / (1 + high), "hours_high": hours / (1 + low),
+                     "errors_from": len(spread), "note": ""})
     table = pd.DataFrame(rows)
     runnable = table[table["note"] == ""].sort_values(["fits", "hours"], ascending=[False, True])
     return pd.concat([runnable, table[table["note"] != ""]], ignore_index=True), errors
 
 
+def label(row) -> str:
+    """A candidate's name in prose: its strategy, and whether it recomputes each block's activations."""
+    return f"{row['strategy']}{' with activation checkpointing' if row.get('recompute') else ''}"
+
+
 def verdict_line(fitting: pd.DataFrame) -> str:
-    """The answer over the strategies that fit (fastest predicted first): the fastest alone only when no other's
-    interval reaches into its own; otherwise every strategy the model cannot tell from it, as a tie."""
+    """The answer over the candidates that fit (fastest predicted first): the fastest alone only when no other's
+    interval reaches into its own; otherwise every candidate the model cannot tell from it, as a tie."""
     if fitting.empty:
         return "No strategy fits this GPU's memory at the preset's micro-batch."
     best = fitting.iloc[0]
@@ -145,8 +161,8 @@ def verdict_line(fitting: pd.DataFrame) -> str:
 
     tied = fitting.iloc[1:][fitting.iloc[1:]["hours_low"] <= best["hours_high"]]
     if tied.empty:
-        return f"Fastest that fits: {best['strategy']}, {hours(best)}, ahead of every other's interval."
-    names = [best["strategy"], *tied["strategy"]]
-    return (f"Tied for fastest (the model cannot tell them apart: their intervals overlap {best['strategy']}'s): "
-            + "; ".join(f"{row['strategy']}, {hours(row)}" for _, row in fitting.loc[[best.name, *tied.index]].iterrows())
+        return f"Fastest that fits: {label(best)}, {hours(best)}, ahead of every other's interval."
+    names = [label(row) for _, row in fitting.loc[[best.name, *tied.index]].iterrows()]
+    return (f"Tied for fastest (the model cannot tell them apart: their intervals overlap {label(best)}'s): "
+            + "; ".join(f"{label(row)}, {hours(row)}" for _, row in fitting.loc[[best.name, *tied.index]].iterrows())
             + f". Choose among {', '.join(names[:-1])} and {names[-1]} by what else matters (memory, tooling).")
