@@ -38,7 +38,8 @@ PIECES = {"GPT2DIST_REQUIRE_SLURM": "SLURM and munge", "GPT2DIST_REQUIRE_IMAGE":
           "GPT2DIST_REQUIRE_BROWSER": "Debian's chromium and the playwright package"}
 # Skips that no machine setting can choose away, by their exact reasons: no GPU or too few, no Apex (its build
 # needs CUDA), a GPU older than Ampere, and a combination the study itself refuses (the GPU matrix's skips).
-GPU_SKIPS = {"needs a CUDA GPU", "needs 2 CUDA GPUs", "needs 4 CUDA GPUs", "needs NVIDIA Apex (the container image)",
+GPU_SKIPS = {"needs a CUDA GPU", "needs 2 CUDA GPUs", "needs 4 CUDA GPUs", "needs 8 CUDA GPUs",
+             "needs NVIDIA Apex (the container image)",
              "needs NVIDIA Apex (the container image builds it)", "TF32 needs an Ampere or newer GPU"}
 STUDY_REFUSES = "the study refuses this combination: "
 # A run waits for a quiet machine (up to 10 s by default) before it trains. A test's `gpt2dist train` measures
@@ -69,7 +70,8 @@ LONGEST_FIRST = ["tests/launch/test_two_node_slurm.py", "tests/launch/test_emula
                  "tests/launch/test_signals.py", "tests/training/test_pipeline_parallel.py",
                  "tests/pipeline/test_pipeline.py", "tests/pipeline/test_added_repeats_in_pipeline.py",
                  "tests/results/test_bundle.py", "tests/training/test_zero_and_hsdp.py", "tests/test_memory.py",
-                 "tests/pipeline/test_sizes_in_pipeline.py", "tests/pipeline/test_resume_in_pipeline.py"]
+                 "tests/pipeline/test_sizes_in_pipeline.py", "tests/pipeline/test_splits_in_pipeline.py",
+                 "tests/pipeline/test_resume_in_pipeline.py"]
 @pytest.hookimpl(optionalhook=True)  # a pytest without xdist (the image's) has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """xdist's default scheduling, by test, made to hand out whole modules and SHARED_GROUPS, in collection order."""

@@ -175,6 +175,13 @@ def test_disturbance_names_every_reason_and_ignores_what_was_not_recorded():
     assert measures["cpu_share"] == pytest.approx(0.5)
     why = disturbance(measures, limits)
     assert "other processes used 45%" in why and "rank 0 got 50%" in why and "GPU slowed itself" in why
+    # 4 ranks of a thread each on 2 cores get half each by the machine's count, not starved; the control: the same
+    # half for 2 ranks on those cores is
+    crowded = {**record, "threads": {"torch": 1, "cpu_affinity": [0, 1]}, "nproc": 4,
+               "node_hardware": [{"host": "vm", "ranks": 4}]}
+    assert conditions_of(crowded, steady.assign(cpu_time_s=0.05))["cpu_share"] == pytest.approx(1.0)
+    alone = {**crowded, "nproc": 2, "node_hardware": [{"host": "vm", "ranks": 2}]}
+    assert conditions_of(alone, steady.assign(cpu_time_s=0.05))["cpu_share"] == pytest.approx(0.5)
     # an old record without conditions, steady steps: nothing to flag, nothing invented
     quiet = conditions_of({"strategy": "single", "placement": {"device": "cpu"}}, steady.assign(step_time_s=0.1).drop(columns=[
         "cpu_time_s", "clock_event_reasons"]))

@@ -166,7 +166,8 @@ def test_the_sizes_plan_names_what_fits_at_each_size(sizes_plan):
     assert text.count("GPT-2 ") >= 4 and "GPT-2 xl, 1,558M parameters:" in text
     assert "every configuration fits a 40 GB GPU" in text.split("GPT-2 medium")[0]
     xl = table[table["size"] == "xl"].set_index("config_id")
-    assert set(xl.index[xl["cannot_run"] != ""]) == {"tp-bf16-n4-xl", "fsdp-tp-bf16-n8-xl"}
+    assert set(xl.index[xl["cannot_run"] != ""]) == {"tp-bf16-n4-xl", "fsdp-tp-bf16-n8-xl", "ddp-tp2-bf16-n8-xl",
+                                                     "ddp-tp4-bf16-n8-xl", "ddp-tp2-pp2-bf16-n8-xl"}
     assert "cannot run tp-bf16-n4-xl: tp splits attention heads over 4 ranks, but model.n_head (25)" in text
     fits = xl[xl["cannot_run"] == ""]
     assert (fits["margin_40gb_gib"] < 0).all()

@@ -1,7 +1,7 @@
 """What `pytest -m gpu` proves on a GPU node, with real NCCL: every strategy x precision at one GPU and at
 all visible GPUs following single in the same precision (fp32 within GPU_RTOL, a reduced precision within
 MARGIN times what it alone does to single), the fp32 equivalence of dp/ddp/fsdp/horovod/tp/pp/apex-ddp with
-single at 2 GPUs and fsdp-tp's at 4, with summed gradients shown to fail it, Horovod on NCCL, a
+single at 2 GPUs, fsdp-tp's at 4 and the splits' at 4 and 8, with summed gradients shown to fail it, Horovod on NCCL, a
 kill-and-resume for every strategy, and the MFU benchmark. Skipped without CUDA; combinations the study
 itself refuses are skipped with its reason."""
 
@@ -21,6 +21,7 @@ from test_equivalence import (
     assert_summed_gradients,
     train_with_fault,
 )
+from test_splits import SPLITS
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES, ModelConfig, RunSpec, TrainConfig
@@ -202,6 +203,17 @@ def test_apex_ddp_with_summed_gradients_fails_on_gpus(gpu_reference, shards, par
 @pytest.mark.skipif(GPUS < 4, reason="needs 4 CUDA GPUs")
 def test_fsdp_tp_on_four_gpus_follows_single_in_fp32(gpu_reference, shards, params_file, tmp_path):
     gpt2dist(*train_args(shards, params_file, tmp_path, "fsdp-tp", *ONE_ROW, nproc=4))
+    assert_follows_reference(gpu_reference, tmp_path, rtol=GPU_RTOL, atol_params=GPU_RTOL)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy, nproc", SPLITS, ids=[s for s, _ in SPLITS])
+def test_each_split_follows_single_in_fp32_over_nccl(strategy, nproc, gpu_reference, shards, params_file, tmp_path):
+    """test_splits.py's splits on as many GPUs, NCCL's collectives on each group of the mesh."""
+    if GPUS < nproc:
+        pytest.skip(f"needs {nproc} CUDA GPUs")
+    gpt2dist(*train_args(shards, params_file, tmp_path, strategy, *ONE_ROW, nproc=nproc))
+    assert run_record(tmp_path)["placement"]["backend"] == "nccl"
     assert_follows_reference(gpu_reference, tmp_path, rtol=GPU_RTOL, atol_params=GPU_RTOL)
 
 

@@ -37,7 +37,11 @@ def test_each_split_follows_single_process(strategy, nproc, reference, trained):
     record = run_record(run)
     spec = RunSpec.model_validate(record["config"])
     state = record["model_state_bytes"]
-    assert (state["params"], state["grads"], state["optimizer"]) == model_state(spec)  # to the byte
+    measured = (state["params"], state["grads"], state["optimizer"])
+    assert measured == model_state(spec)  # to the byte
+    # the control: the count of the method alone, unsplit, misses what the split holds
+    assert model_state(spec.model_copy(update={"strategy": describe(strategy).method.name.replace("none", "ddp")},
+                                       deep=True)) != measured
     placement, split = record["placement"], parse_split(strategy)
     degrees = placement["degrees"]
     assert degrees["tp"] == split.tp and degrees["pp"] == split.pp

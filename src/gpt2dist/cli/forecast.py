@@ -157,9 +157,13 @@ def project_scaling(
     link_across: LinkAcross = None,
     nics: Nics = None,
     model_sizes: ModelSizes = None,
+    strategies: Annotated[Optional[str], typer.Option(help="Strategies or splits to project, e.g. "
+                                                      "ddp,fsdp,ddp-tp2,ddp-tp2-pp2 [default: the data-parallel "
+                                                      "strategies].")] = None,
 ) -> None:
-    """Project a preset's data-parallel strategies to GPU clusters with the link model (a projection, not a
-    measurement: compute from FLOPs at an assumed MFU, communication from the traffic model)."""
+    """Project a preset's strategies (the data-parallel ones, or any splits named) to GPU clusters with the link
+    model (a projection, not a measurement: compute from FLOPs at an assumed MFU, communication from the traffic
+    model, each group on its own link)."""
     from gpt2dist.config.presets import load_params
     from gpt2dist.pipeline.study import preset_sizes
     from gpt2dist.results.forecast_words import projection_report
@@ -170,8 +174,12 @@ def project_scaling(
     gpu, mfu = gpu or FORECAST_GPU, mfu or FORECAST_MFU
     links = links_of(gpu, link_inside, link_across, nics)
     sizes = _model_sizes(model_sizes) or preset_sizes(chosen)
+    named = tuple(dict.fromkeys(part.strip() for part in strategies.split(",") if part.strip())) if strategies \
+        else None
+    if strategies is not None and not named:
+        raise UsageError(f"--strategies {strategies!r}: name strategies or splits, e.g. --strategies ddp,ddp-tp2")
     for kind, text in projection_report(name, chosen, sizes, counts, gpu=gpu, precision=precision, mfu=mfu,
-                                        gpus_per_node=gpus_per_node, links=links):
+                                        gpus_per_node=gpus_per_node, links=links, strategies=named):
         say(text) if kind == "prose" else typer.echo(text)
 
 

@@ -11,6 +11,7 @@ import typer
 from gpt2dist.cli.common import (COUNT, GPU_COUNT, POSITIVE, Gpus, Nodes, Number, Overrides, Params, PresetName, app,
                                  cuda_visible, one_line_errors, planned_study, say)
 from gpt2dist.config.schema import PRECISIONS
+from gpt2dist.config.split import EXAMPLES
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
 
@@ -19,7 +20,8 @@ from gpt2dist.errors import UsageError
 @one_line_errors
 def train(
     data: Annotated[Path, typer.Option(help="Token shard directory (train.bin, val.bin, meta.json).")],
-    strategy: Annotated[str, typer.Option(help=" | ".join(STRATEGIES) + " (`gpt2dist strategies` says what each is)")],
+    strategy: Annotated[str, typer.Option(help=" | ".join(STRATEGIES) + " (`gpt2dist strategies` says what each is), "
+                                          f"or a split: a data-parallel method with degrees, such as {EXAMPLES}")],
     out: Annotated[Path, typer.Option(help="Run directory: metrics.jsonl, run.json, checkpoint.pt.")],
     precision: Annotated[str, typer.Option(help=" | ".join(PRECISIONS))] = "fp32",
     nproc: Annotated[Optional[int], typer.Option(help="Processes (devices for dp), on all nodes together "

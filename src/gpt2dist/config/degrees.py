@@ -110,6 +110,12 @@ class Degrees:
         sizes = self.sizes()
         return sum((sizes[dim] - 1) * self.stride(dim) for dim in dims)
 
+    def members_below(self, dims: tuple[str, ...], span: int) -> int:
+        """How many ranks of rank 0's group of `dims` (adjacent mesh dimensions: one of size their product, strided
+        as the innermost) are below rank `span`: on rank 0's node, for a node of `span` ranks."""
+        sizes = self.sizes()
+        return min(math.prod(sizes[dim] for dim in dims), -(-span // self.stride(dims[-1])))
+
     def group(self, rank: int, dims: tuple[str, ...]) -> list[int]:
         """The ranks that differ from `rank` only along `dims`: its group of those dimensions, in rank order."""
         at, sizes = self.coordinates(rank), self.sizes()

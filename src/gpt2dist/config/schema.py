@@ -293,7 +293,9 @@ class StudyConfig(_Strict):
                                         "other undisturbed runs (2 or more) and more than twice as far as they lie from "
                                         "each other; it is marked and left out of the statistics like a disturbed run.")
     min_cpu_share: float = Field(0.6, ge=0, le=1, description="On CPU, a run is disturbed when rank 0 got less than "
-                                 "this share of its compute threads' time (median CPU time / (step time x threads)). "
+                                 "this share of its compute threads' time (median CPU time / (step time x threads)), "
+                                 "of what the machine's cores let them have (4 ranks of a thread each on 2 cores: "
+                                 "half). "
                                  "Waiting on communication counts as idle: undisturbed tp and fsdp ranks at 2 processes "
                                  "get 0.74-0.87; a starved one far less. Not applied to pp, whose stages idle by design, "
                                  "nor on emulated nodes' shaped links, where ranks wait for the link.")

@@ -743,10 +743,22 @@ def spans_nodes(spec: RunSpec, group: str, nodes: int | None = None) -> bool:
     return degrees_of(spec).farthest(GROUP_DIMS[group]) >= spec.nproc // (nodes or spec.nodes)  # rank 0's is on node 0
 
 
+def link_streams(spec: RunSpec, group: str, nodes: int | None = None) -> int:
+    """How many groups of a kind send across one node's link at once: every rank of a node sends its bytes, and a
+    group with m ranks on a node (its ring crossing the node's link once each way) shares the link with the node's
+    other groups, per node / m of them (ddp over every rank: one; ddp-tp8 on nodes of 8: eight data-parallel
+    pairs). 1 for a group inside a node."""
+    if not spans_nodes(spec, group, nodes):
+        return 1
+    per_node = spec.nproc // (nodes or spec.nodes)
+    return per_node // degrees_of(spec).members_below(GROUP_DIMS[group], per_node)
+
+
 def crossing_bytes(spec: RunSpec, nodes: int | None = None) -> float:
-    """The bytes per step of the groups that span nodes (`nodes`: the spec's where not given, as for emulated
-    ones): what a link between nodes carries."""
-    return sum(part.bytes_per_step for part in traffic(spec).parts if spans_nodes(spec, part.group, nodes))
+    """The bytes per step a node's link carries each way (`nodes`: the spec's where not given, as for emulated
+    ones): each group that spans nodes, its busiest rank's bytes times the groups that share the link."""
+    return sum(part.bytes_per_step * link_streams(spec, part.group, nodes) for part in traffic(spec).parts
+               if spans_nodes(spec, part.group, nodes))
 
 
 def check_tensor_parallel_inside_nodes(spec: RunSpec, nodes: int) -> None:

@@ -24,11 +24,25 @@ def step_time_spread(step_times: pd.Series) -> float:
     return float((step_times - median).abs().median() / median) if median > 0 else float("nan")
 
 
-def cpu_share(steady: pd.DataFrame, threads: int | None) -> float:
-    """Rank 0's CPU time per step over what its compute threads could have used (median)."""
+def cpu_share(steady: pd.DataFrame, threads: int | None, attainable: float = 1.0) -> float:
+    """Rank 0's CPU time per step over what its compute threads could have used (median), where the machine's
+    cores let them have only `attainable` of it (more ranks' threads than cores: 4 ranks of a thread each on 2
+    cores get half each, undisturbed)."""
     if "cpu_time_s" not in steady or not threads:
         return float("nan")
-    return float((steady["cpu_time_s"] / (steady["step_time_s"] * threads)).median())
+    return float((steady["cpu_time_s"] / (steady["step_time_s"] * threads * attainable)).median())
+
+
+def attainable_share(record: dict, threads: int | None) -> float:
+    """The share of its threads' time a rank of this run can get when nothing else runs: its cores (its CPU
+    affinity) over the threads of every rank on them, at most 1. The ranks on them: all of the run's on emulated
+    nodes (one machine's cores), else those rank 0's host reported."""
+    cores = len((record.get("threads") or {}).get("cpu_affinity") or [])
+    hosts = record.get("node_hardware") or []
+    ranks = record.get("nproc", 1) if record.get("emulated_nodes") else (hosts[0].get("ranks", 1) if hosts else 1)
+    if not cores or not threads:
+        return 1.0
+    return min(1.0, cores / (ranks * threads))
 
 
 def gpu_slowdown_steps(steady: pd.DataFrame) -> int:
@@ -67,7 +81,7 @@ def conditions_of(record: dict, steady: pd.DataFrame) -> dict:
         "foreign_cpu_share": foreign_share_while_steady(conditions, steady),
         "steal_share": conditions.get("steal_share_mean", float("nan")),
         "step_time_spread": step_time_spread(steady["step_time_s"]),
-        "cpu_share": cpu_share(steady, threads) if judged else float("nan"),
+        "cpu_share": cpu_share(steady, threads, attainable_share(record, threads)) if judged else float("nan"),
         "gpu_slowdown_steps": gpu_slowdown_steps(steady),
     }
 
@@ -79,7 +93,7 @@ def disturbance(measures: dict, study: StudyConfig) -> str:
         reasons.append(f"other processes used {measures['foreign_cpu_share']:.0%} of its CPUs "
                        f"(limit {study.max_foreign_cpu_share:.0%})")
     if measures["cpu_share"] < study.min_cpu_share:
-        reasons.append(f"rank 0 got {measures['cpu_share']:.0%} of its threads' CPU time "
+        reasons.append(f"rank 0 got {measures['cpu_share']:.0%} of the CPU time its threads could have "
                        f"(limit {study.min_cpu_share:.0%})")
     if measures["step_time_spread"] > study.max_step_time_spread:
         reasons.append(f"step times spread {measures['step_time_spread']:.0%} around their median "

@@ -134,13 +134,14 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
 
 
 def projection_report(name: str, chosen: Preset, sizes: list[str | None], counts: list[int], *, gpu: str,
-                      precision: str, mfu: float, gpus_per_node: int, links: Links) -> list[Part]:
+                      precision: str, mfu: float, gpus_per_node: int, links: Links,
+                      strategies: tuple[str, ...] | None = None) -> list[Part]:
     """What `gpt2dist project-scaling` prints: its assumptions, the projected table, and why a strategy has none."""
     table = projection(name, chosen, gpu=gpu, precision=precision, mfu=mfu, gpus_per_node=gpus_per_node,
-                       node_counts=counts, links=links, sizes=sizes)
+                       node_counts=counts, links=links, sizes=sizes, **({"strategies": strategies} if strategies else {}))
     projected = table["note"] == "projection"
-    columns = ["size"] * (sizes != [None]) + ["strategy", "nodes", "gpus", "compute_ms", "communication_ms", "step_ms",
-                                             "tokens_per_s", "scaling_efficiency"]
+    columns = ["size"] * (sizes != [None]) + ["strategy", "nodes", "gpus", "compute_ms", "bubble_ms",
+                                             "communication_ms", "step_ms", "tokens_per_s", "scaling_efficiency"]
     said: list[Part] = [
         ("prose", f"Projection (not a measurement) of preset {name}: {gpu} {precision} at an assumed MFU of {mfu:.0%}, "
                   f"{gpus_per_node} GPUs per node, {links.words(max(counts))}, weak scaling: each GPU at the preset's "

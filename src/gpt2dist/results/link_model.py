@@ -19,11 +19,11 @@ import pandas as pd
 
 from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.schema import Preset
-from gpt2dist.config.strategies import STRATEGIES, check_run
+from gpt2dist.config.strategies import STRATEGIES, check_run, describe
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.run import Run
 from gpt2dist.pipeline.study import planned_spec
-from gpt2dist.results.plan import gpu_compute_seconds, gpu_step_seconds
+from gpt2dist.results.plan import gpu_step_terms
 from gpt2dist.system.hardware import COMPUTE_DTYPE
 from gpt2dist.system.links import Links
 
@@ -63,11 +63,13 @@ def predicted_vs_measured(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mfu: float, gpus_per_node: int,
-               node_counts: list[int], links: Links, sizes: list[str | None] = (None,)) -> pd.DataFrame:
-    """Projected tokens/s of the data-parallel strategies at `gpus_per_node` x each node count and each model
-    size (config.sizes; None: the preset's), weak scaling (each GPU keeps the preset's micro-batch, no
-    accumulation): compute at `mfu` of the GPU's peak, the traffic at the bus bandwidth of the cluster's `links`
-    less what the strategy overlaps with its computation (results.plan's GPU step)."""
+               node_counts: list[int], links: Links, sizes: list[str | None] = (None,),
+               strategies: tuple[str, ...] = PROJECTED_STRATEGIES) -> pd.DataFrame:
+    """Projected tokens/s of `strategies` (default: the data-parallel ones; any split, ddp-tp2 say) at
+    `gpus_per_node` x each node count and each model size (config.sizes; None: the preset's), weak scaling (each
+    GPU keeps the preset's micro-batch, no accumulation): compute at `mfu` of the GPU's peak, each group's traffic
+    at the bus bandwidth of the link it takes in the cluster's `links`, less what the strategy overlaps with its
+    computation (results.plan's GPU step)."""
     if precision not in COMPUTE_DTYPE:
         raise UsageError(f"--precision '{precision}' is not one of {', '.join(COMPUTE_DTYPE)}")
     if gpus_per_node < 1 or not node_counts or min(node_counts) < 1:
@@ -76,7 +78,9 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mf
     if not 0 < mfu <= 1:
         raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu}")
     rows = []
-    for size, strategy, nodes in itertools.product(sizes, PROJECTED_STRATEGIES, node_counts):
+    for strategy in strategies:
+        describe(strategy)  # an unknown name is one error line, before anything is projected
+    for size, strategy, nodes in itertools.product(sizes, strategies, node_counts):
         n = gpus_per_node * nodes
         spec = planned_spec(preset_name, preset, Run(strategy, precision, n, 0, nodes, size=size), "cuda",
                             weak_scaling=True)
@@ -86,11 +90,12 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mf
         except UsageError as exc:
             rows.append(row | {"note": f"not projected: {exc}"})
             continue
-        compute_s, step_s = gpu_compute_seconds(spec, gpu, mfu) / n, gpu_step_seconds(spec, gpu, mfu, links)
-        tokens_per_gpu = spec.train.micro_batch_size * spec.model.n_positions
-        rows.append(row | {"compute_ms": compute_s * 1e3, "communication_ms": (step_s - compute_s) * 1e3,
-                           "step_ms": step_s * 1e3, "tokens_per_s": n * tokens_per_gpu / step_s,
-                           "scaling_efficiency": compute_s / step_s, "note": "projection"})
+        terms = gpu_step_terms(spec, gpu, mfu, links)
+        step_s, tokens_per_gpu = terms.total_s, spec.train.micro_batch_size * spec.model.n_positions
+        rows.append(row | {"compute_ms": terms.compute_s * 1e3, "bubble_ms": terms.bubble_s * 1e3,
+                           "communication_ms": sum(terms.exposed_s.values()) * 1e3, "step_ms": step_s * 1e3,
+                           "tokens_per_s": n * tokens_per_gpu / step_s,
+                           "scaling_efficiency": terms.compute_s / step_s, "note": "projection"})
     return pd.DataFrame(rows).assign(preset=preset_name, gpu=gpu, precision=precision, assumed_mfu=mfu)
 
 

@@ -20,7 +20,7 @@ from tabulate import tabulate
 from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import flops_per_token, parameter_count
-from gpt2dist.config.strategies import check_run, overlap, spans_nodes, traffic
+from gpt2dist.config.strategies import check_run, link_streams, overlap, spans_nodes, traffic
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, planned_spec, selftested, Study
 from gpt2dist.results.prediction import StepTerms, step_terms
@@ -61,12 +61,20 @@ def gpu_step_terms(spec: RunSpec, gpu: str, mfu: float, links: Links) -> StepTer
     the link it takes in the cluster's `links` (inside a node, or across where its ranks span nodes), less the part
     the strategy sends under its computation."""
     hidden = overlap(spec)
-    parts = {part.group: (part.bytes_per_step, links.bus_bytes_per_s(spec.nodes if spans_nodes(spec, part.group)
-                                                                      else 1) / 1e9)
+    parts = {part.group: (part.bytes_per_step, group_bus_bytes_per_s(spec, part.group, links) / 1e9)
              for part in traffic(spec).parts}
     facts = {"strategy": spec.strategy, "nproc": spec.nproc, "nodes": spec.nodes, "emulated": False,
              "comm_parts": parts, "hidden_comm_bytes": hidden.bytes_per_step, "hidden_under": hidden.under}
     return step_terms(facts, gpu_compute_seconds(spec, gpu, mfu), "cuda", spec.train)
+
+
+def group_bus_bytes_per_s(spec: RunSpec, group: str, links: Links) -> float:
+    """The bus bandwidth one group of a kind gets: the link inside a node where its ranks stay on one, else the
+    node's NICs shared by the groups that cross them at once (config.strategies.link_streams), never more than the
+    link inside."""
+    if not spans_nodes(spec, group):
+        return links.bus_bytes_per_s(1)
+    return min(links.bus_bytes_per_s(1), links.bus_bytes_per_s(spec.nodes) / link_streams(spec, group))
 
 
 def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float, links: Links) -> float:

@@ -201,4 +201,4 @@ def rekeyed(optim_state: dict, key: dict) -> dict:
 
 def log_wrapping(strategy: Strategy, detail: str) -> None:
     """One log line saying what a strategy applied (rank 0 only; others log warnings only)."""
-    log.info("%s: %s", strategy.name, detail)
+    log.info("%s: %s", strategy.spec.strategy, detail)

@@ -10,7 +10,6 @@ DTensors need one); a one-dimensional run keeps the default process group, as it
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 
@@ -23,7 +22,6 @@ from torch.distributed.tensor import DTensor, Replicate
 from gpt2dist.config.degrees import MESH_ORDER
 from gpt2dist.config.strategies import describe
 from gpt2dist.system.allocation import rendezvous_port
-from gpt2dist.training.model import TokenLoss, transformer_blocks
 from gpt2dist.training.strategies.base import Placement, Strategy, claim_gpu, log_wrapping
 
 TENSOR_PARALLEL_COMPILE = ("the attention code is compiled with the block; under DTensor it would trace the "
@@ -135,8 +133,7 @@ class TorchDistributed(Strategy):
             self.pipeline.schedule(wrapped)
             self.wrapping |= self.pipeline.wrapping()
         if self.splits_model:
-            log_wrapping(self, f"{self.spec.strategy}: " + ", ".join(f"{dim} {size}" for dim, size in
-                                                                   degrees.sizes().items() if size > 1))
+            log_wrapping(self, ", ".join(f"{dim} {size}" for dim, size in degrees.sizes().items() if size > 1))
         return (part if self.pipeline else wrapped[0]), optimizer
 
     def data_parallel(self, part: nn.Module, stages: list[nn.Module], make_optimizer, precision):
@@ -145,12 +142,7 @@ class TorchDistributed(Strategy):
         return stages, make_optimizer(part)
 
     def loss_module(self, model, precision, loss):
-        if self.pipeline:
-            return self.pipeline.loss_module(loss)
-        return TokenLoss(model, precision.autocast, loss)
-
-    def accumulate(self, model, last):
-        return contextlib.nullcontext()
+        return self.pipeline.loss_module(loss) if self.pipeline else super().loss_module(model, precision, loss)
 
     def forward(self, loss_module, inputs, targets, accum):
         if self.pipeline:
