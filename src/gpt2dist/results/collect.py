@@ -274,7 +274,7 @@ def summarise(runs: pd.DataFrame, study: Study, device_name: str | None) -> pd.D
             centre, low, high = log_interval(chosen[metric])
             row |= {metric: centre, f"{metric}_ci_low": low, f"{metric}_ci_high": high}
         for part in PER_CONFIGURATION + [c for c in chosen if c.startswith(LEDGER) or c.startswith("traced_")]:
-            row[part] = chosen[part].median()
+            row[part] = chosen[part].median() if part in chosen else math.nan  # a column runs collected before lack
         row["grad_accum_steps"] = chosen["grad_accum_steps"].iloc[0]
         row["backend"] = chosen["backend"].iloc[0]
         row["busbw_gb_s"] = chosen["busbw_gb_s"].median()
