@@ -23,7 +23,7 @@ from gpt2dist.config.strategies import STRATEGIES, describe
 
 from conftest import REPO, assert_answer_or_one_error, run_record
 
-BUNDLES = ("cpu-study", "two-node-cpu")
+BUNDLES = ("cpu-study", "two-node-cpu", "two-node-splits-cpu")
 
 
 def bundle_records(name: str) -> list[dict]:

@@ -98,7 +98,8 @@ def test_nothing_to_bundle_is_one_error(tmp_path):
     assert not (tmp_path / "x.tar.gz").exists()
 
 
-@pytest.mark.parametrize("study", ["cpu-study", pytest.param("two-node-cpu", marks=pytest.mark.slow)])  # the fast tier: one
+@pytest.mark.parametrize("study", ["cpu-study", pytest.param("two-node-cpu", marks=pytest.mark.slow),
+                                   pytest.param("two-node-splits-cpu", marks=pytest.mark.slow)])  # the fast tier: one
 def test_the_shipped_reference_bundle_reproduces_docs_reference(study, reference_study, tmp_path):
     """Every figure and table under docs/reference/<study>/ comes from the bundle beside it, by one command."""
     reference, rebuilt = REPO / "docs" / "reference" / study, reference_study(study)

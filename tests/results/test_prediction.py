@@ -41,7 +41,7 @@ def test_the_step_model_by_hand():
     assert math.isnan(predicted_step_time(row("ddp", 2), math.nan, "cpu", four))  # no single run to calibrate on
 
 
-@pytest.fixture(scope="module", params=["cpu-study", "two-node-cpu"])
+@pytest.fixture(scope="module", params=["cpu-study", "two-node-cpu", "two-node-splits-cpu"])
 def rebuilt(request, tmp_path_factory) -> tuple[pd.DataFrame, TrainConfig]:
     """A reference study's summary (the committed one, which test_bundle.py holds equal to its bundle's rebuild),
     and its preset's train settings."""

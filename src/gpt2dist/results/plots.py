@@ -13,6 +13,7 @@ cut there with its end written beside it, so that one wide interval does not fla
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,9 +31,10 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from gpt2dist.config.configuration import configuration_name  # noqa: E402
 from gpt2dist.config.schema import PRECISIONS, STRATEGY_NAMES  # noqa: E402
-from gpt2dist.config.split import strategy_order  # noqa: E402
+from gpt2dist.config.split import COMPOSING, NONE, parse_split, strategy_order  # noqa: E402
 from gpt2dist.config.placement import Kind, Placement  # noqa: E402
 from gpt2dist.config.strategies import REFERENCE  # noqa: E402
+from gpt2dist.errors import UsageError  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
 from gpt2dist.pipeline.layout import LINK_FIGURE  # noqa: E402
 from gpt2dist.results.collect import in_study_order  # noqa: E402
@@ -72,16 +74,25 @@ def _tint(colour: tuple, white: float) -> tuple:
     return tuple(c + (1 - c) * white for c in colour)
 
 
-# For the strategies that name their degrees (ddp-tp2-pp2): tab10's colours the palette above has no near twin of
-SPLIT_COLOURS = ("#9467bd", "#bcbd22", "#17becf", "#e377c2", "#8c564b", "#7f7f7f", "#2ca02c", "#ff7f0e")
+# For the splits that name their degrees (ddp-tp2-pp2): eleven colours of Trubetskoy's distinct set, away from the
+# palette above, given in SPLIT_DEGREES' order (degrees, then method) so that the splits likeliest to meet in one
+# study (ddp-tp2, fsdp-tp2, ddp-pp2, fsdp-pp2, tp2-pp2, ddp-tp2-pp2; paper-sizes' own) differ
+SPLIT_COLOURS = ("#e6194b", "#911eb4", "#bfef45", "#f032e6", "#800000", "#000075", "#42d4f4", "#9a6324", "#3cb44b",
+                 "#fabed4", "#ffe119")
+SPLIT_DEGREES = [(2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (4, 2), (2, 4), (8, 1), (1, 8), (4, 4), (8, 2), (2, 8)]
+SPLIT_METHODS = (*COMPOSING, NONE)
 
 
 class _Styles(dict):
-    """The named strategies' styles, and any other's made when first asked for."""
+    """The named strategies' styles, and a split's made when first asked for: its place in the splits' order
+    (degrees, then method) picks its colour and marker, the same in every figure."""
 
     def __missing__(self, strategy: str) -> dict:
-        _, method, tp, pp = strategy_order(strategy)[:4]
-        index = (method * 8 + int(tp).bit_length()) * 8 + int(pp).bit_length()  # (method, tp, pp): its own index
+        try:
+            split = parse_split(strategy)
+            index = SPLIT_DEGREES.index((split.tp, split.pp)) * len(SPLIT_METHODS) + SPLIT_METHODS.index(split.method)
+        except (UsageError, ValueError):  # an unlikely split: after the likely ones, by its name
+            index = len(SPLIT_DEGREES) * len(SPLIT_METHODS) + zlib.crc32(strategy.encode()) % 97
         self[strategy] = {"color": mcolors.to_rgb(SPLIT_COLOURS[index % len(SPLIT_COLOURS)]),
                           "marker": MARKERS[index % len(MARKERS)]}
         return self[strategy]
