@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from test_equivalence import assert_follows_reference, train_with_fault
+from test_equivalence import RTOL, assert_follows_reference, train_with_fault
 from torch.distributed.device_mesh import init_device_mesh
 
 from gpt2dist.config.memory import model_state
@@ -84,15 +84,14 @@ class UncheckedTransposedMesh(TransposedMesh):
 @pytest.mark.timeout(300)
 def test_a_transposed_mesh_is_refused_and_would_leave_the_curve(reference, shards, params_file, tmp_path):
     """The layout check refuses a mesh whose groups are not config.degrees' before a step; and the control of the
-    equivalence test: the same transposed mesh unchecked trains off single's curve from the first step."""
+    equivalence test: the same transposed mesh unchecked already leaves single's curve at its first step, beyond the
+    tolerance each step of that test is held to (two steps here: the first is what decides)."""
     with pytest.raises(Exception, match=r"the device mesh's tp group \[\d, \d\] is not config.degrees' \[\d, \d\]"):
         train_with_fault(TransposedMesh, shards, params_file, tmp_path / "checked", nproc=4, strategy="ddp-tp2")
     train_with_fault(UncheckedTransposedMesh, shards, params_file, tmp_path / "unchecked", nproc=4,
-                     strategy="ddp-tp2")
-    with pytest.raises(AssertionError):
-        assert_follows_reference(reference, tmp_path / "unchecked")
-    assert read_metrics(tmp_path / "unchecked")[0]["loss"] != pytest.approx(read_metrics(reference)[0]["loss"],
-                                                                              rel=1e-5)
+                     strategy="ddp-tp2", overrides=["train.max_steps=2"])
+    first, theirs = read_metrics(tmp_path / "unchecked")[0]["loss"], read_metrics(reference)[0]["loss"]
+    assert abs(first / theirs - 1) > RTOL, (first, theirs)
 
 
 # What a252f20, the code before the grammar, computed for paper's bf16 run of each named strategy (FINGERPRINTED's
