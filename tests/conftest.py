@@ -618,6 +618,30 @@ def kill_after_checkpoint(args, out, step: int) -> None:
     assert run_record(out)["status"] in ("running", "interrupted"), "the run finished before it could be killed"
 
 
+def kill_forked_ranks_after_checkpoint(shards: Path, params: Path, out: Path, strategy: str, *extra: str, nproc: int,
+                                       step: int) -> None:
+    """train_in_forked_ranks' run SIGKILLed, every rank at once (a node's failure), once the checkpoint of `step`
+    exists: the ranks' own resume, without a launcher's start around each of the two runs (the launchers' kills
+    are every named strategy's tests)."""
+    import torch.multiprocessing
+
+    gpt2dist(*train_args(shards, params, out, strategy, *extra, nproc=nproc), "--print-command")
+    context = torch.multiprocessing.start_processes(
+        _rank_in_environment, args=(rank_of_spec, dict(os.environ), str(out / "spec.json"), free_port(), nproc),
+        nprocs=nproc, join=False, start_method="forkserver")
+    deadline = time.monotonic() + 120
+    while (not checkpoint_at_least(out, step) and all(p.is_alive() for p in context.processes)
+           and time.monotonic() < deadline):
+        time.sleep(0.01)
+    for process in context.processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+    for process in context.processes:
+        process.join(30)
+    assert checkpoint_at_least(out, step) and rank_report(out).get("status") != "completed", \
+        "the run ended, or never reached its checkpoint, before it could be killed"
+
+
 def checkpoint_at_least(out, step: int) -> bool:
     with contextlib.suppress(FileNotFoundError, ValueError):
         return rank_report(out).get("checkpoint_step", 0) >= step

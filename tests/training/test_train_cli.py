@@ -17,7 +17,8 @@ from gpt2dist.training.loop import Trainer
 from gpt2dist.training.loop import run as train
 
 from conftest import (RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, gpt2dist, kill_after_checkpoint,
-                      kill_point, rank_report, read_metrics, run_record, train_args)
+                      kill_forked_ranks_after_checkpoint, kill_point, rank_report, read_metrics, run_record, train_args,
+                      train_in_forked_ranks)
 
 pytestmark = pytest.mark.slow
 
@@ -63,9 +64,6 @@ def test_compile_where_it_cannot_apply_is_recorded_with_the_reason(shards, param
 @pytest.mark.parametrize("strategy, nproc, precision", [
     ("single", 1, "fp32"), ("dp", 1, "fp32"), ("fsdp", 2, "fp32"), ("tp", 2, "fp32"), ("pp", 2, "bf16"),
     ("fsdp-tp", 4, "fp32"), ("hsdp", 4, "fp32"), ("zero1", 2, "fp32"), ("zero2", 2, "fp32"),
-    # the splits of test_splits.py: DP x TP, DP x PP, FSDP x PP, TP x PP and all three
-    ("ddp-tp2", 4, "fp32"), ("ddp-pp2", 4, "fp32"), ("fsdp-pp2", 4, "fp32"), ("tp2-pp2", 4, "fp32"),
-    ("ddp-tp2-pp2", 8, "fp32"),
 ])
 def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision, trained, shards, params_file,
                                                       tmp_path):
@@ -80,6 +78,26 @@ def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision
     assert record["status"] == "completed" and 0 < record["resumed_from_step"] < RESUME_STEPS
     # what the launcher adds: how busy the machine was meanwhile, and the command that started the run
     assert record["conditions"]["foreign_cpu_share"] and record["command_line"].endswith(shlex.join(RESUME_EXTRA))
+    assert_resumed_exactly(killed, whole)
+
+
+# the splits of test_splits.py: DP x TP, DP x PP, FSDP x PP, TP x PP and all three
+SPLITS = [("ddp-tp2", 4), ("ddp-pp2", 4), ("fsdp-pp2", 4), ("tp2-pp2", 4), ("ddp-tp2-pp2", 8)]
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("strategy, nproc", SPLITS, ids=[s for s, _ in SPLITS])
+def test_a_split_killed_then_rerun_resumes_to_the_same_state(strategy, nproc, trained, shards, params_file, tmp_path):
+    """Bitwise, as every strategy's: the ranks of a split killed at once after a checkpoint, then started again on
+    the same spec, end where the uninterrupted run ends: each rank restores its stage and tensor-parallel slice
+    from single's layout. (The ranks are forked, as the session's trained runs are: the launcher's part of a kill
+    is the same torchrun for every strategy, killed and rerun by the tests above.)"""
+    whole, killed = trained(strategy, nproc=nproc), tmp_path / "killed"
+    kill_forked_ranks_after_checkpoint(shards, params_file, killed, strategy, *RESUME_EXTRA, nproc=nproc,
+                                       step=kill_point(f"{strategy}-{nproc}-fp32"))
+    train_in_forked_ranks(shards, params_file, killed, strategy, *RESUME_EXTRA, nproc=nproc)
+    record = run_record(killed)
+    assert record["status"] == "completed" and 0 < record["resumed_from_step"] < RESUME_STEPS
     assert_resumed_exactly(killed, whole)
 
 
