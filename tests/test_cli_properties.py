@@ -196,6 +196,30 @@ def test_a_file_of_any_content_where_another_kind_is_expected_is_one_error_line(
     assert_answer_or_one_error(code, out, err)
 
 
+@seed(20261201)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=CONTENTS)
+@example(content=b"")
+@example(content=b'{"status": "completed"}')
+def test_a_run_record_of_any_content_is_read_or_one_error_line_naming_it(content, params_file, tmp_path_factory):
+    """A finished run's run.json as any bytes, where estimate and progress count what is done: a JSON object is
+    read (a completed one without its times counts as not finished); anything else is one line naming the file
+    and what to do, never a count that leaves the run out without a word (an empty one did)."""
+    runs = tmp_path_factory.mktemp("runs")
+    record = runs / "single-fp32-n1-r0" / "run.json"  # the tiny preset's first run
+    record.parent.mkdir()
+    record.write_bytes(content)
+    code, out, err = invoke("progress", "--params", str(params_file), "--runs", str(runs))
+    assert_answer_or_one_error(code, out, err, answer="study:")
+    try:
+        readable = isinstance(json.loads(content), dict)
+    except ValueError:
+        readable = False
+    assert (code == 0) is readable, (content, out, err)
+    if not readable:
+        assert f"{record} cannot be read" in err and "delete its run directory" in err
+
+
 # A safetensors header (8 bytes of its length, then JSON) that promises bytes the file lacks
 PROMISING = b'{"transformer.wte.weight": {"dtype": "F32", "shape": [512, 32], "data_offsets": [0, 65536]}}'
 

@@ -7,7 +7,7 @@ import time
 
 import yaml
 
-from conftest import REPO
+from conftest import REPO, gpt2dist
 from gpt2dist.pipeline.duration import Calibration, estimate_line, progress_line, run_seconds, selftest_seconds
 from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.jobs import selftest_command
@@ -83,3 +83,20 @@ def test_a_study_without_selftests_counts_none(tmp_path):
     unchecked = plan_study(load_params(tmp_path / "params.yaml"), "cpu", 0)
     assert selftest_seconds(unchecked, CALIBRATION, cores=2) == {}
     assert len(selftest_seconds(STUDY, CALIBRATION, cores=2)) == len(configurations(STUDY))  # control: on by default
+
+
+def test_an_unreadable_run_record_ends_the_estimate_in_one_line_and_writes_nothing(params_file, tmp_path):
+    """An empty run.json under --runs once ended in a traceback; before that, counted as no run at all, the study's
+    estimate went on as if the runs were not given. The control: the same directory without it is estimated (no
+    timing: the tiny preset's one-process study, planned for GPUs this host lacks, says so and writes nothing)."""
+    record = tmp_path / "runs" / "single-fp32-n1-r0" / "run.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("")
+    done = gpt2dist("estimate", "--params", params_file, "--runs", tmp_path / "runs", "--out", tmp_path / "e.json",
+                    check=False)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {record} cannot be read"), done
+    assert "delete its run directory" in lines[0] and not (tmp_path / "e.json").exists()
+    record.unlink()
+    assert gpt2dist("progress", "--params", params_file, "--runs", tmp_path / "runs").stdout.startswith(
+        "study: 0 of 4 runs done")

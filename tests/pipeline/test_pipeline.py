@@ -48,6 +48,7 @@ def test_snakemake_produces_everything_then_does_nothing(finished_copy):
     assert summary["configs"]["single-fp32-n1"]["ledger_comm_exposed_s"] == 0
     log = (finished_copy / "logs" / "train" / "ddp-fp32-n2-r1.log").read_text()
     assert "\r" not in log and "step 8/8" in log  # readable lines in a log file, no progress bar
+    assert "profiler_start" not in log  # its traced steps add none of the profiler's own lines
     again = run(["snakemake", "--cores", "2"], finished_copy)
     assert "Nothing to be done" in again.stdout + again.stderr
 

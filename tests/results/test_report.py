@@ -35,7 +35,7 @@ def test_a_claim_judged_otherwise_in_another_stored_study_is_marked_unstable(tmp
                                        for f in summary["findings"]]}
     stored(tmp_path / "stored", "again", flipped)
     stored(tmp_path / "stored", "other-preset", {**flipped, "preset": "two-node-cpu"})  # not this preset: skipped
-    gpt2dist("report", "--results", own, "--against", tmp_path / "stored", "--against", tmp_path / "missing")
+    gpt2dist("report", "--results", own, "--against", tmp_path / "stored")
     row = claim_row(own)
     assert row[1:2] == ["supported, but unstable"] and row[-1] == "not distinguishable from noise in 1 of 1", row
     assert "in the 1 other stored study of this preset" in (own / "findings.md").read_text()
@@ -46,15 +46,32 @@ def test_a_claim_judged_otherwise_in_another_stored_study_is_marked_unstable(tmp
     gpt2dist("report", "--results", own, "--against", tmp_path / "stored")
     assert ", but unstable" not in (own / "findings.md").read_text()
     assert claim_row(own)[1:2] == ["supported"] and claim_row(own)[-1] == "supported in 1 of 1"
-    # and without other studies, no column at all (the reference's own findings.md, rebuilt from its bundle)
-    gpt2dist("report", "--results", own)
+    # and without other studies, no column at all (the reference's own findings.md, rebuilt from its bundle): where
+    # the default, docs/reference, is not (a copy of the workflow without it), a warning and the report goes on
+    done = gpt2dist("report", "--results", own, cwd=tmp_path)
+    assert "warning: docs/reference: no such directory, so no stored study" in " ".join(done.stderr.split())
     assert "other stored" not in (own / "findings.md").read_text() and len(claim_row(own)) == 3
-    # looked for and not found: said, in findings.md, and a place that does not exist on stderr
-    done = gpt2dist("report", "--results", own, "--against", tmp_path / "missing")
-    assert f"warning: --against {tmp_path / 'missing'}: no such directory" in " ".join(done.stderr.split())
+    # looked for and not found: said in findings.md
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    gpt2dist("report", "--results", own, "--against", empty)
     assert "No other stored study of preset `cpu` was found to set these verdicts beside" in \
         (own / "findings.md").read_text()
     assert len(claim_row(own)) == 3
+
+
+def test_a_stored_studies_path_that_does_not_exist_is_one_error_line_and_no_report(tmp_path):
+    """`--against` a mistyped path once warned and ended in an ok: line, exit 0, as a finished comparison does;
+    named on the command line it is refused. The control: the default, where it does not exist, stays a warning
+    (the test above)."""
+    own = tmp_path / "results"
+    own.mkdir()
+    shutil.copy(REFERENCE / "summary.json", own / "summary.json")
+    refused = gpt2dist("report", "--results", own, "--against", tmp_path / "missing", check=False)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert lines[0].startswith(f"error: --against {tmp_path / 'missing'}: no such directory") and not refused.stdout
+    assert not (own / "findings.md").exists() and not (own / "summary.md").exists()
 
 
 def test_a_file_given_as_the_studies_to_compare_with_is_one_error_line(tmp_path):

@@ -4,6 +4,10 @@ the collectives the traffic model predicts."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from gpt2dist.config.schema import ModelConfig
@@ -55,6 +59,31 @@ def test_cuda_traces_count_kernels_and_nccl_and_the_host_waits_of_untraced_colle
     ledger = summarise_trace(trace, cuda=True)
     assert ledger["compute_s"] == pytest.approx(40e-6) and ledger["comm_hidden_s"] == pytest.approx(10e-6)
     assert ledger["comm_exposed_s"] == pytest.approx(30e-6) and ledger["idle_s"] == pytest.approx(20e-6)
+
+
+TRACE_ONE_STEP = """
+import sys, torch
+from torch.profiler import ProfilerActivity, profile
+from gpt2dist.training.ledger import StepTracer
+if sys.argv[1] == "tracer":
+    tracer = StepTracer(range(1), torch.device("cpu"), 4)
+    with tracer.step(0):
+        torch.ones(8) @ torch.ones(8)
+    tracer.ledger(summarise=True)
+else:
+    with profile(activities=[ProfilerActivity.CPU]):
+        torch.ones(8) @ torch.ones(8)
+"""
+
+
+def test_a_traced_step_adds_no_lines_of_the_profilers_own_to_the_log():
+    """Every traced step of every rank once logged kineto's profiler_start and profiler_stop between the loss
+    lines. The control: torch.profiler started without the tracer logs them here."""
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    said = {how: subprocess.run([sys.executable, "-c", TRACE_ONE_STEP, how], env=env, capture_output=True, text=True,
+                                check=True, timeout=120) for how in ("tracer", "profiler")}
+    assert "profiler_start" not in said["tracer"].stdout + said["tracer"].stderr, said["tracer"]
+    assert "profiler_start" in said["profiler"].stdout + said["profiler"].stderr, said["profiler"]
 
 
 def test_union_merges_overlaps_and_drops_empty_spans():

@@ -11,6 +11,7 @@ import typer
 from gpt2dist.cli.common import (COUNT, WARNING_CONTINUED, Gpus, Nodes, Params, PresetName, RunsDir, app,
                                  one_line_errors, planned_study, say)
 from gpt2dist.errors import UsageError
+from gpt2dist.pipeline.layout import STORED_STUDIES
 
 
 @app.command()
@@ -87,22 +88,29 @@ def report(
     results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results"),
     against: Annotated[Optional[list[Path]], typer.Option(
         help="Other stored studies to set each claim's verdict beside: a study's results directory, or a directory "
-             "of them (docs/reference); those of another preset are skipped. Repeatable.")] = None,
+             f"of them; those of another preset are skipped. Repeatable [default: {STORED_STUDIES}, where it "
+             "exists].")] = None,
 ) -> None:
     """Write results/summary.md and findings.md: the answer, the comparison table, the claims and the environment."""
     from gpt2dist.results.inputs import read_summary
 
     read_summary(results)  # a missing or foreign summary is told before pandas and scipy load
     for place in against or []:
-        if place.exists() and not place.is_dir():
+        if place.is_file():
             raise UsageError(f"--against {place} is a file: give a study's results directory (one with summary.json), "
-                             "or a directory of them such as docs/reference")
-        if not place.exists():  # the pipeline names docs/reference, which a copy of the workflow may lack
-            say(f"warning: --against {place}: no such directory, so no study there to compare with", err=True,
+                             f"or a directory of them such as {STORED_STUDIES}")
+        if not place.exists():  # named on the command line: a mistyped path, not a comparison with nothing
+            raise UsageError(f"--against {place}: no such directory; name a study's results directory or a directory "
+                             f"of them (such as {STORED_STUDIES}), or leave --against out")
+    if against is None:
+        stored = Path(STORED_STUDIES)
+        if not stored.is_dir():  # the default, which a copy of the workflow may lack: a warning, the report goes on
+            say(f"warning: {stored}: no such directory, so no stored study to compare with", err=True,
                 indent=WARNING_CONTINUED)
+        against = [stored] if stored.is_dir() else []
     from gpt2dist.results.report import report as run_report
 
-    typer.echo(f"ok: {run_report(results, against or [])}")
+    typer.echo(f"ok: {run_report(results, against)}")
 
 
 @app.command()

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpt2dist.config.sizes import flops_per_token
+from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_write_json
 from gpt2dist.pipeline.layout import ESTIMATE_FILE, RUNS_DIR
 from gpt2dist.pipeline.run import Run
@@ -99,12 +100,27 @@ def job_seconds(record: dict) -> float:
     return wall_seconds(record) + conditions.get("startup_s", 0.0) + conditions.get("waited_for_quiet_s", 0.0)
 
 
+def read_record(path: Path) -> dict:
+    """A run's record; one that cannot be read (empty, cut short, not an object) is an error naming it and the
+    fix: it is written atomically, so such a file was damaged afterwards, and counting it as unfinished would
+    estimate a study that is not this one."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        record = exc
+    if not isinstance(record, dict):
+        why = " ".join(str(record).split()) if isinstance(record, Exception) else "not a JSON object"
+        raise UsageError(f"{path} cannot be read ({why}); delete its run directory {path.parent} so that the study "
+                         "trains that run again, or train it again with `gpt2dist train`")
+    return record
+
+
 def finished_runs(study: Study, runs_dir: Path | str = RUNS_DIR) -> dict[str, float]:
     """Run id -> seconds (job_seconds) of every run of the study that has completed."""
     done = {}
     for run in study.runs:
         path = Path(runs_dir) / run.run_id / "run.json"
-        record = json.loads(path.read_text()) if path.exists() else {}
+        record = read_record(path) if path.exists() else {}
         if record.get("status") == "completed" and math.isfinite(seconds := job_seconds(record)):
             done[run.run_id] = seconds
     return done

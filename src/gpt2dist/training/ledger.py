@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -82,6 +83,9 @@ class StepTracer:
 
     def __init__(self, steps: range, device: torch.device, list_element_bytes: int):
         self.steps, self.device, self.list_element_bytes = steps, device, list_element_bytes
+        # kineto reads its level when the first profiler starts: without this, every traced step of every rank
+        # logs its own profiler_start/profiler_stop lines between the loss lines (a user's setting is kept)
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         self.profiler: profile | None = None
 
     @contextlib.contextmanager
