@@ -16,6 +16,7 @@ import yaml
 from matplotlib.collections import PathCollection
 
 from gpt2dist.results.inputs import SUMMARY_KEYS
+from gpt2dist.training.ledger import KEPT, read_trace
 
 from reduced_study import REPO, assert_same_training_numbers, copy_workflow, run
 
@@ -46,6 +47,14 @@ def test_snakemake_produces_everything_then_does_nothing(finished_copy):
     ddp = summary["configs"]["ddp-fp32-n2"]
     assert ddp["ledger_comm_hidden_s"] + ddp["ledger_comm_exposed_s"] > 0 and ddp["traced_collective_bytes_per_step"] > 0
     assert summary["configs"]["single-fp32-n1"]["ledger_comm_exposed_s"] == 0
+    # one run's kept traces per configuration, one per rank, linked from summary.md
+    assert summary["traces"]["ddp-fp32-n2"]["files"] == ["traces/ddp-fp32-n2.rank0.json.gz",
+                                                         "traces/ddp-fp32-n2.rank1.json.gz"]
+    assert summary["traces"]["ddp-fp32-n2"]["run_id"] == "ddp-fp32-n2-r0" and set(summary["traces"]) == set(summary["configs"])
+    for rank, path in enumerate(summary["traces"]["ddp-fp32-n2"]["files"]):
+        assert read_trace(finished_copy / "results" / path)[KEPT]["rank"] == rank
+    assert "| [0](traces/ddp-fp32-n2.rank0.json.gz) [1](traces/ddp-fp32-n2.rank1.json.gz) |" in \
+        (finished_copy / "results" / "summary.md").read_text()
     log = (finished_copy / "logs" / "train" / "ddp-fp32-n2-r1.log").read_text()
     assert "\r" not in log and "step 8/8" in log  # readable lines in a log file, no progress bar
     assert "profiler_start" not in log  # its traced steps add none of the profiler's own lines
@@ -93,6 +102,7 @@ def test_report_html_has_every_figure(finished_copy):
     html = (finished_copy / "results" / "report.html").read_text(errors="ignore")
     assert len(html) > 100_000 and "loss_deviation.png" in html and "throughput.png" in html and "findings.md" in html
     assert "Study: preset cpu, 2 configurations, 4 runs (2 repeats each)" in html  # captions name the study they show
+    assert all(f"{name}.json.gz" in html for name in ("single-fp32-n1.rank0", "ddp-fp32-n2.rank0", "ddp-fp32-n2.rank1"))
 
 
 def test_the_same_numbers_check_catches_one_loss_off_by_two_parts_in_a_million(finished_study, tmp_path):

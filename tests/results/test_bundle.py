@@ -69,10 +69,14 @@ def test_the_same_runs_bundle_to_the_same_bytes(finished_study, study_bundle, tm
     assert again.read_bytes() == study_bundle.read_bytes()
     files = members(again)
     assert list(files)[0] == "MANIFEST.sha256"  # first, so a reader can check as it streams
-    assert sorted(files) == ["MANIFEST.sha256", "bundle.json", "data/meta.json", "params.yaml",
-                             *sorted(f"runs/{run}/{name}" for run in ("ddp-fp32-n2-r0", "ddp-fp32-n2-r1",
-                                                                      "single-fp32-n1-r0", "single-fp32-n1-r1")
-                                     for name in ("metrics.jsonl", "run.json"))]
+    assert sorted(files) == sorted(["MANIFEST.sha256", "bundle.json", "data/meta.json", "params.yaml",
+                                    *(f"runs/{run}/{name}" for run in ("ddp-fp32-n2-r0", "ddp-fp32-n2-r1",
+                                                                       "single-fp32-n1-r0", "single-fp32-n1-r1")
+                                      for name in ("metrics.jsonl", "run.json")),
+                                    # the traces the report links: each configuration's first repeat, every rank
+                                    "runs/ddp-fp32-n2-r0/trace-rank0.json.gz",
+                                    "runs/ddp-fp32-n2-r0/trace-rank1.json.gz",
+                                    "runs/single-fp32-n1-r0/trace-rank0.json.gz"])
 
 
 @pytest.mark.slow  # a whole pipeline study first (finished_study)
@@ -90,6 +94,9 @@ def test_a_run_that_did_not_complete_is_listed_not_packed(study_bundle, tmp_path
     assert list(description["missing_runs"]) == ["ddp-fp32-n2-r1"]
     gpt2dist("figures", "--from", out, "--out", tmp_path / "rebuilt")
     assert "ddp-fp32-n2-r1" in json.loads((tmp_path / "rebuilt" / "summary.json").read_text())["missing_runs"]
+    # the traces the rebuilt report links travelled in the bundle
+    assert sorted(p.name for p in (tmp_path / "rebuilt" / "traces").iterdir()) == [
+        "ddp-fp32-n2.rank0.json.gz", "ddp-fp32-n2.rank1.json.gz", "single-fp32-n1.rank0.json.gz"]
 
 
 def test_nothing_to_bundle_is_one_error(tmp_path):

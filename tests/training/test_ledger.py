@@ -12,7 +12,7 @@ import pytest
 
 from gpt2dist.config.schema import ModelConfig
 from gpt2dist.config.sizes import parameter_count
-from gpt2dist.training.ledger import COMM_WAIT, DATA, PARTS, STEP, summarise_trace, union
+from gpt2dist.training.ledger import COMM_WAIT, DATA, KEPT, PARTS, STEP, read_trace, summarise_trace, union
 
 from conftest import TINY_PRESET, read_metrics, run_record
 
@@ -64,24 +64,27 @@ def test_cuda_traces_count_kernels_and_nccl_and_the_host_waits_of_untraced_colle
 TRACE_ONE_STEP = """
 import sys, torch
 from torch.profiler import ProfilerActivity, profile
-from gpt2dist.training.ledger import StepTracer
+from pathlib import Path
+from gpt2dist.training.ledger import StepTracer, timed_step
 if sys.argv[1] == "tracer":
     tracer = StepTracer(range(1), torch.device("cpu"), 4)
-    with tracer.step(0):
+    with tracer.step(0), timed_step():
         torch.ones(8) @ torch.ones(8)
-    tracer.ledger(summarise=True)
+    tracer.ledger(summarise=True, keep=Path(sys.argv[2]), rank=0)
 else:
     with profile(activities=[ProfilerActivity.CPU]):
         torch.ones(8) @ torch.ones(8)
 """
 
 
-def test_a_traced_step_adds_no_lines_of_the_profilers_own_to_the_log():
+def test_a_traced_step_adds_no_lines_of_the_profilers_own_to_the_log(tmp_path):
     """Every traced step of every rank once logged kineto's profiler_start and profiler_stop between the loss
     lines. The control: torch.profiler started without the tracer logs them here."""
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
-    said = {how: subprocess.run([sys.executable, "-c", TRACE_ONE_STEP, how], env=env, capture_output=True, text=True,
-                                check=True, timeout=120) for how in ("tracer", "profiler")}
+    said = {how: subprocess.run([sys.executable, "-c", TRACE_ONE_STEP, how, str(tmp_path / "kept.json.gz")], env=env,
+                                capture_output=True, text=True, check=True, timeout=120)
+            for how in ("tracer", "profiler")}
+    assert (tmp_path / "kept.json.gz").stat().st_size > 0
     assert "profiler_start" not in said["tracer"].stdout + said["tracer"].stderr, said["tracer"]
     assert "profiler_start" in said["profiler"].stdout + said["profiler"].stderr, said["profiler"]
 
@@ -117,3 +120,27 @@ def test_a_runs_ledger_partitions_its_traced_steps(strategy, nproc, trained):
         assert run_record(out)["communication"]["bytes_per_step"] == params * 4  # the model: 2(n-1)/n of it
     else:  # Horovod's collectives run on its own thread: only its host waits are seen
         assert ledger["comm_exposed_s"] > 0 and ledger["comm_hidden_s"] == 0 and ledger["collectives"] == {}
+
+
+@pytest.mark.slow
+def test_every_rank_keeps_its_last_traced_step_as_a_chrome_trace_the_ledger_read(trained):
+    """Each rank's kept trace holds the last traced step alone, its computation and its gloo collectives, named
+    in run.json; rank 0's, summarised again, is the ledger's own last step, and every rank carried the ledger's
+    collectives. The controls: the ledger's other traced step, and the other rank's trace, differ from it."""
+    out = trained("ddp", nproc=2)
+    record = run_record(out)
+    assert record["trace"] == {"step": 11, "files": ["trace-rank0.json.gz", "trace-rank1.json.gz"]}
+    ledger = record["ledger"]
+    summaries = []
+    for rank, name in enumerate(record["trace"]["files"]):
+        trace = read_trace(out / name)
+        assert trace[KEPT] == {"rank": rank, "step": 11} and trace["distributedInfo"]["rank"] == rank
+        events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        assert len([e for e in events if e["name"] == STEP]) == 1  # one step, not the two traced
+        assert any(e["name"] == "aten::mm" for e in events) and any(e["name"].startswith("gloo:") for e in events)
+        summaries.append(summarise_trace(events, cuda=False))
+        assert summaries[-1]["collectives"] == ledger["collectives"]  # the same collectives on every rank
+    earlier, kept = ledger["per_step"]  # steps 10 and 11
+    assert summaries[0]["per_step"] == [pytest.approx(kept, rel=1e-9)]
+    assert summaries[0]["per_step"][0] != pytest.approx(earlier, rel=1e-3)  # control: another step is told apart
+    assert summaries[1]["per_step"][0] != pytest.approx(kept, rel=1e-3)  # control: so is another rank's trace

@@ -12,6 +12,8 @@ rule collect:
         headline=[layout.headline_file(run) for run in CONFIGS.values()],
         loss_curves=f"{layout.RESULTS_DIR}/loss_curves.csv",
         link_model=f"{layout.RESULTS_DIR}/link_model.csv",
+        traces=report(directory(f"{layout.RESULTS_DIR}/{layout.TRACES_DIR}"), patterns=["{config}.rank{rank}.json.gz"],
+                      caption="../report/traces.rst", category="Traces"),
     params:
         command=jobs.collect_command(STUDY, PARAMS),
         settings=jobs.preset_json(STUDY, "study", "model"),

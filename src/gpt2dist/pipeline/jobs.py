@@ -17,6 +17,7 @@ from gpt2dist.pipeline.layout import (
     LINK_FIGURE,
     RESULTS_DIR,
     RUNS_DIR,
+    TRACES_DIR,
     headline_file,
     selftest_file,
 )
@@ -170,7 +171,7 @@ def stage_outputs(study: Study) -> dict[str, list[str]]:
         **{f"selftest@{run.config_id}": [selftest_file(run)] for run in selftested(study)},
         **runs,
         "collect": [*(f"{RESULTS_DIR}/{name}" for name in ("metrics.csv", "runs.csv", "summary.csv", "summary.json",
-                                                           "loss_curves.csv", "link_model.csv")),
+                                                           "loss_curves.csv", "link_model.csv", TRACES_DIR)),
                     *(headline_file(run) for run in configurations(study))],
         "plot": [f"{RESULTS_DIR}/figures/{name}.{ext}" for name in figures(study) for ext in ("png", "svg")],
         "report": [f"{RESULTS_DIR}/summary.md", f"{RESULTS_DIR}/findings.md"],

@@ -12,6 +12,7 @@ RUNS_DIR = "results/runs"
 RESULTS_DIR = "results"
 SELFTEST_DIR = f"{RESULTS_DIR}/selftest"
 STORED_STUDIES = "docs/reference"  # the studies the repository keeps, each in a directory of its own
+TRACES_DIR = "traces"  # in a results directory: each configuration's kept traces, one file per rank (collect)
 ESTIMATE_FILE = f"{RESULTS_DIR}/estimate.json"  # the study's expected duration, run by run (pipeline/duration.py)
 FIGURES = ("throughput", "scaling", "loss_deviation", "loss_vs_time", "memory", "time_ledger")
 LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links

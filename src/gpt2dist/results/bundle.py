@@ -1,5 +1,5 @@
 """Study bundles: a finished study's run records, shard description and parameters in one
-archive with a sha256 manifest, so anyone can verify it and rebuild every table, figure and
+archive with a sha256 manifest, and the traces collect keeps of each configuration, so anyone can verify it and rebuild every table, figure and
 finding without retraining (`gpt2dist bundle`, `gpt2dist figures --from`).
 
 The archive is deterministic (sorted members, zeroed times and owners, gzip without a
@@ -36,7 +36,8 @@ MANIFEST = "MANIFEST.sha256"
 DESCRIPTION = "bundle.json"
 RUN_FILES = ("run.json", "metrics.jsonl")
 # Everything a bundle may hold; anything else is refused before a byte is written out.
-MEMBER = re.compile(r"(bundle\.json|params\.yaml|data/meta\.json|runs/[A-Za-z0-9._-]+/(run\.json|metrics\.jsonl))")
+MEMBER = re.compile(r"(bundle\.json|params\.yaml|data/meta\.json"
+                    r"|runs/[A-Za-z0-9._-]+/(run\.json|metrics\.jsonl|trace-rank[0-9]+\.json\.gz))")
 
 
 def sha256(data: bytes) -> str:
@@ -46,11 +47,11 @@ def sha256(data: bytes) -> str:
 def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[dict[str, bytes], dict]:
     """The bundle's files by archive path, and its description (what is in it, what is not)."""
     read_meta(data_dir)  # a missing or foreign shard description is refused here, not at rebuild
-    from gpt2dist.results.collect import code_of, read_run  # imported once the cheap checks passed: no scipy
+    from gpt2dist.results.collect import code_of, kept_traces, read_run  # once the cheap checks passed: no scipy
     from gpt2dist.system.environment import capture  # nor torch for a refusal
 
     files = {"params.yaml": params.read_bytes(), "data/meta.json": (data_dir / "meta.json").read_bytes()}
-    included, missing, finished, records = [], {}, [], []
+    included, missing, finished, records = [], {}, [], {}
     for run in study.runs:
         try:
             record, _ = read_run(runs_dir / run.run_id)  # the same test of "completed" that collect applies
@@ -58,10 +59,13 @@ def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[
             missing[run.run_id] = str(exc)
             continue
         included.append(run.run_id)
-        records.append(record)
+        records[run.run_id] = record
         finished.append(record.get("finished_at") or "")
         for name in RUN_FILES:
             files[f"runs/{run.run_id}/{name}"] = (runs_dir / run.run_id / name).read_bytes()
+    for kept in kept_traces(study, records, runs_dir).values():  # those collect picks, so a rebuild has them too
+        for name in kept["files"]:
+            files[f"runs/{kept['run_id']}/{name}"] = (runs_dir / kept["run_id"] / name).read_bytes()
     if not included:
         raise UsageError(f"no run of preset {study.preset_name} has completed in {runs_dir}; nothing to bundle")
     description = {
@@ -73,7 +77,7 @@ def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[
         "last_run_finished_at": max(finished),  # not the time of bundling: same runs, same bytes
         "bundled_by": f"gpt2dist {version('gpt2dist')}",
         "environment": capture(),  # of the machine that bundled; each run.json has its own
-        "code": code_of(records),  # the runs' commits
+        "code": code_of(records.values()),  # the runs' commits
     }
     files[DESCRIPTION] = (json.dumps(description, indent=2, sort_keys=True) + "\n").encode()
     return files, description

@@ -9,7 +9,9 @@ interval on the log scale, and its speedup over the baseline paired by repeat ro
 (results.statistics). A run that failed or is missing does not stop the others from being
 summarised: summary.json lists it, and the report says so first. headline.json and
 loss_curves.csv are the compact views DVC shows (results.compact); link_model.csv sets runs on
-emulated nodes' links against the link model's prediction (results.link_model).
+emulated nodes' links against the link model's prediction (results.link_model). traces/ holds one
+run's kept trace per rank for each configuration (its first repeat that kept them), for Perfetto and
+Holistic Trace Analysis.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import logging
 import math
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -35,7 +38,7 @@ from gpt2dist.data.shards import read_meta
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open, atomic_write_json
 from gpt2dist.pipeline.duration import wall_seconds
-from gpt2dist.pipeline.layout import added_round_file
+from gpt2dist.pipeline.layout import TRACES_DIR, added_round_file
 from gpt2dist.pipeline.study import configurations, Study
 from gpt2dist.results.compact import write_compact_views
 from gpt2dist.results.convergence import energy_per_token, needs_more_steps, reference_rows, target_loss, to_target
@@ -124,6 +127,38 @@ def tidy_table(study: Study, runs_dir: Path) -> tuple[pd.DataFrame, dict[str, di
     table = pd.concat(frames, ignore_index=True).sort_values(["run_id", "step"], kind="stable")
     first = ["run_id", *config_keys(table)[1:], "repeat", "step"]
     return table[first + [c for c in table.columns if c not in first]], records, missing
+
+
+def kept_traces(study: Study, records: dict[str, dict], runs_dir: Path) -> dict[str, dict]:
+    """Config id -> the run whose traces stand for it: its first repeat (in study order) that kept one file per
+    rank, each there. Runs trained before traces were kept have none: their configurations are left out."""
+    picked = {}
+    for run in study.runs:
+        kept = (records.get(run.run_id) or {}).get("trace")
+        if run.config_id not in picked and kept and all((runs_dir / run.run_id / f).is_file() for f in kept["files"]):
+            picked[run.config_id] = {"run_id": run.run_id, "step": kept["step"], "files": kept["files"]}
+    return picked
+
+
+def copy_traces(picked: dict[str, dict], runs_dir: Path, out_dir: Path) -> dict[str, dict]:
+    """Copy each configuration's kept traces to out_dir/traces, named by configuration and rank (each file written
+    atomically, those of an earlier collect that no configuration keeps now deleted); what summary.json says of
+    them, their paths relative to out_dir."""
+    listed, wanted = {}, set()
+    (out_dir / TRACES_DIR).mkdir(parents=True, exist_ok=True)  # a study without traces has it too: a rule's output
+    for config, kept in picked.items():
+        files = []
+        for world_rank, name in enumerate(kept["files"]):
+            relative = f"{TRACES_DIR}/{config}.rank{world_rank}.json.gz"
+            with open(runs_dir / kept["run_id"] / name, "rb") as source, atomic_open(out_dir / relative, "wb") as out:
+                shutil.copyfileobj(source, out)
+            files.append(relative)
+            wanted.add(relative)
+        listed[config] = {**kept, "files": files}
+    for stale in (out_dir / TRACES_DIR).glob("*.json.gz"):
+        if f"{TRACES_DIR}/{stale.name}" not in wanted:
+            stale.unlink()
+    return listed
 
 
 def _link_bytes_per_step(record: dict, steps: int) -> float:
@@ -421,6 +456,7 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
         with atomic_open(out_dir / name, "w") as handle:
             frame.to_csv(handle, index=False, float_format=CANONICAL_FLOAT)
     write_compact_views(out_dir, [run.config_id for run in configurations(study)], summary, table)
+    traces = copy_traces(kept_traces(study, records, Path(runs_dir)), Path(runs_dir), out_dir)
     first = next(iter(records.values()))
     result = {
         "preset": study.preset_name,
@@ -440,6 +476,7 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
         "findings": check_claims(runs, summary, model),
         "link_model": json.loads(model.to_json(orient="records")),
         "added_rounds": added_rounds(study, out_dir),
+        "traces": traces,
     }
     atomic_write_json(out_dir / "summary.json", result)
     return result

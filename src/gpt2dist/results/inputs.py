@@ -30,7 +30,7 @@ def _read(path: Path, producer: str, parse: Callable[[Path], T]) -> T:
 # its output, and the commands that read it name that instead of failing on a missing key.
 SUMMARY_KEYS = ("preset", "hardware", "device", "excluded_steps", "target_val_loss", "versions", "code",
                 "dropped_configurations", "mixed_hardware", "missing_runs", "disturbed_runs", "answer", "configs",
-                "findings", "link_model", "added_rounds")
+                "findings", "link_model", "added_rounds", "traces")
 
 
 def read_json(path: Path, producer: str, required: tuple[str, ...] = ()) -> dict:

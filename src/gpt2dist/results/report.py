@@ -267,8 +267,15 @@ tensor parallelism's smaller matrices compute less efficiently, nor each rank's 
 """
 
 
-def ledger_markdown(configs: pd.DataFrame) -> str:
-    """'Where the time goes': each configuration's traced step split into the ledger's parts."""
+def trace_links(kept: dict | None) -> str:
+    """A configuration's kept traces as links, one per rank ('-' where none was kept)."""
+    if not kept:
+        return "-"
+    return " ".join(f"[{rank}]({path})" for rank, path in enumerate(kept["files"]))
+
+
+def ledger_markdown(configs: pd.DataFrame, traces: dict[str, dict]) -> str:
+    """'Where the time goes': each configuration's traced step split into the ledger's parts, and its traces."""
     columns = ledger_columns(configs)
     rows = []
     for row in configs.to_dict("records"):
@@ -279,14 +286,19 @@ def ledger_markdown(configs: pd.DataFrame) -> str:
                      _num(step * 1e3, ",.1f"),
                      *(_num(row[c] / step, ".0%") for c in columns),
                      _num(row.get("traced_collective_bytes_per_step"), ",.2f", 2**20),
-                     _num(row.get("comm_bytes_per_step"), ",.2f", 2**20)])
+                     _num(row.get("comm_bytes_per_step"), ",.2f", 2**20),
+                     *([trace_links(traces.get(row["config_id"]))] if traces else [])])
     if not rows:
         return ""
     table = tabulate(rows, headers=[*(["size"] if "size" in configs else []), "strategy", "precision", "processes",
                                     "traced step ms",
                                     *(PART_WORDS[c.removeprefix(LEDGER)] for c in columns),
-                                    "collective payload MiB/step (traced)", "sent MiB/step (model)"],
+                                    "collective payload MiB/step (traced)", "sent MiB/step (model)",
+                                    *(["trace by rank"] if traces else [])],
                      tablefmt="github")
+    opened = ("" if not traces else "\n\nEach rank's last traced step of one run per configuration is kept as a "
+              "gzipped Chrome trace (the trace column, by rank): ui.perfetto.dev and chrome://tracing open one as it is, "
+              "and Holistic Trace Analysis reads a run's ranks together (on GPU runs).")
     return f"""## Where the time goes
 
 The last steps of each run, traced with torch.profiler (median over the repeats; these steps are left out of
@@ -297,7 +309,7 @@ rank outside a collective). A pipeline's bubble is a stage waiting in its receiv
 as exposed communication. Horovod's collectives run on its own thread, which the profiler does not trace: its
 waits for them count as exposed communication, and its hidden part reads 0. The traced payload is what the
 torch.distributed collectives carried per step; the model column is what the busiest rank sends by the traffic
-model (for a ring all-reduce over n ranks, 2(n-1)/n of the payload).
+model (for a ring all-reduce over n ranks, 2(n-1)/n of the payload).{opened}
 
 {table}
 """
@@ -330,7 +342,9 @@ def summary_markdown(summary: dict, others: list[dict] = ()) -> str:
     table = tabulate(rows, headers=headers, tablefmt="github")
     versions = ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v)
     dropped = ", ".join(f"{config} ({why})" for config, why in summary["dropped_configurations"].items()) or "none"
-    ledger = ledger_markdown(in_study_order(pd.DataFrame(summary["configs"].values())))
+    ledger = ledger_markdown(in_study_order(pd.DataFrame([{**row, "config_id": config}
+                                                          for config, row in summary["configs"].items()])),
+                             summary["traces"])
     drawn = FIGURES + ((LINK_FIGURE,) if summary.get("link_model") else ())
     figures = "\n".join(f"![{name}](figures/{name}.png)" for name in drawn)
     return f"""# gpt2dist results: preset `{summary['preset']}`{uncommitted(summary)}

@@ -16,11 +16,16 @@ Which trace events count as what:
 - data: building the next batch on the host, where nothing else runs.
 Collectives issued through torch.distributed are also counted with their payload bytes, beside the
 traffic model's estimate of what the strategy sends (config/strategies.py).
+
+Every rank keeps its last traced step as a Chrome trace (the profiler's export, cut to that step's window,
+gzipped), which Perfetto, chrome://tracing and Holistic Trace Analysis open: the ledger's numbers, and what is
+behind them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import math
 import os
@@ -32,7 +37,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from gpt2dist.io import atomic_open
+
 STEP, DATA, COMM_WAIT = "gpt2dist.step", "gpt2dist.data", "gpt2dist.comm_wait"
+KEPT = "gpt2dist"  # a kept trace's own key: the rank and step it holds (Horovod's ranks have no distributedInfo)
 PARTS = ("compute_s", "comm_hidden_s", "comm_exposed_s", "data_s", "idle_s")
 ELEMENT_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4}
 COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional::")
@@ -102,19 +110,44 @@ class StepTracer:
     def finished(self, step: int) -> bool:
         return self.profiler is not None and step == self.steps[-1]
 
-    def ledger(self, summarise: bool) -> dict | None:
-        """Stop tracing; the ledger of the traced steps when `summarise` (rank 0), else None."""
+    def ledger(self, summarise: bool, keep: Path, rank: int) -> dict | None:
+        """Stop tracing and keep the last traced step's trace at `keep` (every rank); the ledger of the traced
+        steps when `summarise` (rank 0), else None."""
         self.profiler.stop()
-        return profile_ledger(self.profiler, self.device.type == "cuda", self.list_element_bytes) if summarise else None
+        trace = exported(self.profiler)
+        keep_last_step({**trace, KEPT: {"rank": rank, "step": self.steps[-1]}}, keep)
+        events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        return summarise_trace(events, self.device.type == "cuda", self.list_element_bytes) if summarise else None
+
+
+def exported(profiler: profile) -> dict:
+    """A stopped profiler's Chrome trace, as the profiler exports it."""
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "trace.json"
+        profiler.export_chrome_trace(str(path))
+        return json.loads(path.read_text())
 
 
 def profile_ledger(profiler: profile, cuda: bool, list_element_bytes: int = 4) -> dict:
     """The ledger of a stopped profiler's steps (those the trainer marked with timed_step)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        trace = Path(scratch) / "trace.json"
-        profiler.export_chrome_trace(str(trace))
-        events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
-    return summarise_trace(events, cuda, list_element_bytes)
+    return summarise_trace([e for e in exported(profiler)["traceEvents"] if e.get("ph") == "X"], cuda,
+                           list_element_bytes)
+
+
+def keep_last_step(trace: dict, path: Path) -> None:
+    """Write `trace` cut to its last step's window, gzipped: the events that overlap it and those without a time
+    (process and thread names). One step is what a reader opens; every step of a run would be megabytes."""
+    start, end = union(span(e) for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"] == STEP)[-1]
+    kept = [e for e in trace["traceEvents"]
+            if "ts" not in e or (float(e["ts"]) <= end and float(e["ts"]) + float(e.get("dur", 0)) >= start)]
+    with atomic_open(path, "wb") as handle, gzip.GzipFile(filename="", mode="wb", fileobj=handle, mtime=0) as packed:
+        packed.write(json.dumps({**trace, "traceEvents": kept}).encode())
+
+
+def read_trace(path: Path) -> dict:
+    """A kept trace (keep_last_step's file)."""
+    with gzip.open(path, "rt") as handle:
+        return json.load(handle)
 
 
 def summarise_trace(events: list[dict], cuda: bool, list_element_bytes: int = 4) -> dict:
@@ -131,19 +164,18 @@ def summarise_trace(events: list[dict], cuda: bool, list_element_bytes: int = 4)
                      + waits)
         ops = [span(e) for e in events if e.get("cat") == "cpu_op" and not is_communication(e["name"])]
         compute = subtract(subtract(union(ops), data), union(waits))  # what runs inside a wait is the collective's
-    parts = dict.fromkeys(PARTS, 0.0)
+    per_step = []
     for window in windows:
         k, c, d = (clip(intervals, window) for intervals in (compute, comm, data))
         hidden = length(intersect(k, c))
-        exposed = subtract(c, k)
-        parts["compute_s"] += length(k) - hidden
-        parts["comm_hidden_s"] += hidden
-        parts["comm_exposed_s"] += length(exposed)
-        parts["data_s"] += length(subtract(subtract(d, k), c))
-        parts["idle_s"] += (window[1] - window[0]) - length(union(k + c + d))
+        parts = {"compute_s": length(k) - hidden, "comm_hidden_s": hidden, "comm_exposed_s": length(subtract(c, k)),
+                 "data_s": length(subtract(subtract(d, k), c)),
+                 "idle_s": (window[1] - window[0]) - length(union(k + c + d))}
+        per_step.append({name: parts[name] / 1e6 for name in PARTS})  # trace times are microseconds
     steps = max(1, len(windows))
-    ledger = {name: seconds / steps / 1e6 for name, seconds in parts.items()}  # trace times are microseconds
+    ledger = {name: sum(step[name] for step in per_step) / steps for name in PARTS}
     ledger["traced_steps"] = len(windows)
+    ledger["per_step"] = per_step  # in the order they ran: the last is the step whose trace each rank keeps
     ledger["collectives"] = collectives(events, windows, steps, list_element_bytes)
     return ledger
 

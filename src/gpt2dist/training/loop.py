@@ -38,7 +38,7 @@ from gpt2dist.training.model import (build_model, checkpoint_blocks, compile_blo
                                      deterministic_algorithms, head_loss_of)
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
-from gpt2dist.training.run_record import METRICS, RankReport, now_iso
+from gpt2dist.training.run_record import METRICS, RankReport, now_iso, trace_file
 from gpt2dist.training.strategies import REGISTRY, Strategy
 
 log = logging.getLogger(__name__)
@@ -282,7 +282,8 @@ class Trainer:
                     line["traced"] = True  # the profiler slows it: not a throughput sample
                 metrics.write(line)
                 if tracer.finished(step):
-                    ledger = tracer.ledger(summarise=self.rank0)
+                    ledger = tracer.ledger(summarise=self.rank0, keep=self.out / trace_file(self.place.rank),
+                                           rank=self.place.rank)
                     if ledger is not None:
                         metrics.write({"kind": "ledger", "step": step + 1, **ledger})
                 progress.set_postfix(loss=f"{line['loss']:.4f}", tok_s=f"{line['tokens_per_s']:.0f}", refresh=False)
@@ -303,7 +304,13 @@ class Trainer:
             progress.close()
             metrics.close()
         if report is not None:
-            report.update(status="completed", finished_at=now_iso(), ledger=ledger)
+            report.update(status="completed", finished_at=now_iso(), ledger=ledger, trace=self.kept_traces(ledger))
+
+    def kept_traces(self, ledger: dict | None) -> dict | None:
+        """Which step each rank's kept trace holds, and the files, in rank order (none where no step was traced)."""
+        if ledger is None:
+            return None
+        return {"step": self.spec.train.max_steps - 1, "files": [trace_file(rank) for rank in range(self.place.world_size)]}
 
     def _run_facts(self, resumed_from: int) -> dict:
         spec = self.spec

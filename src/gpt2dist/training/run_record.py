@@ -24,6 +24,11 @@ from gpt2dist.io import atomic_write_json, atomic_write_text
 RECORD, REPORT, METRICS = "run.json", "rank0.json", "metrics.jsonl"
 
 
+def trace_file(rank: int) -> str:
+    """A rank's kept trace in its run directory: its last traced step as the profiler exports it, gzipped."""
+    return f"trace-rank{rank}.json.gz"
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
