@@ -49,6 +49,36 @@ def test_the_readme_fits_two_screens_and_its_links_resolve():
     assert relative_links("[a](docs/no.md) ![b](x/y.png) [c](https://example.org/z)") == ["docs/no.md", "x/y.png"]
 
 
+MAX_HOW_LONG_ROWS, MAX_CELL_CHARS = 6, 100
+CPU = re.compile(r"\b(EPYC|Xeon|Ryzen|Core i\d|Neoverse|Graviton)\b")
+
+
+def how_long_faults(readme: str) -> list[str]:
+    """What keeps the README's "How long" from being a newcomer's answer: more rows than commands a newcomer runs,
+    a cell that tells a story (the history goes to docs/development.md), a machine column without its CPU."""
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in block_after(readme, "how-long").splitlines()]
+    header, body = rows[0], rows[2:]
+    faults = [f"{len(body)} rows, at most {MAX_HOW_LONG_ROWS}"] if len(body) > MAX_HOW_LONG_ROWS else []
+    faults += [f"a cell of {len(cell)} characters: {cell[:40]}..." for row in rows for cell in row
+               if len(cell) > MAX_CELL_CHARS]
+    faults += [f"the column {machine!r} names no CPU" for machine in header[1:] if not CPU.search(machine)]
+    return faults
+
+
+def test_how_long_is_one_short_row_per_command_and_names_each_cpu():
+    readme = README.read_text()
+    assert how_long_faults(readme) == []
+    # the controls: a row grown into a notebook entry, a seventh row, a machine column without its CPU
+    table = block_after(readme, "how-long")
+    last = table.splitlines()[-1]
+    grown = readme.replace(last, last[:-1] + "; " + "an earlier clone took longer " * 4 + "|")
+    assert any(fault.startswith("a cell of") for fault in how_long_faults(grown))
+    longer = readme.replace(table, table + "\n" + "\n".join([last] * MAX_HOW_LONG_ROWS))
+    assert any(fault.endswith(f"at most {MAX_HOW_LONG_ROWS}") for fault in how_long_faults(longer))
+    unnamed = readme.replace("AMD EPYC family 23 model 1", "the slow machine")
+    assert how_long_faults(unnamed) == ["the column 'the slow machine, AVX2 only, 2 cores' names no CPU"]
+
+
 def test_the_quoted_answer_is_the_reference_studys_own():
     """Each quoted line is a line of the stored summary, so a rebuilt reference cannot leave the README behind. The
     control: one digit changed in a quoted line is caught."""

@@ -1,16 +1,20 @@
 """GPU-only paths (NCCL, DataParallel over devices, fp16 GradScaler, Apex). Skipped without CUDA."""
 
+import gzip
 import importlib.util
+import json
 import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.launch.runner import build_spec
+from gpt2dist.training.ledger import read_trace
 from gpt2dist.training.loop import Trainer
 from gpt2dist.training.model import TokenLoss, lm_loss
 from gpt2dist.training.strategies import REGISTRY
@@ -160,3 +164,38 @@ def test_apex_o2_checkpoint_restores_master_weights_and_optimizer_state(shards, 
     for index, moments in before.items():
         assert all(torch.equal(value, after[index][key]) for key, value in moments.items())
     assert amp.state_dict() == saved_amp
+
+
+@pytest.mark.timeout(600)
+def test_hta_splits_a_kept_trace_as_the_ledger_split_that_step(shards, params_file, tmp_path):
+    """Holistic Trace Analysis reads each rank's kept trace (one step, no ProfilerStep mark, hence
+    include_last_profiler_step) and its temporal breakdown's compute time is the ledger's device compute of that
+    step: both the union of the computation kernels (the ledger's also holds memory copies and sets, a sliver).
+    The control: the same traces with all but one of their computation kernels removed are told apart."""
+    trace_analysis = pytest.importorskip("hta.trace_analysis", reason="pip install HolisticTraceAnalysis")
+    nproc = min(2, torch.cuda.device_count())
+    run = tmp_path / "run"
+    gpt2dist(*train_args(shards, params_file, run, "ddp", nproc=nproc))
+    record = run_record(run)
+    kept = record["ledger"]["per_step"][-1]
+    device_compute_s = kept["compute_s"] + kept["comm_hidden_s"]  # the ledger's compute less its overlap
+
+    def hta_compute_s(trace_dir: Path) -> float:
+        analysis = trace_analysis.TraceAnalysis(trace_files=dict(enumerate(record["trace"]["files"])),
+                                                trace_dir=str(trace_dir), include_last_profiler_step=True)
+        breakdown = analysis.get_temporal_breakdown(visualize=False).set_index("rank")
+        assert sorted(breakdown.index) == list(range(nproc))
+        return breakdown.loc[0, "compute_time(us)"] / 1e6
+
+    assert hta_compute_s(run) == pytest.approx(device_compute_s, rel=0.15)
+    stripped = tmp_path / "stripped"
+    stripped.mkdir()
+    for name in record["trace"]["files"]:
+        trace = read_trace(run / name)
+        computation = [e for e in trace["traceEvents"]
+                       if e.get("cat") == "kernel" and not e["name"].lower().startswith("nccl")]
+        dropped = {id(e) for e in computation[1:]}  # the first stays: HTA's breakdown merges at least one
+        events = [e for e in trace["traceEvents"] if id(e) not in dropped]
+        with gzip.open(stripped / name, "wt") as handle:
+            json.dump({**trace, "traceEvents": events}, handle)
+    assert hta_compute_s(stripped) != pytest.approx(device_compute_s, rel=0.15)
