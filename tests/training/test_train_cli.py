@@ -81,10 +81,8 @@ def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision
     assert_resumed_exactly(killed, whole)
 
 
-# Of test_splits.py's five splits, the two whose checkpoints differ in kind: all three dimensions (replicated
-# stages of tensor-parallel slices) and FSDP's shards under a pipeline; ddp-tp2, ddp-pp2 and tp2-pp2 restore
-# through the same steps as the first (each its part of it), and continue another's checkpoint in the chain
-SPLITS = [("fsdp-pp2", 4), ("ddp-tp2-pp2", 8)]
+# the splits of test_splits.py: DP x TP, DP x PP, FSDP x PP, TP x PP and all three
+SPLITS = [("ddp-tp2", 4), ("ddp-pp2", 4), ("fsdp-pp2", 4), ("tp2-pp2", 4), ("ddp-tp2-pp2", 8)]
 
 
 @pytest.mark.timeout(420)

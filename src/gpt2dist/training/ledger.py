@@ -140,8 +140,11 @@ def keep_last_step(trace: dict, path: Path) -> None:
     start, end = union(span(e) for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"] == STEP)[-1]
     kept = [e for e in trace["traceEvents"]
             if "ts" not in e or (float(e["ts"]) <= end and float(e["ts"]) + float(e.get("dur", 0)) >= start)]
-    with atomic_open(path, "wb") as handle, gzip.GzipFile(filename="", mode="wb", fileobj=handle, mtime=0) as packed:
-        packed.write(json.dumps({**trace, "traceEvents": kept}).encode())
+    # zlib's default level: level 9 took 4x its CPU time (0.06 s against 0.015) for a file 9% smaller (one step of
+    # the tiny test model)
+    with atomic_open(path, "wb") as handle, gzip.GzipFile(filename="", mode="wb", fileobj=handle, mtime=0,
+                                                          compresslevel=6) as packed:
+        packed.write(json.dumps({**trace, "traceEvents": kept}, separators=(",", ":")).encode())
 
 
 def read_trace(path: Path) -> dict:
