@@ -56,7 +56,8 @@ CPU = re.compile(r"\b(EPYC|Xeon|Ryzen|Core i\d|Neoverse|Graviton)\b")
 def how_long_faults(readme: str) -> list[str]:
     """What keeps the README's "How long" from being a newcomer's answer: more rows than commands a newcomer runs,
     a cell that tells a story (the history goes to docs/development.md), a machine column without its CPU."""
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in block_after(readme, "how-long").splitlines()]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in block_after(readme, "how-long").splitlines()]
     header, body = rows[0], rows[2:]
     faults = [f"{len(body)} rows, at most {MAX_HOW_LONG_ROWS}"] if len(body) > MAX_HOW_LONG_ROWS else []
     faults += [f"a cell of {len(cell)} characters: {cell[:40]}..." for row in rows for cell in row

@@ -50,7 +50,8 @@ def test_snakemake_produces_everything_then_does_nothing(finished_copy):
     # one run's kept traces per configuration, one per rank, linked from summary.md
     assert summary["traces"]["ddp-fp32-n2"]["files"] == ["traces/ddp-fp32-n2.rank0.json.gz",
                                                          "traces/ddp-fp32-n2.rank1.json.gz"]
-    assert summary["traces"]["ddp-fp32-n2"]["run_id"] == "ddp-fp32-n2-r0" and set(summary["traces"]) == set(summary["configs"])
+    assert summary["traces"]["ddp-fp32-n2"]["run_id"] == "ddp-fp32-n2-r0"
+    assert set(summary["traces"]) == set(summary["configs"])
     for rank, path in enumerate(summary["traces"]["ddp-fp32-n2"]["files"]):
         assert read_trace(finished_copy / "results" / path)[KEPT]["rank"] == rank
     assert "| [0](traces/ddp-fp32-n2.rank0.json.gz) [1](traces/ddp-fp32-n2.rank1.json.gz) |" in \

@@ -1,6 +1,6 @@
-"""Study bundles: a finished study's run records, shard description and parameters in one
-archive with a sha256 manifest, and the traces collect keeps of each configuration, so anyone can verify it and rebuild every table, figure and
-finding without retraining (`gpt2dist bundle`, `gpt2dist figures --from`).
+"""Study bundles: a finished study's run records, shard description and parameters, and the
+traces collect keeps of each configuration, in one archive with a sha256 manifest, so anyone can
+verify it and rebuild every table, figure and finding without retraining (`gpt2dist bundle`, `gpt2dist figures --from`).
 
 The archive is deterministic (sorted members, zeroed times and owners, gzip without a
 timestamp): bundling the same runs twice gives the same bytes, so a bundle kept in git changes

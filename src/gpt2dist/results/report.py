@@ -297,8 +297,8 @@ def ledger_markdown(configs: pd.DataFrame, traces: dict[str, dict]) -> str:
                                     *(["trace by rank"] if traces else [])],
                      tablefmt="github")
     opened = ("" if not traces else "\n\nEach rank's last traced step of one run per configuration is kept as a "
-              "gzipped Chrome trace (the trace column, by rank): ui.perfetto.dev and chrome://tracing open one as it is, "
-              "and Holistic Trace Analysis reads a run's ranks together (on GPU runs).")
+              "gzipped Chrome trace (the trace column, by rank): ui.perfetto.dev and chrome://tracing open one as "
+              "it is, and Holistic Trace Analysis reads a run's ranks together (on GPU runs).")
     return f"""## Where the time goes
 
 The last steps of each run, traced with torch.profiler (median over the repeats; these steps are left out of

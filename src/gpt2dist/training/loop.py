@@ -310,7 +310,8 @@ class Trainer:
         """Which step each rank's kept trace holds, and the files, in rank order (none where no step was traced)."""
         if ledger is None:
             return None
-        return {"step": self.spec.train.max_steps - 1, "files": [trace_file(rank) for rank in range(self.place.world_size)]}
+        return {"step": self.spec.train.max_steps - 1,
+                "files": [trace_file(rank) for rank in range(self.place.world_size)]}
 
     def _run_facts(self, resumed_from: int) -> dict:
         spec = self.spec
