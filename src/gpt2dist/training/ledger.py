@@ -107,15 +107,20 @@ class StepTracer:
             self.profiler.start()
         yield
 
+    @property
+    def kept_step(self) -> int:
+        """The step whose trace every rank keeps: the last traced one."""
+        return self.steps[-1]
+
     def finished(self, step: int) -> bool:
-        return self.profiler is not None and step == self.steps[-1]
+        return self.profiler is not None and step == self.kept_step
 
     def ledger(self, summarise: bool, keep: Path, rank: int) -> dict | None:
         """Stop tracing and keep the last traced step's trace at `keep` (every rank); the ledger of the traced
         steps when `summarise` (rank 0), else None."""
         self.profiler.stop()
         trace = exported(self.profiler)
-        keep_last_step({**trace, KEPT: {"rank": rank, "step": self.steps[-1]}}, keep)
+        keep_last_step({**trace, KEPT: {"rank": rank, "step": self.kept_step}}, keep)
         events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
         return summarise_trace(events, self.device.type == "cuda", self.list_element_bytes) if summarise else None
 

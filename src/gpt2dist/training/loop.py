@@ -304,13 +304,14 @@ class Trainer:
             progress.close()
             metrics.close()
         if report is not None:
-            report.update(status="completed", finished_at=now_iso(), ledger=ledger, trace=self.kept_traces(ledger))
+            report.update(status="completed", finished_at=now_iso(), ledger=ledger,
+                          trace=self.kept_traces(ledger, tracer))
 
-    def kept_traces(self, ledger: dict | None) -> dict | None:
+    def kept_traces(self, ledger: dict | None, tracer: StepTracer) -> dict | None:
         """Which step each rank's kept trace holds, and the files, in rank order (none where no step was traced)."""
         if ledger is None:
             return None
-        return {"step": self.spec.train.max_steps - 1,
+        return {"step": tracer.kept_step,
                 "files": [trace_file(rank) for rank in range(self.place.world_size)]}
 
     def _run_facts(self, resumed_from: int) -> dict:
