@@ -64,6 +64,12 @@ def out_of_disk(path: Path, kept: str) -> UsageError:
                       "once there is room, re-run the same command to resume from it)")
 
 
+def cannot_be_read(path: Path, reason: BaseException | str, fix: str) -> UsageError:
+    """The one line for a file that exists but cannot be read (cut short, not what its writer writes): its path,
+    why on one line, and `fix`, what brings a readable one back."""
+    return UsageError(f"{path} cannot be read ({' '.join(str(reason).split())}); {fix}")
+
+
 def ran_out_of_disk(exc: BaseException, directory: Path) -> bool:
     """Whether a failed write ran out of disk: ENOSPC (or a quota) anywhere in its causes, or, for writers that
     do not pass the OSError on, next to no free space left where it wrote."""

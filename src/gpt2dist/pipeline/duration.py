@@ -16,8 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpt2dist.config.sizes import flops_per_token
-from gpt2dist.errors import UsageError
-from gpt2dist.io import atomic_write_json
+from gpt2dist.io import atomic_write_json, cannot_be_read
 from gpt2dist.pipeline.layout import ESTIMATE_FILE, RUNS_DIR
 from gpt2dist.pipeline.run import Run
 from gpt2dist.pipeline.study import pipeline_resume_cases, selftested, Study
@@ -109,9 +108,9 @@ def read_record(path: Path) -> dict:
     except (OSError, ValueError) as exc:
         record = exc
     if not isinstance(record, dict):
-        why = " ".join(str(record).split()) if isinstance(record, Exception) else "not a JSON object"
-        raise UsageError(f"{path} cannot be read ({why}); delete its run directory {path.parent} so that the study "
-                         "trains that run again, or train it again with `gpt2dist train`")
+        raise cannot_be_read(path, record if isinstance(record, Exception) else "not a JSON object",
+                             f"delete its run directory {path.parent} so that the study trains that run again, or "
+                             "train it again with `gpt2dist train`")
     return record
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from gpt2dist.errors import UsageError
+from gpt2dist.io import cannot_be_read
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -22,8 +23,7 @@ def _read(path: Path, producer: str, parse: Callable[[Path], T]) -> T:
     except FileNotFoundError:
         raise UsageError(f"{path} is missing; run `{producer}` first") from None
     except (OSError, ValueError) as exc:  # json, pandas and UnicodeDecodeError report bad content as ValueError
-        why = " ".join(str(exc).split())
-        raise UsageError(f"{path} cannot be read ({why}); re-run `{producer}`") from None
+        raise cannot_be_read(path, exc, f"re-run `{producer}`") from None
 
 
 # What `gpt2dist collect` writes to summary.json (results/collect.py, tested equal): a file without them is not
