@@ -1,11 +1,11 @@
-"""A run continues under another strategy and process count (`gpt2dist train --resume-from`): one chain of
-runs passes the training on, two steps each, through every strategy the engine runs on CPU (and each pipeline
-schedule) and the splits of test_splits.py (3-D on eight processes among them), from one process to eight and back, and follows single's uninterrupted run step for step (fp32, the
-equivalence tolerance). Each link's spec is written by the CLI (`--print-command`, which checks the continuation as a
-run does) and its ranks run the ranks' own entry point, forked from the suite's forkserver instead of behind a
-launcher of their own each (conftest's train_in_forked_ranks: a launch spends seconds importing and starting, and the
-chain has twenty links); horovod's, which needs horovodrun, is launched: a CLI continuation, as the control's and
-the refusals are.
+"""A run continues under another strategy and process count (`gpt2dist train --resume-from`): one chain of runs passes
+the training on, two steps each, through every strategy the engine runs on CPU (and each pipeline schedule) and the
+splits of test_splits.py (3-D on eight processes among them), from one process to eight and back, and follows
+single's uninterrupted run step for step (fp32, the equivalence tolerance). Each link's spec is written by the CLI
+(`--print-command`, which checks the continuation as a run does) and its ranks run the ranks' own entry point, forked
+from the suite's forkserver instead of behind a launcher of their own each (conftest's train_in_forked_ranks: a
+launch spends seconds importing and starting, and the chain has twenty links); horovod's, which needs horovodrun, is
+launched: a CLI continuation, as the control's and the refusals are.
 Its control: a checkpoint whose AdamW moments were lost continues off that curve. What cannot be continued is
 refused, saying why: another computation, or a path with no checkpoint. (Apex amp's optimizer state, kept by
 position, is refused too: a GPU path, training.checkpoint's own check.)"""
@@ -31,8 +31,9 @@ def schedule(name: str) -> tuple[str, ...]:
 # processes, its options
 CHAIN = [("single", 1, ()), ("ddp", 2, ()), ("horovod", 2, ()), ("zero1", 2, ()), ("fsdp", 2, ()), ("hsdp", 4, ()),
          ("tp", 2, ()), ("fsdp-tp", 4, ()), ("ddp-tp2-pp2", 8, ()), ("fsdp-pp2", 4, ()), ("tp2-pp2", 4, ()),
-         ("ddp-tp2", 4, ()), ("ddp-pp2", 4, ()), ("zero2", 2, ()), ("pp", 2, ()), ("pp", 2, schedule("interleaved-1f1b")),
-         ("pp", 2, schedule("zero-bubble")), ("pp", 2, schedule("gpipe")), ("dp", 1, ()), ("single", 1, ())]
+         ("ddp-tp2", 4, ()), ("ddp-pp2", 4, ()), ("zero2", 2, ()), ("pp", 2, ()),
+         ("pp", 2, schedule("interleaved-1f1b")), ("pp", 2, schedule("zero-bubble")), ("pp", 2, schedule("gpipe")),
+         ("dp", 1, ()), ("single", 1, ())]
 STEPS_EACH = 2
 # The cosine decay is laid out over max_steps: a flat tail (min_lr = lr) makes the learning rate a function of
 # the step alone, so links of 2, 4, 6, ... steps and the whole run apply the same one. Four blocks: two
