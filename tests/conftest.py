@@ -60,12 +60,11 @@ def quiet_wait_for_studies() -> str:
 # Tests run in two pytest-xdist workers (pyproject's addopts), each handed whole modules: a module's fixtures (a
 # SLURM cluster, network namespaces, an image) live in one worker. The modules that start SLURM clusters or network
 # namespaces share one group, so that no two of those run at once.
-SHARED_GROUPS = {"tests/launch/test_slurm_cluster.py": "nodes", "tests/launch/test_two_node_slurm.py": "nodes",
-                 "tests/launch/test_emulated_nodes.py": "nodes"}
+SHARED_GROUPS = {"tests/launch/test_slurm_cluster.py": "nodes", "tests/launch/test_emulated_nodes.py": "nodes"}
 # Modules that take minutes (docs/development.md's table), handed out first, the longest first, so that no worker is
 # left alone with one of them at the end; the rest follow in the order they are collected.
-LONGEST_FIRST = ["tests/launch/test_two_node_slurm.py", "tests/launch/test_emulated_nodes.py",
-                 "tests/launch/test_slurm_cluster.py", "tests/training/test_train_cli.py", "tests/containers/test_image.py",
+LONGEST_FIRST = ["tests/launch/test_slurm_cluster.py", "tests/launch/test_emulated_nodes.py",
+                 "tests/training/test_train_cli.py", "tests/containers/test_image.py",
                  "tests/pipeline/test_verdicts_hold.py", "tests/training/test_resume_across_strategies.py",
                  "tests/launch/test_signals.py", "tests/training/test_engine_structure.py",
                  "tests/training/test_pipeline_parallel.py",

@@ -1,5 +1,5 @@
 """SLURM launch commands for one allocation of 2 nodes x 8 GPUs, and for one node whose
-tasks are the ranks (built, not run: tests/launch/test_slurm_cluster.py and test_two_node_slurm.py run them)."""
+tasks are the ranks (built, not run: tests/launch/test_slurm_cluster.py runs them)."""
 
 import os
 import shutil
@@ -75,7 +75,7 @@ def test_the_container_comes_from_the_environment():
 
 
 def test_torchrun_over_two_nodes_on_the_host_is_this_environments():
-    # a job's PATH need not hold the environment's bin (tests/launch/test_two_node_slurm.py runs it)
+    # a job's PATH need not hold the environment's bin (tests/launch/test_slurm_cluster.py runs it)
     cmd = launch_command("torchrun", 16, TWO_NODES, SPEC, run_id="ddp-bf16-n16-r0")
     assert cmd == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=96", "--kill-on-bad-exit=1",
                    sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=8",
