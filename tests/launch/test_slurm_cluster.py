@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -180,12 +179,12 @@ def test_sbatch_job_of_two_tasks_runs_ddp_ranks_as_its_tasks(cluster, shards, pa
     train = (f"gpt2dist train --data {shards} --out {out} --params {params_file} --strategy ddp --nproc 2 "
              "--max-steps 4")
     log = tmp_path / "job.log"
-    result = subprocess.run(["sbatch", "--wait", "--nodes=1", "--ntasks=2", "--cpus-per-task=1", f"--output={log}",
-                             f"--chdir={tmp_path}", "--wrap", train],
-                            env={**started.env, "PATH": f"{BIN}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""},
-                            capture_output=True, text=True, timeout=300)
+    state = slurm_cluster.batch_job(
+        {**started.env, "PATH": f"{BIN}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""},
+        ["--nodes=1", "--ntasks=2", "--cpus-per-task=1", f"--output={log}", f"--chdir={tmp_path}", "--wrap", train],
+        timeout=300)
     text = log.read_text() if log.exists() else ""
-    assert result.returncode == 0, f"{result.stderr}\n{text[-3000:]}\n{started.log_tails()}"
+    assert state == "COMPLETED", f"{state}\n{text[-3000:]}\n{started.log_tails()}"
     assert "starting the ranks: srun --ntasks=2 --cpus-per-task=1" in text, text[-3000:]
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "completed" and record["placement"]["world_size"] == 2
@@ -199,12 +198,12 @@ def test_doctor_inside_a_job_shows_its_allocation_with_or_without_slurm_variable
     script = (f"{doctor} && unset $(env | sed -n 's/^\\(SLURM_[A-Z_]*\\)=.*/\\1/p' | grep -vx SLURM_JOB_ID) "
               f"&& echo SLURM variables: $(env | grep -c ^SLURM_) && echo on $(hostname) && {doctor}")
     log = tmp_path / "doctor.log"
-    result = subprocess.run(["sbatch", "--wait", "--nodes=1", "--ntasks=2", "--cpus-per-task=1", f"--output={log}",
-                             f"--chdir={tmp_path}", "--wrap", script],
-                            env={**started.env, "PATH": f"{BIN}:{os.environ['PATH']}"},
-                            capture_output=True, text=True, timeout=300)
+    state = slurm_cluster.batch_job(
+        {**started.env, "PATH": f"{BIN}:{os.environ['PATH']}"},
+        ["--nodes=1", "--ntasks=2", "--cpus-per-task=1", f"--output={log}", f"--chdir={tmp_path}", "--wrap", script],
+        timeout=300)
     text = log.read_text() if log.exists() else ""
-    assert result.returncode == 0, f"{result.stderr}\n{text[-3000:]}"
+    assert state == "COMPLETED", f"{state}\n{text[-3000:]}"
     assert "SLURM variables: 1" in text
     node = next(line.split()[1] for line in text.splitlines() if line.startswith("on "))
     assert node in started.nodes and text.count(f"1 node(s) {node}, 2 tasks x 1 CPUs") == 2, text
