@@ -220,7 +220,7 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 def batch_job(env: dict[str, str], args: list[str], timeout: float) -> str:
     """`sbatch ARGS` until the job ends; its final state. Not `sbatch --wait`, which asks at 2, 10 and 42 s (slurm
-    22.05 multiplies its wait by four while it is under MinJobAge / 2): a 12-s job kept it 42 s."""
+    22.05 multiplies its wait by four while it is under MinJobAge / 2): a job that ran past 10 s kept it 42 s."""
     submitted = subprocess.run(["sbatch", "--parsable", *args], env=env, capture_output=True, text=True, timeout=60)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]

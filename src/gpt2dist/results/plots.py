@@ -526,7 +526,7 @@ def plot(results: Path) -> list[Path]:
                 # no creation date: figures rebuilt from the same runs are the same bytes
                 fig.savefig(handle, format=ext, dpi=DPI, metadata={"Date": None} if ext == "svg" else None)
             written.append(path)
-            # the layout the PNG was drawn with, kept for the SVG: laid out again it costs a quarter of plot's time
+            # the layout the PNG was drawn with, kept for the SVG: laid out again it took a quarter of the drawing's CPU
             fig.set_layout_engine("none")
         plt.close(fig)
     return written
