@@ -80,7 +80,8 @@ def run(cmd: list[str], cwd: Path, check: bool = True, env: dict[str, str] | Non
     return result
 
 
-def assert_same_training_numbers(results: Path, reference: Path, run_ids: list[str], among_others: bool = False) -> None:
+def assert_same_training_numbers(results: Path, reference: Path, run_ids: list[str],
+                                 among_others: bool = False) -> None:
     """`results` holds exactly these runs (or these `among_others`), and each step's loss, grad norm and val loss
     of each equal the reference study's to 1e-6 (the same fp32 computation, started or built another way)."""
     steps = {where: pd.read_csv(r / "metrics.csv").set_index(["run_id", "step"]).sort_index()
