@@ -85,15 +85,16 @@ def test_projection_at_the_presets_sizes_ranks_each_size():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"gpu": "a toaster"}, "no peak FLOP/s known for bf16 on GPU 'a toaster'"),
+    ({"gpu": "a toaster"}, "no datasheet known for GPU 'a toaster'"),
     ({"mfu": 1.5}, "--mfu is a fraction of the peak in (0, 1], got 1.5"),
+    ({"gpu": "V100", "precision": "bf16"}, "GPU 'V100' has no bf16 arithmetic; choose a precision it computes in"),
     ({"precision": "fp64"}, "--precision 'fp64' is not one of fp32, tf32, bf16"),
     ({"gpus_per_node": 0}, "--gpus-per-node and --nodes count at least 1, got 0 GPUs per node"),
     ({"node_counts": [1, 0]}, "--gpus-per-node and --nodes count at least 1, got 8 GPUs per node and nodes 1,0"),
 ])
 def test_projection_refuses_what_it_cannot_know(kwargs, message):
     name, preset = load_params(REPO / "params.yaml").preset("bai2022")
-    settings = {"gpu": "H100", "precision": "bf16", "mfu": 0.4, "gpus_per_node": 8, "node_counts": [1],
+    settings = {"gpu": "H100", "precision": "bf16", "gpus_per_node": 8, "node_counts": [1],
                 "links": links_of("H100")} | kwargs
     with pytest.raises(UsageError, match=re.escape(message)):
         projection(name, preset, **settings)

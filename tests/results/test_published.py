@@ -1,21 +1,32 @@
 """The planner held to published GPU measurements: the table's rows read back as the planner's inputs, its
-conversions to seconds per step, and `gpt2dist validate-published`'s verdicts, a wrongly ordered pair reported."""
+conversions to seconds per step, the GPU step model's constants fitted out of source (no source tunes its own
+prediction), the shipped fit kept equal to the table's, and `gpt2dist validate-published`'s verdicts, a wrongly
+ordered pair reported."""
 
 from __future__ import annotations
 
 import io
+import json
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import gpt2dist
 
-from gpt2dist.results.published import COLUMNS, TABLE, pairs, predictions, read_table, row_spec, validation
+from gpt2dist.results.gpu_step import Constants
+from gpt2dist.results.published import (BOUNDS, COLUMNS, FIT, TABLE, pairs, predictions, read_table, row_spec,
+                                        row_works, validation)
+
+
+@pytest.fixture(scope="module")
+def validated():
+    return validation(read_table())
 
 
 def test_every_row_names_its_source_and_reads_back_as_the_planners_input():
     table = read_table()
-    assert len(table) >= 15 and table["source"].nunique() >= 5  # issue 51's floor
+    assert len(table) >= 90 and table["source"].nunique() >= 10
     assert table["row"].is_unique and (table["where"] != "").all() and (table["conversion"] != "").all()
     for row in table[table["outside"] == ""].itertuples(index=False):
         spec = row_spec(pd.Series(row._asdict()))
@@ -30,23 +41,105 @@ def test_every_row_names_its_source_and_reads_back_as_the_planners_input():
     assert published.loc["R001", "step_s"] == pytest.approx(110.5948 / 200)  # train_runtime of 200 steps
     assert published.loc["R045", "step_s"] == pytest.approx(32 / 198.6)  # samples/s at a global batch of 32
     assert published.loc["R097", "step_s"] == pytest.approx(512 * 2048 / (140438 * 8))  # tokens/s per GPU
+    assert published.loc["R241", "step_s"] == pytest.approx(128 * 1024 / 489270)  # this engine on an H200
 
 
-def test_every_row_in_the_registry_is_predicted_or_says_why_not():
-    predicted = predictions(read_table(), 0.4)
+def test_every_row_in_the_registry_is_predicted_or_says_why_not(validated):
+    predicted, _, summary = validated
     left_out = predicted["left_out"] != ""
     assert predicted.loc[~left_out, "predicted_tokens_per_s"].gt(0).all()
+    assert (predicted.loc[~left_out, "fitted_without"] == predicted.loc[~left_out, "source"]).all()
     assert predicted.loc[left_out, "left_out"].str.match("outside the registry: |refused by the planner: ").all()
-    assert (predicted["outside"] != "").sum() <= left_out.sum() < len(predicted) / 4
+    assert (predicted["outside"] != "").sum() <= left_out.sum() < len(predicted) / 10
+    assert summary["sources"] == predicted.loc[~left_out, "source"].nunique()
+
+
+def test_no_source_tunes_its_own_prediction():
+    """Each source's rows are predicted with the constants fitted to every other source's: doubling one source's
+    published times moves its own predictions not at all and every other source's. The control: fitted to every
+    row, as plan uses them, its own predictions move too."""
+    table = read_table()
+    source = "Oneflow-Inc/DLPerf"
+    slower = table.assign(step_s=np.where(table["source"] == source, table["step_s"] * 2, table["step_s"]))
+    before, fits = predictions(table)
+    after, fits_after = predictions(slower)
+    own, others = before["source"] == source, (before["source"] != source) & before["predicted_step_s"].notna()
+    assert np.allclose(before.loc[own, "predicted_step_s"], after.loc[own, "predicted_step_s"], rtol=1e-9,
+                       equal_nan=True)
+    assert not np.allclose(before.loc[others, "predicted_step_s"], after.loc[others, "predicted_step_s"], rtol=1e-3)
+    assert fits[source] == fits_after[source] and fits["all"] != fits_after["all"]
+    own_works = [work for work, of in zip(row_works(table), table["source"])
+                 if of == source and not isinstance(work, str)]
+    in_sample = [[work.terms(constants).total_s for work in own_works] for constants in (fits["all"],
+                                                                                         fits_after["all"])]
+    assert not np.allclose(*in_sample, rtol=1e-3)
+
+
+def test_the_fitted_constants_are_physical_and_the_shipped_fit_is_the_tables():
+    """Every fit keeps each constant in its physical range (BOUNDS); gpu_fit.json, which plan and recommend read, is
+    the fit of the shipped table and its out-of-source error, not a number edited by hand (rewrite it with
+    `gpt2dist validate-published --write-fit src/gpt2dist/results/gpu_fit.json`)."""
+    _, _, summary = validation(read_table())
+    for constants in [summary["constants"], *summary["without_source"].values()]:
+        assert set(constants) == set(Constants.NAMES)
+        assert all(BOUNDS[name][0] <= value <= BOUNDS[name][1] for name, value in constants.items()), constants
+    shipped = json.loads(FIT.read_text())
+    assert shipped.keys() == summary.keys()
+    for key, value in summary.items():
+        if isinstance(value, float):
+            assert shipped[key] == pytest.approx(value, rel=1e-3, abs=1e-9), key
+        elif key == "constants":
+            assert shipped[key] == pytest.approx(value, rel=1e-3), key
+        elif key != "without_source":
+            assert shipped[key] == value, key
+
+
+def test_the_published_error_meets_the_planners_targets(validated):
+    """Issue 70's bar, out of source: the throughput's median error within 20%, 95% of same-machine pairs ordered
+    (90% of those on as many GPUs), the ratio of two rows within 10% (median), memory within 15% where the peak
+    allocated is published. The control: the planner before (compute at an assumed MFU of 40%) misses the
+    throughput and the pairs on as many GPUs on the same rows, and its ratios' 95th percentile error is twice
+    ours."""
+    _, _, summary = validated
+    assert summary["throughput_median_abs_error"] <= 0.20
+    assert summary["pairs_ordered"] >= 0.95 * summary["pairs"]
+    assert summary["same_gpus_pairs_ordered"] >= 0.90 * summary["same_gpus_pairs"]
+    assert summary["ratio_median_abs_error"] <= 0.10
+    assert summary["memory_rows"] >= 4 and summary["memory_median_abs_error"] <= 0.15
+    assert abs(summary["memory_worst_error"]) <= 0.15
+    _, _, before = validation(read_table(), 0.4)
+    assert before["throughput_median_abs_error"] > 0.20
+    assert before["same_gpus_pairs_ordered"] < 0.90 * before["same_gpus_pairs"]
+    assert before["ratio_high_abs_error"] > 2 * summary["ratio_high_abs_error"]
+
+
+def test_a_micro_batch_moves_the_prediction_as_the_operations_say():
+    """This engine's H200 row at 16 sequences per micro-batch, run again at 64 with the same global batch: the step
+    model counts the same tokens' work, fewer launches and less of the host's dispatch, so the step shortens by what
+    those cost (the published step shortened 4%). The control: at an assumed MFU the step is the global batch's
+    FLOPs, whatever the micro-batch."""
+    table = read_table()
+    row = table[table["row"] == "R240"]
+    wider = row.assign(micro_batch=64)
+    work, wide_work = row_works(row)[0], row_works(wider)[0]
+    constants = Constants(**json.loads(FIT.read_text())["constants"])
+    fewer_passes = work.passes / wide_work.passes
+    assert fewer_passes == 4 and wide_work.micro.kernels == work.micro.kernels  # a pass's kernels, four times fewer
+    step, wide_step = work.terms(constants).total_s, wide_work.terms(constants).total_s
+    launches = (work.passes - wide_work.passes) * work.micro.kernels * constants.kernel_s
+    assert 0 < step - wide_step and step - wide_step >= launches * 0.99  # at least the launches saved
+    assert row_works(row.assign(micro_batch=32))[0].terms(constants).total_s > wide_step  # between the two
+    at_mfu = [predictions(rows, 0.4)[0]["predicted_step_s"].iloc[0] for rows in (row, wider)]
+    assert at_mfu[0] == at_mfu[1]
 
 
 def fixture_table(tmp_path, swap: bool):
     """Two rows of the ship's table, ddp over an NVLink bridge and through host memory (peer-to-peer off) on one
-    machine; `swap` gives each the other's published time, an ordering the planner cannot share: more bandwidth
-    is never slower in its model."""
-    rows = read_table().set_index("row").loc[["R010", "R011"]].reset_index()
+    machine, and another source's three to fit the constants to; `swap` gives the two the other's published time,
+    an ordering the planner cannot share: more bandwidth is never slower in its model."""
+    rows = read_table().set_index("row").loc[["R010", "R011", "R001", "R002", "R003"]].reset_index()
     if swap:
-        rows["step_s"] = rows["step_s"].iloc[::-1].to_numpy()
+        rows.loc[:1, "step_s"] = rows.loc[:1, "step_s"].iloc[::-1].to_numpy()
     path = tmp_path / "published.csv"
     rows.to_csv(path, index=False)
     return path
@@ -58,23 +151,23 @@ def test_the_command_reports_each_pairs_order_and_a_wrong_one_by_name(tmp_path, 
     shown = gpt2dist("validate-published", "--table", path).stdout
     assert "| R010 " in shown and "| R011 " in shown
     words = " ".join(shown.split())  # unwrapped
-    verdict = re.search(r"hf-2x-rtx-3090-medium: (\d) of (\d) pairs ordered as published"
-                        r"(; not: R010 / R011 published (\d\.\d\d), predicted (\d\.\d\d))?", words)
+    verdict = re.search(r"hf-2x-rtx-3090-medium: (\d) of (\d) pairs ordered as published, their ratio off by \d+% "
+                        r"\(median\)(; not: R010 / R011 published (\d\.\d\d), predicted (\d\.\d\d))?", words)
     assert verdict, shown
     if swap:  # the control: the planner's ordering is reported as wrong, with both ratios
         assert verdict.group(1, 2) == ("0", "1") and float(verdict[4]) < 1 < float(verdict[5]), verdict.group(0)
     else:
         assert verdict.group(1, 2) == ("1", "1") and verdict[3] is None, verdict.group(0)
     csv = pd.read_csv(io.StringIO(gpt2dist("validate-published", "--table", path, "--format", "csv").stdout))
-    assert list(csv["row"]) == ["R010", "R011"] and csv["throughput_error"].notna().all()
+    assert list(csv["row"]) == ["R010", "R011", "R001", "R002", "R003"] and csv["throughput_error"].notna().all()
 
 
-def test_memory_is_held_to_the_peak_allocated_and_kept_below_the_devices_use():
+def test_memory_is_held_to_the_peak_allocated_and_kept_below_the_devices_use(validated):
     table = read_table()
-    predicted, _, summary = validation(table, 0.4)
+    predicted, _, summary = validated
     allocated = predicted[predicted["memory_measure"] == "allocated"].dropna(subset=["memory_error"])
     device = predicted[predicted["memory_measure"] == "device"].dropna(subset=["memory_error"])
-    assert summary["memory_rows"] == len(allocated) >= 1 and summary["device_rows"] == len(device) >= 1
+    assert summary["memory_rows"] == len(allocated) >= 4 and summary["device_rows"] == len(device) >= 1
     assert summary["memory_median_abs_error"] == pytest.approx(allocated["memory_error"].abs().median())
     assert summary["device_rows_below"] == (device["memory_error"] < 0).sum()
     assert set(table.loc[table["memory_gib"].notna(), "memory_measure"]) == {"allocated", "device"}
@@ -84,25 +177,20 @@ def test_memory_is_held_to_the_peak_allocated_and_kept_below_the_devices_use():
     assert validation(mixed, 0.4)[2]["memory_rows"] == len(allocated) + len(device)
 
 
-def test_the_centred_mfu_takes_the_assumed_mfus_share_out_of_the_error():
-    _, _, at_40 = validation(read_table(), 0.4)
-    _, _, at_80 = validation(read_table(), 0.8)
-    assert at_40["centred_mfu"] == pytest.approx(at_80["centred_mfu"], rel=0.01)  # the frameworks', not ours
-    centred = predictions(read_table(), at_40["centred_mfu"])
-    assert (1 + centred["throughput_error"].dropna()).median() == pytest.approx(1, abs=0.005)
-    assert at_40["centred_median_abs_error"] < at_40["throughput_median_abs_error"]
-
-
-def test_ties_are_not_counted_and_a_pair_spans_one_group_only():
-    predicted = predictions(read_table(), 0.4)
-    counted = pairs(predicted)
+def test_ties_are_not_counted_and_a_pair_spans_one_group_only(validated):
+    predicted, counted, _ = validated
     assert (abs(counted["published_ratio"] - 1) > 0.03).all()
     groups = predicted.set_index("row")["group"]
     assert (counted["first"].map(groups) == counted["second"].map(groups)).all()
+    assert counted["ratio_error"].to_numpy() == pytest.approx(
+        (counted["predicted_ratio"] / counted["published_ratio"] - 1).to_numpy())
+    assert pairs(predicted.assign(group=predicted["row"])).empty  # the control: a row alone makes no pair
 
 
 @pytest.mark.parametrize("change, message", [
     (lambda table: table.drop(columns="gpus"), "no column gpus; write it in the columns of published_gpt2.csv"),
+    (lambda table: table.drop(columns="implementation"),
+     "no column implementation; write it in the columns of published_gpt2.csv"),
     (None, "no such file"),
     (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "not a CSV table; write it in the columns of published_gpt2.csv"),
     (b"", "not a CSV table; write it in the columns of published_gpt2.csv"),
@@ -117,8 +205,10 @@ def test_a_table_of_another_layout_is_one_error_line(tmp_path, change, message):
     assert result.returncode == 2 and result.stderr.strip() == f"error: --table {path}: {message}", result.stderr
 
 
-def test_a_row_the_registry_refuses_is_left_out_saying_why(tmp_path):
-    rows = read_table().head(2).assign(strategy=["ddp", "zero3"])
-    predicted = predictions(rows, 0.4)
+def test_a_row_the_registry_refuses_or_whose_program_is_unknown_is_left_out_saying_why():
+    rows = read_table().head(3).assign(strategy=["ddp", "zero3", "ddp"], implementation=["transformers-4.3"] * 2
+                                       + ["pytorch-lightning-9"])
+    predicted, _ = predictions(rows, 0.4)
     assert predicted.loc[1, "left_out"].startswith("refused by the planner: ") and "zero3" in predicted.loc[1, "left_out"]
-    assert set(COLUMNS) <= set(pd.read_csv(TABLE).columns)
+    assert predicted.loc[2, "left_out"].startswith("implementation 'pytorch-lightning-9' unknown (known: gpt2dist, ")
+    assert predicted.loc[0, "left_out"] == "" and set(COLUMNS) <= set(pd.read_csv(TABLE).columns)

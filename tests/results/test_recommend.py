@@ -1,11 +1,14 @@
 """`gpt2dist recommend`: strategies for a described GPU cluster ranked by predicted hours, fitting ones first,
-with the step-time model's leave-one-out error over the stored reference studies and what it extrapolates."""
+with intervals from the GPU step model's out-of-source error on published GPU runs, stored GPU studies'
+corrections and their leave-one-out error, and what it extrapolates."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -49,7 +52,7 @@ def table_of(text: str) -> pd.DataFrame:
 def test_the_ranking_puts_what_fits_first_then_the_fastest():
     _, preset = load_params(REPO / "params.yaml").preset("paper", cuda=True)
     ranked, _ = recommend("paper", preset, read_stored(REFERENCE_STUDIES), gpu="A100", gpus_per_node=8, nodes=1,
-                          precision="bf16", mfu=0.4, tokens=1e10, memory_gb=16, links=links_of("A100"))
+                          precision="bf16", tokens=1e10, memory_gb=16, links=links_of("A100"))
     runnable = ranked[ranked["note"] == ""]
     fits = runnable["fits"].astype(bool)
     assert fits.any() and (~fits).any() and not fits[fits.idxmin():].any()  # every fitting row above the rest
@@ -73,8 +76,7 @@ def test_a_preset_of_model_sizes_is_ranked_at_each_size():
     ddp_peaks = []
     for size, _ in sections:
         ranked, _ = recommend("paper-sizes", preset, read_stored(REFERENCE_STUDIES), gpu="H100", gpus_per_node=8,
-                              nodes=1, precision="bf16", mfu=0.4, tokens=1e10, memory_gb=40, links=links_of("H100"),
-                              size=size)
+                              nodes=1, precision="bf16", tokens=1e10, memory_gb=40, links=links_of("H100"), size=size)
         ddp_peaks.append(ranked.query("strategy == 'ddp' and recompute == False")["peak_gib"].iloc[0])
     assert ddp_peaks == sorted(ddp_peaks) and ddp_peaks[-1] > 40 > ddp_peaks[0]  # XL's own model, not small's
     assert len(re.findall(r"^(Fastest that fits|Tied for fastest|No strategy fits)", text, re.M)) == 4
@@ -85,27 +87,48 @@ def test_a_preset_of_model_sizes_is_ranked_at_each_size():
     assert "GPT-2 small," not in recommended("--gpus", "8").stdout
 
 
-def test_strategies_whose_intervals_overlap_the_fastests_are_a_tie():
-    fitting = pd.DataFrame({"strategy": ["ddp", "horovod", "pp"], "hours": [0.79, 0.79, 1.43],
-                            "hours_low": [0.70, 0.75, 1.30], "hours_high": [0.79, 0.95, 2.42]})
-    line = verdict_line(fitting)
-    assert line.startswith("Tied for fastest") and "horovod, 0.79 hours (0.75 to 0.95)" in line and "pp" not in line
-    # the control: apart, the fastest is named alone
-    apart = fitting.assign(hours_low=[0.70, 0.80, 1.30])
-    assert verdict_line(apart) == "Fastest that fits: ddp, 0.79 hours (0.70 to 0.79), ahead of every other's interval."
+def test_strategies_within_the_ratio_error_of_the_fastest_are_a_tie():
+    """Two candidates on one cluster share its error: which is faster is told by the model's error on the ratio of
+    two runs, not by their hours' intervals."""
+    fitting = pd.DataFrame({"strategy": ["ddp", "horovod", "pp"], "hours": [0.79, 0.85, 1.43],
+                            "hours_low": [0.70, 0.75, 1.30], "hours_high": [0.95, 1.02, 1.72]})
+    line = verdict_line(fitting, 0.10)
+    assert line.startswith("Tied for fastest (the model cannot tell them apart: within 10% of ddp")
+    assert "horovod, 0.85 hours (0.75 to 1.02)" in line and "pp" not in line
+    # the control: with a smaller error the fastest is named alone, though the intervals overlap
+    assert verdict_line(fitting, 0.05) == ("Fastest that fits: ddp, 0.79 hours (0.70 to 0.95), every other predicted "
+                                           "slower by more than 5%, the model's error on the ratio of two runs.")
 
 
-def test_the_stated_error_is_the_leave_one_out_over_the_stored_studies():
+def test_the_intervals_are_the_out_of_source_error_on_published_gpu_runs():
+    """The hours' intervals are the GPU step model's 5th to 95th percentile error on the published runs, out of
+    source (gpu_fit.json), and the recommendation quotes it; the CPU reference studies correct nothing on GPUs.
+    The control: with --mfu the intervals are the constant-MFU model's error on the same runs, wider."""
+    from gpt2dist.results.published import FIT, read_table, validation
+
+    _, preset = load_params(REPO / "params.yaml").preset("paper", cuda=True)
+    shipped = json.loads(FIT.read_text())
+    ranked, errors = recommend("paper", preset, read_stored(REFERENCE_STUDIES), gpu="H100", gpus_per_node=8,
+                               nodes=2, precision="bf16", tokens=1e10, memory_gb=80, links=links_of("H100"))
+    runnable = ranked[ranked["note"] == ""]
+    assert errors.empty  # no stored study ran on GPUs
+    assert np.allclose(runnable["hours_low"], runnable["hours"] * (1 + shipped["throughput_low_error"]))
+    assert np.allclose(runnable["hours_high"], runnable["hours"] * (1 + shipped["throughput_high_error"]))
     text = " ".join(recommended("--gpus", "8", "--nodes", "2").stdout.splitlines())  # prose wraps at 100
-    errors = leave_one_out(read_stored(REFERENCE_STUDIES))
-    names = ", ".join(study.name for study in REFERENCE_STUDIES)
-    assert f"on {len(errors)} configurations of the stored studies ({names})" in text
-    stated = re.search(r"left out one at a time\), median \|error\| (\d+)%", text)
-    assert stated and int(stated[1]) == round(errors["error"].abs().median() * 100)
-    assert "Extrapolating: no stored study ran on GPUs" in text
+    stated = re.search(r"the GPU step model's throughput is off by (\d+)% \(median; ([+-]\d+)% to ([+-]\d+)%", text)
+    assert stated and int(stated[1]) == round(shipped["throughput_median_abs_error"] * 100), text
+    assert int(stated[2]) == round(shipped["throughput_low_error"] * 100)
+    assert "Extrapolating: no stored study of ours ran on GPUs" in text
     most = max(int(study.summary["nproc"].max()) for study in read_stored(REFERENCE_STUDIES))
     assert most < 16 and f"Extrapolating: 16 processes, the stored studies ran at most {most}." in text
     assert "Extrapolating: 2 real nodes" in text
+    at_mfu, _ = recommend("paper", preset, read_stored(REFERENCE_STUDIES), gpu="H100", gpus_per_node=8, nodes=2,
+                          precision="bf16", tokens=1e10, memory_gb=80, links=links_of("H100"), mfu=0.4)
+    before = validation(read_table(), 0.4)[2]
+    assert np.allclose(at_mfu.loc[at_mfu["note"] == "", "hours_high"],
+                       at_mfu.loc[at_mfu["note"] == "", "hours"] * (1 + before["throughput_high_error"]))
+    assert before["throughput_high_error"] - before["throughput_low_error"] > (
+        shipped["throughput_high_error"] - shipped["throughput_low_error"])
 
 
 @pytest.mark.parametrize("args, message", [
@@ -151,4 +174,8 @@ def test_a_cluster_of_any_size_is_ranked_in_seconds():
     """`recommend --gpus 99999999999` (the every-option property's find) once filled 12 GB with zero1's per-rank
     partition and ran past a minute; it is ranked like any cluster."""
     result = gpt2dist("recommend", "--params", REPO / "params.yaml", "--gpus", "99999999999")
-    assert result.returncode == 0 and "zero1" in result.stdout
+    assert result.returncode == 0 and "candidates of 99999999999 GPUs" in result.stdout
+    _, preset = load_params(REPO / "params.yaml").preset("paper", cuda=True)
+    ranked, _ = recommend("paper", preset, [], gpu="H100", gpus_per_node=99999999999, nodes=1, precision="bf16",
+                          tokens=1e10, memory_gb=80, links=links_of("H100"))
+    assert (ranked.loc[ranked["strategy"] == "zero1", "note"] == "").all()  # partitioned and priced

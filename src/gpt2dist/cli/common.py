@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpt2dist.errors import Interrupted, UsageError, error_line
-from gpt2dist.system.hardware import FORECAST_GPU, FORECAST_MFU, PEAK_FLOPS, named_in
+from gpt2dist.system.hardware import FORECAST_GPU, GPUS, named_in
 from gpt2dist.system.links import ACROSS_NODES, INSIDE_NODE
 
 # click's plain help: rich's boxed tables cut option names and wrap descriptions to a few words at 80 columns
@@ -79,17 +79,19 @@ Params = Annotated[Path, typer.Option(help="Parameter file.")]
 
 def _named_gpu(value: str | None) -> str | None:
     """A GPU this knows the peaks and memory of, named alone or inside a device name ("NVIDIA H100 80GB HBM3")."""
-    if value is not None and named_in(value, PEAK_FLOPS) is None:
-        raise typer.BadParameter(f"{value!r} names no GPU whose peaks are known: name one of {', '.join(PEAK_FLOPS)} "
+    if value is not None and named_in(value, GPUS) is None:
+        raise typer.BadParameter(f"{value!r} names no GPU whose peaks are known: name one of {', '.join(GPUS)} "
                                  f"(or a device name containing one), or leave it out for the {FORECAST_GPU}")
     return value
 
 
 GpuModel = Annotated[Optional[str], typer.Option(
-    help=f"GPU whose peak FLOP/s sets the compute time ({', '.join(PEAK_FLOPS)}) [default: {FORECAST_GPU}].",
+    help=f"GPU whose datasheet (peak FLOP/s, memory bandwidth) prices the step ({', '.join(GPUS)}) "
+         f"[default: {FORECAST_GPU}].",
     callback=_named_gpu)]
 AssumedMfu = Annotated[Optional[float], typer.Option(
-    help=f"Assumed model FLOP utilisation of the compute (llm.c on 8x H100: about 0.4) [default: {FORECAST_MFU:g}].",
+    help="Price the computation at this model FLOP utilisation instead of the GPU step model (the planner's model "
+         "before it; llm.c on 8x H100: about 0.4) [default: the GPU step model].",
     callback=Number(float, 0, 1, above=True).callback)]
 LinkInside = Annotated[Optional[str], typer.Option(
     help=f"The link between a node's GPUs: {', '.join(INSIDE_NODE)} (*-host: peer-to-peer off, through host memory) "

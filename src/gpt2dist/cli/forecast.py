@@ -13,7 +13,7 @@ from gpt2dist.cli.common import (COUNT, POSITIVE, AssumedMfu, GpuModel, Gpus, Li
                                  Nodes, Params, PresetName, app, cuda_visible, numbers, one_line_errors, planned_study,
                                  say)
 from gpt2dist.errors import UsageError
-from gpt2dist.system.hardware import FORECAST_GPU, FORECAST_MFU, gpu_memory_gb
+from gpt2dist.system.hardware import FORECAST_GPU, gpu_memory_gb
 
 
 def _model_sizes(text: str | None) -> list[str]:
@@ -76,7 +76,7 @@ def plan(
     if budget_s is not None and (study.device != "cuda" or models):
         raise UsageError("--budget-s checks a study planned on GPUs at its own sizes: add --gpus N, and leave out "
                          "--sizes")
-    gpu, mfu = gpu or FORECAST_GPU, mfu or FORECAST_MFU
+    gpu = gpu or FORECAST_GPU
     sizes = sizes or list(gpu_memory_gb(gpu))
     links = links_of(gpu, link_inside, link_across, nics)
     table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes, links=links, sizes=models)
@@ -134,7 +134,7 @@ def recommend(
         raise UsageError("no stored study to measure the model's error on: pass --study <results directory>")
     stored = read_stored(directories)
     name, chosen = load_params(params).preset(preset, cuda=True)
-    gpu, mfu = gpu or FORECAST_GPU, mfu or FORECAST_MFU
+    gpu = gpu or FORECAST_GPU
     memory_gb = memory_gb or max(gpu_memory_gb(gpu))
     links = links_of(gpu, link_inside, link_across, nics)
     sizes = _model_sizes(model_sizes) or preset_sizes(chosen)
@@ -161,9 +161,8 @@ def project_scaling(
                                                       "ddp,fsdp,ddp-tp2,ddp-tp2-pp2 [default: the data-parallel "
                                                       "strategies].")] = None,
 ) -> None:
-    """Project a preset's strategies (the data-parallel ones, or any splits named) to GPU clusters with the link
-    model (a projection, not a measurement: compute from FLOPs at an assumed MFU, communication from the traffic
-    model, each group on its own link)."""
+    """Project a preset's strategies (the data-parallel ones, or any splits named) to GPU clusters (a projection,
+    not a measurement: the GPU step model, each group's collectives on its own link)."""
     from gpt2dist.config.presets import load_params
     from gpt2dist.pipeline.study import preset_sizes
     from gpt2dist.results.forecast_words import projection_report
@@ -171,7 +170,7 @@ def project_scaling(
 
     counts = numbers(nodes, "--nodes", COUNT, "1,2,4,8")
     name, chosen = load_params(params).preset(preset, cuda=cuda_visible())
-    gpu, mfu = gpu or FORECAST_GPU, mfu or FORECAST_MFU
+    gpu = gpu or FORECAST_GPU
     links = links_of(gpu, link_inside, link_across, nics)
     sizes = _model_sizes(model_sizes) or preset_sizes(chosen)
     named = tuple(dict.fromkeys(part.strip() for part in strategies.split(",") if part.strip())) if strategies \
@@ -191,20 +190,30 @@ def validate_published(
                                                    "[default: the one gpt2dist ships].")] = None,
     output_format: Annotated[str, typer.Option("--format", help="table (for a terminal), or csv or json: every row "
                                                "with its prediction, nothing else.")] = "table",
+    write_fit: Annotated[Optional[Path], typer.Option(help="Also write the constants fitted to every row and the "
+                                                      "out-of-source error here, as plan and recommend read them "
+                                                      "(gpt2dist ships src/gpt2dist/results/gpu_fit.json, written "
+                                                      "this way).")] = None,
 ) -> None:
     """Hold the planner to GPT-2 training that others measured on GPUs and published: each row's throughput and
-    memory predicted beside the published ones, and within each source's machine whether the planner orders every
-    two rows as they were measured."""
+    memory predicted out of source (the GPU step model's constants fitted to every other source) beside the published
+    ones, and within each source's machine whether the planner orders every two rows as they were measured."""
     from gpt2dist.results.forecast_words import validation_report
-    from gpt2dist.results.published import TABLE, read_table, validation
+    from gpt2dist.results.published import TABLE, read_table, validation, write_fit as write
 
     if output_format not in ("table", "csv", "json"):
         raise UsageError(f"--format {output_format!r}: choose table, csv or json")
-    mfu = mfu or FORECAST_MFU
-    predicted, ordered, summary = validation(read_table(table or TABLE), mfu)
+    if write_fit and mfu is not None:
+        raise UsageError("--write-fit writes the GPU step model's constants, which --mfu replaces; leave one out")
+    measurements = read_table(table or TABLE)
+    predicted, ordered, summary = validation(measurements, mfu)
+    if write_fit:
+        write(write_fit, summary)
     if output_format != "table":
         typer.echo(predicted.to_csv(index=False) if output_format == "csv" else predicted.to_json(orient="records",
                                                                                                   indent=1))
         return
     for kind, text in validation_report(predicted, ordered, summary, mfu, table):
         say(text) if kind == "prose" else typer.echo(text)
+    if write_fit:
+        typer.echo(f"ok: {write_fit}")

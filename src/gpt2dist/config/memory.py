@@ -3,8 +3,9 @@
 The model state (parameters, gradients, AdamW's moments, Apex O2's fp32 master copies) is counted tensor by
 tensor from the parameters the strategy's description says rank 0 holds; collect sets it beside every run's
 measured state (training/metrics.py counts the same tensors), where it agrees to the byte on the reference
-studies. Activations, logits and communication buffers are a textbook estimate for CUDA's peak allocated
-memory, not yet checked against a GPU run: `plan` says so wherever it shows them.
+studies. Activations, logits and communication buffers are an estimate for CUDA's peak allocated memory from what
+the training program keeps (Kept): this engine's not yet checked against a GPU run of it (`plan` says so wherever it
+shows them), other programs' held to the peaks their authors published (results/published.py).
 """
 
 from __future__ import annotations
@@ -15,16 +16,40 @@ from gpt2dist.config.schema import ALL_FORWARDS_FIRST, RunSpec
 from gpt2dist.config.strategies import FP32, HALF, compute_bytes, degrees_of, describe, rank_blocks
 
 STEP_BYTES = 4  # AdamW keeps its step count as one float32 tensor per parameter tensor
-# Per token and layer, the activations a block keeps for backward in the compute dtype, in units of the width:
-# the q/k/v input and output (1 + 3), the attention output (1), the MLP input (1), its 4x-wide output before and
-# after GELU (4 + 4); the attention matrix is not kept (SDPA's fused kernels). Of these, q/k/v, the attention
-# output and both MLP activations (12) are split by tensor parallelism.
-KEPT_WIDTHS, SPLIT_WIDTHS = 14, 12
-RESIDUAL_WIDTHS = 2  # the two LayerNorms' inputs, the float32 residual stream
 # What a GPU's allocations may take of its memory: the CUDA context and the caching allocator's fragmentation take
 # the rest (torch.cuda.max_memory_allocated, which the prediction stands for, counts neither)
 USABLE_SHARE = 0.9
 GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a training program holds at the step's peak beside the model state, per token: the activations a block
+    keeps for backward (bytes in units of the width: on the full width, and on the widths tensor parallelism splits),
+    a checkpointed block's input instead where backward recomputes the block, the attention scores' bytes per
+    element where they are materialised, the head's bytes per vocabulary entry, and what else it holds: a copy of the
+    gradients in DDP's buckets, 16-bit copies of the weights through forward (autocast's cache), in bytes per
+    parameter; and whether tensor parallelism splits the logits over the vocabulary."""
+
+    width: float
+    split: float
+    checkpointed: float
+    scores: float = 0.0
+    head: float = 0.0
+    gradient_buckets: bool = False
+    weight_copies: float = 0.0
+    vocab_split: bool = False  # tensor parallelism splits the head's logits over the vocabulary (Megatron's)
+
+
+def engine_kept(spec: RunSpec) -> Kept:
+    """This engine's: per block the q/k/v input and output (1 + 3 widths), the attention output (1), the MLP input
+    (1), its 4x-wide output before and after GELU (4 + 4) in the compute dtype, q/k/v, the attention output and both
+    MLP activations (12) split by tensor parallelism, and the two layer norms' float32 inputs (the residual stream);
+    no attention scores (SDPA's fused kernels); the logits in the compute dtype with their float32 log-softmax and its
+    gradient, or one chunk's (train.head_loss_chunk_tokens, see head_bytes); checkpointed, each block's float32
+    input."""
+    element = compute_bytes(spec.precision)
+    return Kept(width=2 * element + 2 * FP32, split=12 * element, checkpointed=FP32, head=element + 2 * FP32)
 
 
 @dataclass(frozen=True)
@@ -60,50 +85,57 @@ def model_state(spec: RunSpec, rank: int = 0) -> tuple[int, int, int]:
     return params, grads, optimizer
 
 
-def activation_bytes_kept(spec: RunSpec) -> int:
-    """One forward pass's kept activations and logits on the busiest device (an estimate; see the module doc).
-    A pipeline's first stage keeps its blocks' activations for every micro-batch in flight; its last stage
-    keeps one micro-batch's and the logits; the larger counts."""
-    m, element, rows = spec.model, compute_bytes(spec.precision), spec.train.micro_batch_size  # rows per device
+def activation_bytes_kept(spec: RunSpec, kept: Kept | None = None) -> int:
+    """One forward pass's kept activations and logits on the busiest device (an estimate; see the module doc), of
+    this engine or of the program `kept` describes. A pipeline's first stage keeps its blocks' activations for every
+    micro-batch in flight; its last stage keeps one micro-batch's and the logits; the larger counts."""
+    kept = kept or engine_kept(spec)
+    m, rows = spec.model, spec.train.micro_batch_size  # rows per device
     degrees = degrees_of(spec)
     tp = degrees.tp
-    per_layer = m.n_positions * m.n_embd * ((KEPT_WIDTHS - SPLIT_WIDTHS + SPLIT_WIDTHS / tp) * element
-                                            + RESIDUAL_WIDTHS * FP32)
+    per_layer = m.n_positions * (m.n_embd * (kept.width + kept.split / tp)
+                                 + m.n_head // tp * m.n_positions * kept.scores)
     recomputed = 0
     if spec.train.activation_checkpointing == "block":
-        # each block keeps its float32 input; backward computes one block's activations again at a time
-        per_layer, recomputed = m.n_positions * m.n_embd * FP32, per_layer
+        # each block keeps its input; backward computes one block's activations again at a time
+        per_layer, recomputed = m.n_positions * m.n_embd * kept.checkpointed, per_layer
     stages = degrees.pp
     if stages == 1:
-        return round(rows * (m.n_layer * per_layer + recomputed) + head_bytes(spec, rows))
+        return round(rows * (m.n_layer * per_layer + recomputed)
+                     + head_bytes(spec, rows, kept.head, kept.vocab_split))
     in_flight, virtual = degrees.pipeline_micro_batches, degrees.pp_virtual
     if spec.train.pipeline_schedule != ALL_FORWARDS_FIRST:
         in_flight = min(in_flight, stages)  # the first rank runs one forward per rank ahead of its first backward
     # interleaving holds (stages - 1) / (stages x virtual) more (Narayanan et al. 2021, section 2.2)
     interleaving = 1 + (stages - 1) / (stages * virtual) if virtual > 1 else 1
     first = rows * (in_flight * len(rank_blocks(spec, 0)) * per_layer * interleaving + recomputed)
-    last = rows * (len(rank_blocks(spec, stages - 1)) * per_layer + recomputed) + head_bytes(spec, rows)
+    last = (rows * (len(rank_blocks(spec, stages - 1)) * per_layer + recomputed)
+            + head_bytes(spec, rows, kept.head, kept.vocab_split))
     return round(max(first, last))
 
 
-def head_bytes(spec: RunSpec, rows: int) -> int:
-    """The head's part of `rows` rows' peak: their logits in the compute dtype, the float32 log-softmax kept for
-    backward and its gradient; with train.head_loss_chunk_tokens, those of one chunk only, and the two gradients
-    the chunked loss keeps instead (the hidden states' in float32, the head weight's float32 sum)."""
-    m, element, chunk = spec.model, compute_bytes(spec.precision), spec.train.head_loss_chunk_tokens
-    per_token = m.vocab_size * (element + 2 * FP32)
+def head_bytes(spec: RunSpec, rows: int, per_entry: float, vocab_split: bool = False) -> int:
+    """The head's part of `rows` rows' peak: `per_entry` bytes per token and vocabulary entry (this engine's: its
+    logits in the compute dtype, the float32 log-softmax kept for backward and its gradient); with
+    train.head_loss_chunk_tokens, one chunk's only, and the two gradients the chunked loss keeps instead (the hidden
+    states' in float32, the head weight's float32 sum)."""
+    m, chunk = spec.model, spec.train.head_loss_chunk_tokens
     tokens = rows * m.n_positions
     if not chunk:
-        return tokens * per_token
-    return min(chunk, tokens) * per_token + tokens * m.n_embd * FP32 + m.vocab_size * m.n_embd * FP32
+        return round(tokens * m.vocab_size / (degrees_of(spec).tp if vocab_split else 1) * per_entry)
+    return round(min(chunk, tokens) * m.vocab_size * per_entry + tokens * m.n_embd * FP32
+                 + m.vocab_size * m.n_embd * FP32)
 
 
-def predict(spec: RunSpec, *, busiest: bool = True) -> Memory:
+def predict(spec: RunSpec, *, busiest: bool = True, kept: Kept | None = None) -> Memory:
     """The busiest rank's bytes (what must fit on every GPU); with busiest=False rank 0's, which every collected
-    run measures."""
+    run measures; of this engine, or of the program `kept` describes."""
     params, grads, optimizer = model_state(spec, describe(spec.strategy).busiest_rank(spec) if busiest else 0)
     buffers = describe(spec.strategy).buffer_bytes(spec) if spec.nproc > 1 else 0
-    return Memory(params, grads, optimizer, activation_bytes_kept(spec), buffers)
+    if kept:
+        elements = params // (HALF if spec.precision == "apex-O2" else FP32)
+        buffers += round(elements * (kept.weight_copies + FP32 * (kept.gradient_buckets and spec.nproc > 1)))
+    return Memory(params, grads, optimizer, activation_bytes_kept(spec, kept), buffers)
 
 
 def usable_bytes(memory_gb: float) -> float:

@@ -36,6 +36,7 @@ APEX_PRECISIONS = ("apex-O1", "apex-O2")
 # Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD): 0.28's horovod/common/operations.cc sets 128 MiB by default,
 # though its tensor-fusion docs still say 64 MB
 HOROVOD_FUSION_BYTES = 128 * 2**20
+DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default
 HEAD = "lm_head.weight"  # the last pipeline stage's copy of the tied token embedding
 
 
@@ -69,6 +70,8 @@ class Collective:
     ranks: int
     bytes_per_step: float
     what: str
+    kind: str = "all-reduce"  # as NCCL runs it: all-reduce, all-gather, reduce-scatter or send (system.links)
+    calls: float = 1.0  # collectives per step, each paying a latency
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,11 @@ class Method:
         """Bytes rank 0 sends per step over the data-parallel group for `elements` local parameters, and how."""
         return ring_all_reduce(elements * gradient_bytes(spec.precision), degrees.dp), "gradient all-reduce, once per step"
 
+    def calls(self, spec: RunSpec, elements: int, degrees: Degrees) -> tuple[str, float]:
+        """The collectives of that traffic per step, as NCCL's kind and a count: the gradients all-reduced in DDP's
+        buckets."""
+        return "all-reduce", math.ceil(elements * gradient_bytes(spec.precision) / DDP_BUCKET_BYTES)
+
     def overlap(self, spec: RunSpec, elements: int, degrees: Degrees) -> Overlap:
         """The gradient all-reduce runs bucket by bucket as backward produces them (DDP's buckets, Horovod's and
         Apex's hooks) under the last pass's backward (the others skip it), all but the embeddings' bucket. A
@@ -308,6 +316,10 @@ class DataParallelMethod(Method):
             return 0.0, "none: DataParallel without CUDA runs on one device"
         sent = 2 * (spec.nproc - 1) * elements * FP32 * degrees.grad_accum_steps
         return sent, "parameters broadcast from and gradients reduced to GPU 0, every micro-step"
+
+    def calls(self, spec, elements, degrees):
+        """Copies from GPU 0 and back, coalesced as DDP's buckets are, each a hop."""
+        return "send", 2 * degrees.grad_accum_steps * math.ceil(elements * FP32 / DDP_BUCKET_BYTES)
 
     def overlap(self, spec, elements, degrees):
         """One process broadcasts before and reduces after each micro-step's computation."""
@@ -360,6 +372,10 @@ class ZeRO1Method(DDPMethod):
         sent = ring_all_reduce(elements * gradient_bytes(spec.precision), n) + ring_gather(elements * FP32, n)
         return sent, "gradient all-reduce, then each rank's updated parameters broadcast, once per step"
 
+    def calls(self, spec, elements, degrees):
+        """DDP's buckets, then a broadcast from each rank of its share."""
+        return "all-reduce", super().calls(spec, elements, degrees)[1] + degrees.dp
+
 
 class HorovodMethod(Method):
     name = "horovod"
@@ -368,6 +384,10 @@ class HorovodMethod(Method):
 
     def buffer_bytes(self, spec):
         return HOROVOD_FUSION_BYTES
+
+    def calls(self, spec, elements, degrees):
+        """Gradients fused into buffers of HOROVOD_FUSION_BYTES."""
+        return "all-reduce", math.ceil(elements * gradient_bytes(spec.precision) / HOROVOD_FUSION_BYTES)
 
     def overlap(self, spec, elements, degrees):
         """Under Apex O2 the model's cast to fp16 replaces the gradients Horovod hooked, and every gradient is
@@ -421,6 +441,10 @@ class FSDPMethod(Method):
             elements * FP32, n)
         return sent, "parameter all-gather in forward and backward per micro-step, gradient reduce-scatter once per step"
 
+    def calls(self, spec, elements, degrees):
+        """One all-gather per block and the root per gather, one reduce-scatter of each once per step."""
+        return "all-gather", (self.gathers(degrees) + 1) * (len(rank_blocks(spec, 0)) + 1)
+
     def overlap(self, spec, elements, degrees):
         """Each block's all-gather is prefetched while the block before it computes, and its reduce-scatter runs
         while the next computes backward, through the whole step: all but the root's (embeddings, gathered first
@@ -444,6 +468,10 @@ class HSDPMethod(FSDPMethod):
                                  "gradient reduce-scatter within it and all-reduce of each shard across the groups "
                                  "once per step")
 
+    def calls(self, spec, elements, degrees):
+        """FSDP's within the shard group, and an all-reduce per block and the root across the groups."""
+        return "all-gather", (self.gathers(degrees) + 2) * (len(rank_blocks(spec, 0)) + 1)
+
 
 class ZeRO2Method(FSDPMethod):
     name = "zero2"
@@ -457,6 +485,10 @@ class ZeRO2Method(FSDPMethod):
         sent = passes * (ring_gather(elements * gathered_bytes_per_element(spec), n) + ring_gather(elements * FP32, n))
         return sent, "parameter all-gather in forward and gradient reduce-scatter, per micro-step"
 
+    def calls(self, spec, elements, degrees):
+        """An all-gather and a reduce-scatter per block and the root, per micro-step."""
+        return "all-gather", 2 * (1 if degrees.pp > 1 else degrees.passes) * (len(rank_blocks(spec, 0)) + 1)
+
 
 class NoMethod(Method):
     """No data parallelism: one replica, split over every process (tp, pp and their products)."""
@@ -466,6 +498,9 @@ class NoMethod(Method):
 
     def traffic(self, spec, elements, degrees):
         return 0.0, ""
+
+    def calls(self, spec, elements, degrees):
+        return "all-reduce", 0.0
 
     def buffer_bytes(self, spec):
         return 0
@@ -638,19 +673,25 @@ class Description:
         data-parallel group, tensor parallelism's activation all-reduces, the pipeline's boundary sends."""
         degrees, parts = degrees_of(spec), []
         if degrees.dp > 1:
-            sent, what = self.method.traffic(spec, local_elements(spec), degrees)
+            elements = local_elements(spec)
+            sent, what = self.method.traffic(spec, elements, degrees)
             if sent or what:
-                parts.append(Collective("dp", degrees.dp, sent, what))
+                parts.append(Collective("dp", degrees.dp, sent, what, *self.method.calls(spec, elements, degrees)))
         if degrees.tp > 1:
             blocks = len(rank_blocks(spec, 0))
             rows = degrees.global_batch_size // degrees.dp  # the rows this rank's replica computes per step
-            parts.append(Collective("tp", degrees.tp, 4 * blocks * ring_all_reduce(activation_bytes(spec, rows), degrees.tp),
-                                    "activation all-reduce after each block's two row-parallel projections, and of "
-                                    "their input gradients in backward"))
+            # two in forward, two in backward, and forward's two again where backward recomputes each block
+            per_block = 4 + 2 * (spec.train.activation_checkpointing == "block")
+            parts.append(Collective("tp", degrees.tp,
+                                    per_block * blocks * ring_all_reduce(activation_bytes(spec, rows), degrees.tp),
+                                    "activation all-reduce after each block's two row-parallel projections (again "
+                                    "where backward recomputes the block), and of their input gradients in backward",
+                                    "all-reduce", per_block * blocks * degrees.passes))
         if degrees.pp > 1:
             parts.append(Collective("pp", degrees.pp, pipeline_bytes(spec, degrees),
                                     "activations forward and their gradients backward at each stage boundary per "
-                                    "micro-batch, tied embedding gradients summed between the first and last stage"))
+                                    "micro-batch, tied embedding gradients summed between the first and last stage",
+                                    "send", 2 * degrees.pp_virtual * degrees.pipeline_micro_batches + 1))
         if not parts:
             return Traffic(0, "none")
         return Traffic(round(sum(part.bytes_per_step for part in parts)), "; ".join(part.what for part in parts),

@@ -18,8 +18,8 @@ from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.pipeline.study import model_of, Study
 from gpt2dist.results.plan import duration_words, fit_lines, plan_text
 from gpt2dist.results.link_model import projection
-from gpt2dist.results.published import TIE, published_summary, summary_words
-from gpt2dist.results.recommend import HIGH, LOW, extrapolations, recommend, verdict_line
+from gpt2dist.results.published import HIGH, LOW, TIE, published_summary, summary_words
+from gpt2dist.results.recommend import extrapolations, recommend, verdict_line
 from gpt2dist.system.links import Links
 
 
@@ -27,8 +27,16 @@ Part = tuple[str, str]  # ("prose", text to wrap to the terminal) or ("table", t
 TOP = 12  # candidates `recommend` shows per model size, of the dozens it ranks
 
 
-def plan_report(study: Study, table: pd.DataFrame, *, gpu: str, mfu: float, memory_gb: list[float], links: Links,
-                duration: dict[str, float] | None, budget_s: float | None) -> list[Part]:
+def compute_words(gpu: str, mfu: float | None) -> str:
+    """How a GPU step's computation was priced: the GPU step model, or an assumed MFU."""
+    if mfu is not None:
+        return f"compute at an assumed MFU of {mfu:.0%} of the {gpu}'s peak"
+    return (f"the GPU step model on the {gpu} (each operation at its roofline, launches and the host's dispatch, "
+            "constants fitted to published runs)")
+
+
+def plan_report(study: Study, table: pd.DataFrame, *, gpu: str, mfu: float | None, memory_gb: list[float],
+                links: Links, duration: dict[str, float] | None, budget_s: float | None) -> list[Part]:
     """What `gpt2dist plan` prints around its table: what was planned and assumed, the table (one per model size),
     how memory and step time were predicted, the study's duration on GPUs and what does not fit."""
     said: list[Part] = []
@@ -42,7 +50,7 @@ def plan_report(study: Study, table: pd.DataFrame, *, gpu: str, mfu: float, memo
     said.append(("prose", f"Assumed: micro-batches of {t.micro_batch_size} sequences of {m.n_positions} tokens per "
                           f"rank, a global batch of {t.global_batch_size} sequences (the rest by gradient "
                           f"accumulation), {t.max_steps} steps"
-                          + (f", compute at {mfu:.0%} MFU of the {gpu}'s peak." if on_gpus else ".") + "\n"))
+                          + (f"; {compute_words(gpu, mfu)}." if on_gpus else ".") + "\n"))
     by_size = "size" in table  # a study of model sizes, or --sizes: a table per size
     if not by_size:
         said.append(("table", plan_text(table, memory_gb if on_gpus else [])))
@@ -59,10 +67,9 @@ def plan_report(study: Study, table: pd.DataFrame, *, gpu: str, mfu: float, memo
                           "a GPU)" + (f". Spare is what is left of {USABLE_SHARE:.0%} of the GPU's memory, in GiB (the "
                                       "CUDA context and the allocator take the rest)." if on_gpus else ".")))
     if on_gpus:
-        said.append(("prose", f"Step time: single's FLOPs at an assumed MFU of {mfu:.0%} of the {gpu}'s peak, divided "
-                              f"over the GPUs, a pipeline's bubble, and the traffic model's bytes over "
-                              f"{links.words(study.nodes)}, less what the strategy sends under its computation; "
-                              f"{summary_words(published_summary(mfu))}."))
+        said.append(("prose", f"Step time: {compute_words(gpu, mfu)}, a pipeline's bubble, and each group's "
+                              f"collectives over {links.words(study.nodes)}, less what the strategy sends under its "
+                              f"computation; {summary_words(published_summary(mfu), mfu)}."))
         if duration is not None:
             said.append(("prose", duration_words(study, duration, budget_s)))
     else:
@@ -83,7 +90,8 @@ def cluster_unused(study: Study) -> str:
 
 
 def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | None], *, gpu: str, gpus: int,
-                     nodes: int, precision: str, mfu: float, tokens: float, memory_gb: float, links: Links) -> list[Part]:
+                     nodes: int, precision: str, mfu: float | None, tokens: float, memory_gb: float,
+                     links: Links) -> list[Part]:
     """What `gpt2dist recommend` prints: the cluster and assumptions, per model size a table of the strategies by
     predicted hours with their verdict, then the step-time model's error on the stored studies and what it
     extrapolates beyond."""
@@ -92,8 +100,8 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
                                   + (f" at {len(sizes)} sizes" if sizes != [None] else "") + f" in {precision}, "
                                   f"{tokens:,.0f} tokens, each GPU at the preset's micro-batch of "
                                   f"{chosen.train.micro_batch_size} (a global batch that follows the GPUs: "
-                                  f"{chosen.train.micro_batch_size * gpus * nodes} sequences), compute at an assumed "
-                                  f"MFU of {mfu:.0%}:")]
+                                  f"{chosen.train.micro_batch_size * gpus * nodes} sequences), "
+                                  f"{compute_words(gpu, mfu)}:")]
     for size in sizes:
         table, errors = recommend(name, chosen, stored, gpu=gpu, gpus_per_node=gpus, nodes=nodes, precision=precision,
                                   mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links, size=size)
@@ -114,27 +122,23 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
                                               floatfmt=",.2f")))
         said += [("prose", f"{row.strategy}: {row.note}") for row in refused.itertuples()
                  if row.strategy in STRATEGIES]  # the named ones; the others are the grammar's every split
-        said.append(("prose", "\n" + verdict_line(fitting)))
+        said.append(("prose", "\n" + verdict_line(fitting, published_summary(mfu)["ratio_high_abs_error"])))
 
-    def spread(column: str) -> str:
-        e = errors[column].dropna()
-        return f"median |error| {e.abs().median():.0%}, {e.quantile(LOW):+.0%} to {e.quantile(HIGH):+.0%}"
-
-    corrected = any(s.device == "cuda" for s in stored)
-    said.append(("prose", f"The step-time model's error (predicted / measured - 1, {LOW:.0%} to {HIGH:.0%} "
-                          f"percentiles) on {len(errors)} configurations of the stored studies "
-                          f"({', '.join(s.name for s in stored)}): as it runs here, {spread('uncorrected_error')}; "
-                          "with each strategy's correction learned from its other configurations (left out one at a "
-                          f"time), {spread('error')}. The hours' intervals span the "
-                          f"{'corrected' if corrected else 'uncorrected'} errors' percentiles, the strategy's own "
-                          "where it has three or more."))
+    summary = published_summary(mfu)
+    said.append(("prose", f"The hours' intervals span the {LOW:.0%} to {HIGH:.0%} percentiles of the error on GPU runs "
+                          f"others published: {summary_words(summary, mfu)}."))
+    if len(errors):
+        e = errors["error"].dropna()
+        said.append(("prose", f"Each strategy corrected by the stored GPU studies' runs "
+                              f"({', '.join(s.name for s in stored if s.device == 'cuda')}), the correction learned "
+                              f"from its other configurations (left out one at a time) leaves their {len(e)} "
+                              f"configurations off by {e.abs().median():.0%} (median)."))
     said += [("prose", f"Extrapolating: {note}.") for note in extrapolations(stored, gpus * nodes, nodes)]
-    said.append(("prose", f"On GPUs others measured: {summary_words(published_summary(mfu))}."))
     return said
 
 
 def projection_report(name: str, chosen: Preset, sizes: list[str | None], counts: list[int], *, gpu: str,
-                      precision: str, mfu: float, gpus_per_node: int, links: Links,
+                      precision: str, mfu: float | None, gpus_per_node: int, links: Links,
                       strategies: tuple[str, ...] | None = None) -> list[Part]:
     """What `gpt2dist project-scaling` prints: its assumptions, the projected table, and why a strategy has none."""
     table = projection(name, chosen, gpu=gpu, precision=precision, mfu=mfu, gpus_per_node=gpus_per_node,
@@ -143,7 +147,7 @@ def projection_report(name: str, chosen: Preset, sizes: list[str | None], counts
     columns = ["size"] * (sizes != [None]) + ["strategy", "nodes", "gpus", "compute_ms", "bubble_ms",
                                              "communication_ms", "step_ms", "tokens_per_s", "scaling_efficiency"]
     said: list[Part] = [
-        ("prose", f"Projection (not a measurement) of preset {name}: {gpu} {precision} at an assumed MFU of {mfu:.0%}, "
+        ("prose", f"Projection (not a measurement) of preset {name}: {gpu} {precision}, {compute_words(gpu, mfu)}, "
                   f"{gpus_per_node} GPUs per node, {links.words(max(counts))}, weak scaling: each GPU at the preset's "
                   f"micro-batch of {chosen.train.micro_batch_size}, the global batch growing with the GPUs; "
                   "communication a strategy overlaps with its computation counts only where the computation cannot "
@@ -155,17 +159,20 @@ def projection_report(name: str, chosen: Preset, sizes: list[str | None], counts
     return said
 
 
-def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, summary: dict, mfu: float,
+def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, summary: dict, mfu: float | None,
                       table: Path | None) -> list[Part]:
-    """What `gpt2dist validate-published` prints: each published row beside its prediction, which pairs each
-    source's machine orders as published, the rows left out and the summary."""
+    """What `gpt2dist validate-published` prints: each published row beside its prediction (out of source, or at an
+    assumed MFU), which pairs each source's machine orders as published and how far their ratios are off, the rows
+    left out, the constants and the summary."""
     def shown(values, form: str) -> list[str]:
         return ["" if pd.isna(value) else format(value, form) for value in values]
 
     rows = predicted[predicted["left_out"] == ""]
     said: list[Part] = [
-        ("prose", f"Published GPU measurements of GPT-2-family training against the planner (compute at an assumed "
-                  f"MFU of {mfu:.0%}; each row's links as its source describes them):\n"),
+        ("prose", "Published GPU measurements of GPT-2-family training against the planner ("
+                  + ("the GPU step model, each source's rows predicted with the constants fitted to every other "
+                     "source's" if mfu is None else f"compute at an assumed MFU of {mfu:.0%}")
+                  + "; each row's links and program as its source describes them):\n"),
         ("table", tabulate(
             {"row": rows["row"], "group": rows["group"], "strategy": rows["strategy"], "precision": rows["precision"],
              "GPUs": rows["gpus"], "nodes": rows["nodes"],
@@ -178,13 +185,17 @@ def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, summary: d
         ("table", "")]
     for group, part in ordered.groupby("group", sort=False):
         wrong = part[~part["ordered"]]
-        said.append(("prose", f"{group}: {int(part['ordered'].sum())} of {len(part)} pairs ordered as published"
+        said.append(("prose", f"{group}: {int(part['ordered'].sum())} of {len(part)} pairs ordered as published, "
+                              f"their ratio off by {part['ratio_error'].abs().median():.0%} (median)"
                               + ("" if wrong.empty else "; not: " + ", ".join(
                                   f"{r.first} / {r.second} published {r.published_ratio:.2f}, predicted "
                                   f"{r.predicted_ratio:.2f}" for r in wrong.itertuples()))))
     said += [("prose", f"{row.row} ({row.group}) left out: {row.left_out}")
              for row in predicted[predicted["left_out"] != ""].itertuples()]
-    said.append(("prose", f"\nIn all: {summary_words(summary)}. Pairs whose published throughputs are within "
+    if "constants" in summary:
+        said.append(("prose", "\nThe constants fitted to every row (plan and recommend use them): " + ", ".join(
+            f"{name} {value:.3g}" for name, value in summary["constants"].items()) + "."))
+    said.append(("prose", f"\nIn all: {summary_words(summary, mfu)}. Pairs whose published throughputs are within "
                           f"{TIE:.0%} of each other are ties, not counted. The table, with each row's source and what "
                           f"is unclear about it: {table or 'src/gpt2dist/results/published_gpt2.csv'}."))
     return said

@@ -4,10 +4,9 @@ a node send nothing over it) over the node's link.
 
 On the emulated links the model has no overlap of communication with compute (gloo's threads share
 the cores that compute), no latency and no protocol overhead: the simplest model that can be wrong,
-and `predicted_vs_measured` says by how much. The planner's GPU step (results.plan, with the part
-a strategy overlaps with its computation hidden) projects the papers' presets to GPU clusters
-(`projection`), where compute time comes from the FLOP count at an assumed MFU instead of a
-measurement: a projection, labelled as one wherever it is shown.
+and `predicted_vs_measured` says by how much. The planner's GPU step (results.plan: the GPU step model, with the
+part a strategy overlaps with its computation hidden) projects the papers' presets to GPU clusters (`projection`):
+a prediction instead of a measurement, labelled as one wherever it is shown.
 """
 
 from __future__ import annotations
@@ -62,21 +61,19 @@ def predicted_vs_measured(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mfu: float, gpus_per_node: int,
+def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, gpus_per_node: int,
                node_counts: list[int], links: Links, sizes: list[str | None] = (None,),
-               strategies: tuple[str, ...] = PROJECTED_STRATEGIES) -> pd.DataFrame:
+               strategies: tuple[str, ...] = PROJECTED_STRATEGIES, mfu: float | None = None) -> pd.DataFrame:
     """Projected tokens/s of `strategies` (default: the data-parallel ones; any split, ddp-tp2 say) at
     `gpus_per_node` x each node count and each model size (config.sizes; None: the preset's), weak scaling (each
-    GPU keeps the preset's micro-batch, no accumulation): compute at `mfu` of the GPU's peak, each group's traffic
-    at the bus bandwidth of the link it takes in the cluster's `links`, less what the strategy overlaps with its
-    computation (results.plan's GPU step)."""
+    GPU keeps the preset's micro-batch, no accumulation): results.plan's GPU step (the GPU step model, or compute at
+    `mfu` of the GPU's peak), each group's collectives over the link it takes in the cluster's `links`, less what the
+    strategy overlaps with its computation."""
     if precision not in COMPUTE_DTYPE:
         raise UsageError(f"--precision '{precision}' is not one of {', '.join(COMPUTE_DTYPE)}")
     if gpus_per_node < 1 or not node_counts or min(node_counts) < 1:
         raise UsageError(f"--gpus-per-node and --nodes count at least 1, got {gpus_per_node} GPUs per node and nodes "
                          f"{','.join(map(str, node_counts))}")
-    if not 0 < mfu <= 1:
-        raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu}")
     rows = []
     for strategy in strategies:
         describe(strategy)  # an unknown name is one error line, before anything is projected
@@ -90,7 +87,7 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, mf
         except UsageError as exc:
             rows.append(row | {"note": f"not projected: {exc}"})
             continue
-        terms = gpu_step_terms(spec, gpu, mfu, links)
+        terms = gpu_step_terms(spec, gpu, links, mfu)
         step_s, tokens_per_gpu = terms.total_s, spec.train.micro_batch_size * spec.model.n_positions
         rows.append(row | {"compute_ms": terms.compute_s * 1e3, "bubble_ms": terms.bubble_s * 1e3,
                            "communication_ms": sum(terms.exposed_s.values()) * 1e3, "step_ms": step_s * 1e3,

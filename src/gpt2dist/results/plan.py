@@ -2,10 +2,9 @@
 duration, and what will not fit a GPU's memory.
 
 The model state is counted as collect checks it, to the byte, on every run (results/prediction.py);
-activations, buffers and GPU step times are estimates (config/memory.py; compute at an assumed MFU of the
-GPU's peak, the traffic model's bytes at the bus bandwidth of the cluster's links, less what the strategy
-overlaps with its computation) that no GPU run
-of ours has checked yet (results/published.py holds them to others' measurements), and the plan says so.
+activations, buffers and GPU step times are estimates (config/memory.py; the GPU step model, results/gpu_step.py)
+that few GPU runs of ours have checked yet: results/published.py holds them to others' measurements, out of
+source, and the plan quotes that error.
 """
 
 from __future__ import annotations
@@ -19,12 +18,14 @@ from tabulate import tabulate
 
 from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
 from gpt2dist.config.schema import RunSpec
-from gpt2dist.config.sizes import flops_per_token, parameter_count
-from gpt2dist.config.strategies import check_run, link_streams, overlap, spans_nodes, traffic
+from gpt2dist.config.sizes import parameter_count
+from gpt2dist.config.strategies import check_run
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, planned_spec, selftested, Study
-from gpt2dist.results.prediction import StepTerms, step_terms
-from gpt2dist.system.hardware import PEAK_FLOPS, peak_flops
+from gpt2dist.results.gpu_step import mfu_step_terms, step_work
+from gpt2dist.results.implementations import engine_implementation
+from gpt2dist.results.prediction import StepTerms
+from gpt2dist.results.published import shipped_constants
 from gpt2dist.system.links import Links
 
 MIB = 2**20
@@ -37,53 +38,23 @@ GPU_LAUNCH_S = 20.0
 STUDY_FIXED_S = 60.0
 
 
-# Recomputing each block's activations in backward runs its forward again: a third more of the 6 FLOPs per
-# parameter and token a training step has (2 forward, 4 backward)
-CHECKPOINTED_COMPUTE = 4 / 3
+def gpu_step_terms(spec: RunSpec, gpu: str, links: Links, mfu: float | None = None) -> StepTerms:
+    """A GPU cluster's step of this engine, term by term: its computation, a pipeline's bubble, and each group's
+    communication over the cluster's `links`, less what the strategy sends under its computation. By the GPU step
+    model (results.gpu_step) with the constants fitted to the published runs (results.published), or, with `mfu`,
+    at that assumed MFU."""
+    if mfu is not None:
+        return mfu_step_terms(spec, gpu, mfu, links)
+    return step_work(spec, gpu, engine_implementation(spec), links).terms(shipped_constants())
 
 
-def gpu_compute_seconds(spec: RunSpec, gpu: str, mfu: float) -> float:
-    """One GPU's step of the spec's whole global batch at `mfu` of its peak in the spec's arithmetic, a third more
-    with activation checkpointing: single's step, which the step model divides among the processes."""
-    peak = peak_flops(gpu, spec.precision)
-    if peak is None:
-        raise UsageError(f"no peak FLOP/s known for {spec.precision} on GPU '{gpu}' (known: {', '.join(PEAK_FLOPS)})")
-    if not 0 < mfu <= 1:
-        raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu:g}")
-    m, t = spec.model, spec.train
-    single = t.global_batch_size * m.n_positions * flops_per_token(m) / (peak * mfu)
-    return single * CHECKPOINTED_COMPUTE if t.activation_checkpointing == "block" else single
-
-
-def gpu_step_terms(spec: RunSpec, gpu: str, mfu: float, links: Links) -> StepTerms:
-    """A GPU cluster's step by the step model (results.prediction), term by term: gpu_compute_seconds divided among
-    its processes, a pipeline's bubble, and each group's bytes (config.strategies' traffic) at the bus bandwidth of
-    the link it takes in the cluster's `links` (inside a node, or across where its ranks span nodes), less the part
-    the strategy sends under its computation."""
-    hidden = overlap(spec)
-    parts = {part.group: (part.bytes_per_step, group_bus_bytes_per_s(spec, part.group, links) / 1e9)
-             for part in traffic(spec).parts}
-    facts = {"strategy": spec.strategy, "nproc": spec.nproc, "nodes": spec.nodes, "emulated": False,
-             "comm_parts": parts, "hidden_comm_bytes": hidden.bytes_per_step, "hidden_under": hidden.under}
-    return step_terms(facts, gpu_compute_seconds(spec, gpu, mfu), "cuda", spec.train)
-
-
-def group_bus_bytes_per_s(spec: RunSpec, group: str, links: Links) -> float:
-    """The bus bandwidth one group of a kind gets: the link inside a node where its ranks stay on one, else the
-    node's NICs shared by the groups that cross them at once (config.strategies.link_streams), never more than the
-    link inside."""
-    if not spans_nodes(spec, group):
-        return links.bus_bytes_per_s(1)
-    return min(links.bus_bytes_per_s(1), links.bus_bytes_per_s(spec.nodes) / link_streams(spec, group))
-
-
-def gpu_step_seconds(spec: RunSpec, gpu: str, mfu: float, links: Links) -> float:
+def gpu_step_seconds(spec: RunSpec, gpu: str, links: Links, mfu: float | None = None) -> float:
     """gpu_step_terms' total."""
-    return gpu_step_terms(spec, gpu, mfu, links).total_s
+    return gpu_step_terms(spec, gpu, links, mfu).total_s
 
 
-def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float], links: Links,
-         sizes: list[str] | None = None) -> pd.DataFrame:
+def plan(study: Study, *, gpu: str, memory_gb: list[float], links: Links, sizes: list[str] | None = None,
+         mfu: float | None = None) -> pd.DataFrame:
     """One row per configuration: predicted bytes per rank by part, whether it fits each GPU memory size (with
     the margin) as it is and with activation checkpointing, and on GPUs the step time and the run's training time.
     A study of model sizes has a `size` and `parameters` column; `sizes` (config.sizes) plans every configuration
@@ -118,7 +89,7 @@ def plan(study: Study, *, gpu: str, mfu: float, memory_gb: list[float], links: L
         for gb in memory_gb:
             row[f"margin_{gb:g}gb_gib"] = (usable_bytes(gb) - memory.peak) / GIB
             row[f"margin_{gb:g}gb_checkpointed_gib"] = (usable_bytes(gb) - checkpointed) / GIB
-        step = gpu_step_seconds(spec, gpu, mfu, links) if study.device == "cuda" else math.nan
+        step = gpu_step_seconds(spec, gpu, links, mfu) if study.device == "cuda" else math.nan
         row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}
         rows.append(row)
     return pd.DataFrame(rows)

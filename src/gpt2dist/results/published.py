@@ -1,42 +1,66 @@
-"""The planner held to GPT-2-family training that others measured on GPUs and published (published_gpt2.csv: each
-row's source, its setup as the planner's input, its result as published and as seconds per optimizer step).
+"""The GPU step model held to GPT-2-family training that others measured on GPUs and published (published_gpt2.csv:
+each row's source, its setup as the planner's input, the program that trained (results.implementations), its result
+as published and as seconds per optimizer step).
 
-Sources differ in framework and software age, so a row's absolute error mostly says how far its framework is
-from the assumed MFU; within a group (one source, one machine) that cancels, and the ratio of two rows'
-throughputs is what the planner's ranking rests on: a pair is ordered right when the planner puts the same row
-ahead. Rows whose strategy is outside the registry stay in the table, left out of every error. A row is
-predicted where its split fits its model and cluster (config.strategies.check_placement), whatever this engine's
-runtime refuses of it: fp16 under tensor parallelism or a pipeline, which Megatron's own loss scaler runs, is the same
-arithmetic."""
+The model's constants (results.gpu_step.Constants) are fitted to the table, and judged only out of source: each
+source's rows are predicted with the constants fitted to every other source's, so no source ever tunes its own
+prediction. What the planner quotes is that error: of each row's throughput, and within a group (one source, one
+machine) of the ratio of two rows' throughputs, which its rankings rest on; a pair is ordered right when the
+prediction puts the same row ahead. The constants plan and recommend use are those fitted to every row
+(gpu_fit.json, written from the table by `gpt2dist validate-published --write-fit`).
+
+Rows whose strategy is outside the registry stay in the table, left out of every error. A row is predicted where its
+split fits its model and cluster (config.strategies.check_placement), whatever this engine's runtime refuses of it:
+fp16 under tensor parallelism or a pipeline, which Megatron's own loss scaler runs, is the same arithmetic."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from pydantic import ValidationError
+from scipy.optimize import least_squares
 
 from gpt2dist.config.memory import GIB, predict
 from gpt2dist.config.schema import ModelConfig, RunSpec, TrainConfig
 from gpt2dist.config.strategies import check_placement
 from gpt2dist.errors import UsageError
-from gpt2dist.results.plan import gpu_step_seconds
+from gpt2dist.io import atomic_write_json, cannot_be_read
+from gpt2dist.results.gpu_step import Constants, Implementation, StepWork, mfu_step_terms, step_work
+from gpt2dist.results.implementations import ENGINE_NAME, PUBLISHED, engine_implementation
 from gpt2dist.system.links import Links
 
 TABLE = Path(__file__).with_name("published_gpt2.csv")
+FIT = Path(__file__).with_name("gpu_fit.json")
 # What a prediction reads of a row
-COLUMNS = ["row", "group", "gpu", "gpus", "gpus_per_node", "nodes", "link_inside", "link_across", "nics", "n_layer",
-           "n_head", "n_embd", "seq_len", "vocab", "strategy", "outside", "precision", "micro_batch", "global_batch",
-           "checkpointing", "step_s", "memory_gib", "memory_measure"]
+COLUMNS = ["row", "source", "group", "gpu", "gpus", "gpus_per_node", "nodes", "link_inside", "link_across", "nics",
+           "n_layer", "n_head", "n_embd", "seq_len", "vocab", "strategy", "outside", "precision", "micro_batch",
+           "global_batch", "checkpointing", "implementation", "step_s", "memory_gib", "memory_measure"]
 # What a row's memory measured: torch's peak allocated (what the planner predicts), or the device's use as nvidia-smi
 # shows it (the CUDA context and the allocator's cache beside the peak: the prediction belongs below it)
 ALLOCATED, DEVICE = "allocated", "device"
 # Two rows whose published throughputs are closer than this are a tie, not an ordering to get right
 TIE = 0.03
+# Where a fit may take each constant: the physical range, so that a constant cannot stand in for another's work.
+# A GEMM reaches at most its peak; NCCL's bus bandwidth reaches 60-100% of a link's rate; a kernel costs its GPU
+# 1-8 microseconds beyond its work (launch latency and tail), a Python-dispatched operator its host 5-100.
+BOUNDS = {"gemm_efficiency": (0.2, 1.0), "gemm_half_depth": (1.0, 4096.0), "memory_efficiency": (0.2, 1.0),
+          "flash_efficiency": (0.05, 1.0), "link_efficiency": (0.6, 1.0), "kernel_s": (1e-6, 8e-6),
+          "host_op_s": (5e-6, 100e-6)}
+START = Constants(0.8, 128.0, 0.8, 0.4, 0.8, 4e-6, 15e-6)  # where each fit starts
+# The fit weighs each row by 1 / sqrt(rows of its source): a source of thirty rows counts more than one of one,
+# not thirty times as much; errors are of log(predicted / published) under a soft L1 loss, so that a row far off
+# (a setup the table describes wrongly) pulls the constants less than a square would
+LOSS_SCALE = 0.1
 # Bookkeeping a TrainConfig needs and no prediction reads
 _UNREAD = {"max_steps": 1, "lr": 1e-4, "min_lr": 0.0, "eval_interval": 1, "eval_batches": 1, "checkpoint_interval": 1}
+LOW, HIGH = 0.05, 0.95  # the percentiles of the out-of-source errors a GPU prediction's interval spans
 
 
 def read_table(path: Path = TABLE) -> pd.DataFrame:
@@ -44,8 +68,8 @@ def read_table(path: Path = TABLE) -> pd.DataFrame:
     if not path.is_file():
         raise UsageError(f"--table {path}: no such file")
     try:
-        table = pd.read_csv(path, dtype={"strategy": str, "outside": str}, keep_default_na=False,
-                           na_values={"memory_gib": [""], "step_s": [""]})
+        table = pd.read_csv(path, dtype={"strategy": str, "outside": str, "implementation": str},
+                            keep_default_na=False, na_values={"memory_gib": [""], "step_s": [""]})
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError):
         raise UsageError(f"--table {path}: not a CSV table; write it in the columns of {TABLE.name}") from None
     missing = [column for column in COLUMNS if column not in table]
@@ -65,42 +89,96 @@ def row_spec(row: pd.Series) -> RunSpec:
                    device="cuda", model=model, train=train)
 
 
-def predictions(table: pd.DataFrame, mfu: float) -> pd.DataFrame:
-    """Each row with the planner's step time, throughput and peak memory per GPU beside the published ones, and
-    their errors (predicted / published - 1); rows outside the registry or refused by it say why in `left_out`."""
-    if not 0 < mfu <= 1:
-        raise UsageError(f"--mfu is a fraction of the peak in (0, 1], got {mfu:g}")
-    rows = []
+def implementation_of(row: pd.Series, spec: RunSpec) -> Implementation:
+    """The program that trained a row: this engine, or one of results.implementations'."""
+    return engine_implementation(spec) if row.implementation == ENGINE_NAME else PUBLISHED[row.implementation]
+
+
+def row_works(table: pd.DataFrame) -> list[StepWork | str]:
+    """Each row's step as the GPU step model counts it, or why it is left out."""
+    works: list[StepWork | str] = []
     for _, row in table.iterrows():
-        out = {"left_out": row.outside and f"outside the registry: {row.outside}"}
-        tokens = int(row.global_batch) * int(row.seq_len)
-        out["published_tokens_per_s"] = tokens / row.step_s if row.step_s else math.nan
-        if not row.outside:
-            try:
-                spec = row_spec(row)
-                check_placement(spec, min(int(row.gpus), int(row.gpus_per_node)))
-                links = Links(row.link_inside, row.link_across, int(row.nics))
-                step = gpu_step_seconds(spec, row.gpu, mfu, links)
-            except (UsageError, ValidationError) as refusal:
-                out["left_out"] = f"refused by the planner: {' '.join(str(refusal).split())}"
-            else:
-                out |= {"predicted_step_s": step, "predicted_tokens_per_s": tokens / step,
-                        "predicted_memory_gib": predict(spec).peak / GIB}
-        rows.append(out)
-    predicted = pd.concat([table.reset_index(drop=True), pd.DataFrame(rows)], axis=1)
-    for column in ("predicted_step_s", "predicted_tokens_per_s", "predicted_memory_gib"):
-        if column not in predicted:
-            predicted[column] = math.nan
-    return predicted.assign(
-        throughput_error=lambda t: t["predicted_tokens_per_s"] / t["published_tokens_per_s"] - 1,
-        memory_error=lambda t: t["predicted_memory_gib"] / t["memory_gib"] - 1)
+        if row.outside:
+            works.append(f"outside the registry: {row.outside}")
+            continue
+        if row.implementation != ENGINE_NAME and row.implementation not in PUBLISHED:
+            works.append(f"implementation {row.implementation!r} unknown (known: {ENGINE_NAME}, "
+                         f"{', '.join(PUBLISHED)})")
+            continue
+        try:
+            spec = row_spec(row)
+            check_placement(spec, min(int(row.gpus), int(row.gpus_per_node)))
+            works.append(step_work(spec, row.gpu, implementation_of(row, spec),
+                                   Links(row.link_inside, row.link_across, int(row.nics))))
+        except (UsageError, ValidationError) as refusal:
+            works.append(f"refused by the planner: {' '.join(str(refusal).split())}")
+    return works
+
+
+def memory_of(row: pd.Series) -> int:
+    """A row's peak bytes per GPU as config.memory predicts them for the program that trained it."""
+    spec = row_spec(row)
+    return predict(spec, kept=implementation_of(row, spec).kept).peak
+
+
+def fit(works: list[StepWork], step_s: np.ndarray, sources: np.ndarray, start: Constants = START) -> Constants:
+    """The constants that bring the works' predicted steps closest to the published ones (the module's doc)."""
+    counts = pd.Series(sources).map(pd.Series(sources).value_counts()).to_numpy()
+    weights = 1 / np.sqrt(counts)
+    low, high = (np.log([BOUNDS[name][side] for name in Constants.NAMES]) for side in (0, 1))
+
+    def residuals(log_constants: np.ndarray) -> np.ndarray:
+        constants = Constants(*np.exp(log_constants))
+        return weights * np.log([work.terms(constants).total_s for work in works] / step_s)
+
+    begin = np.clip(np.log([getattr(start, name) for name in Constants.NAMES]), low, high)
+    solved = least_squares(residuals, begin, bounds=(low, high), loss="soft_l1", f_scale=LOSS_SCALE)
+    return Constants(*(float(value) for value in np.exp(solved.x)))
+
+
+def predictions(table: pd.DataFrame, mfu: float | None = None) -> tuple[pd.DataFrame, dict]:
+    """Each row with its predicted step time, throughput and peak memory per GPU beside the published ones, and their
+    errors (predicted / published - 1): out of source (the constants fitted without the row's source, which
+    `fitted_without` names), or, with `mfu`, at that assumed MFU (the model before this one). Rows left out say why
+    in `left_out`. Also the constants: fitted to every row ("all") and without each source (by source); none with
+    `mfu`."""
+    works = row_works(table)
+    usable = [index for index, work in enumerate(works) if not isinstance(work, str)]
+    sources = table["source"].to_numpy()
+    step_s = table["step_s"].to_numpy(dtype=float)
+    predicted = np.full(len(table), math.nan)
+    fits: dict = {}
+    if mfu is not None:
+        for index in usable:
+            row = table.iloc[index]
+            links = Links(row.link_inside, row.link_across, int(row.nics))
+            predicted[index] = mfu_step_terms(row_spec(row), row.gpu, mfu, links).total_s
+    elif usable:
+        fits["all"] = fit([works[i] for i in usable], step_s[usable], sources[usable])
+        for source in dict.fromkeys(sources[usable]):
+            others = [i for i in usable if sources[i] != source]
+            if others:  # a source alone has no other to be fitted to
+                fits[source] = fit([works[i] for i in others], step_s[others], sources[others])
+                for i in usable:
+                    if sources[i] == source:
+                        predicted[i] = works[i].terms(fits[source]).total_s
+    memory = [math.nan if isinstance(work, str) else memory_of(table.iloc[i]) / GIB for i, work in enumerate(works)]
+    tokens = table["global_batch"].to_numpy(dtype=float) * table["seq_len"].to_numpy(dtype=float)
+    out = table.reset_index(drop=True).assign(
+        left_out=[work if isinstance(work, str) else "" for work in works],
+        fitted_without=[source if source in fits and not isinstance(work, str) else ""
+                        for source, work in zip(sources, works)],
+        published_tokens_per_s=tokens / step_s, predicted_step_s=predicted, predicted_tokens_per_s=tokens / predicted,
+        predicted_memory_gib=memory)
+    return out.assign(throughput_error=lambda t: t["predicted_tokens_per_s"] / t["published_tokens_per_s"] - 1,
+                      memory_error=lambda t: t["predicted_memory_gib"] / t["memory_gib"] - 1), fits
 
 
 def pairs(predicted: pd.DataFrame) -> pd.DataFrame:
     """Every two predicted rows of one group whose published throughputs differ by more than TIE: the published
-    ratio (first over second), the predicted one, whether the planner orders them as published, and whether both
-    ran on as many GPUs (then only the strategy, the precision or the link differs: the harder pairs, where
-    more GPUs alone do not tell the order)."""
+    ratio (first over second), the predicted one, whether the prediction orders them as published, its ratio's error
+    (predicted / published ratio - 1), and whether both ran on as many GPUs (then only the strategy, the precision,
+    the micro-batch or the link differs: the harder pairs, where more GPUs alone do not tell the order)."""
     rows = []
     usable = predicted[predicted["predicted_tokens_per_s"].notna() & predicted["published_tokens_per_s"].notna()]
     for group, members in usable.groupby("group", sort=False):
@@ -111,28 +189,15 @@ def pairs(predicted: pd.DataFrame) -> pd.DataFrame:
             modelled = a.predicted_tokens_per_s / b.predicted_tokens_per_s
             rows.append({"group": group, "first": a.row, "second": b.row, "published_ratio": published,
                          "predicted_ratio": modelled, "ordered": (published > 1) == (modelled > 1),
-                         "same_gpus": a.gpus == b.gpus})
+                         "ratio_error": modelled / published - 1, "same_gpus": a.gpus == b.gpus})
     return pd.DataFrame(rows, columns=["group", "first", "second", "published_ratio", "predicted_ratio", "ordered",
-                                       "same_gpus"])
-
-
-def centred_mfu(table: pd.DataFrame, mfu: float, predicted: pd.DataFrame) -> tuple[float, pd.DataFrame]:
-    """The MFU at which the predicted throughputs' median error is zero (to 0.5%), found by scaling the MFU by the
-    median error until it is, and the predictions there: the frameworks' typical efficiency, so that the errors
-    left are the model's spread, not the assumed MFU's. NaN where no row is predicted."""
-    for _ in range(10):
-        ratio = (1 + predicted["throughput_error"].dropna()).median()
-        if math.isnan(ratio) or abs(ratio - 1) < 0.005 or mfu == 1.0:
-            break
-        mfu = min(1.0, mfu / ratio)
-        predicted = predictions(table, mfu)
-    return (math.nan if math.isnan(ratio) else mfu), predicted
+                                       "ratio_error", "same_gpus"])
 
 
 def error_summary(predicted: pd.DataFrame, ordered: pd.DataFrame) -> dict[str, float | int]:
-    """The numbers the planner quotes: rows predicted, pairs ordered as published, the throughput's median and
-    worst |error|, the memory's where the peak allocated was published, and how many of the devices' published
-    use the prediction stays below."""
+    """The numbers the planner quotes: rows and sources predicted, pairs ordered as published, the throughput's
+    median, worst and 5th to 95th percentile error, the ratio's median |error| within groups, the memory's where the
+    peak allocated was published, and how many of the devices' published use the prediction stays below."""
     throughput = predicted["throughput_error"].dropna()
     memory = predicted.loc[predicted["memory_measure"] == ALLOCATED, "memory_error"].dropna()
     device = predicted.loc[predicted["memory_measure"] == DEVICE, "memory_error"].dropna()
@@ -140,35 +205,63 @@ def error_summary(predicted: pd.DataFrame, ordered: pd.DataFrame) -> dict[str, f
     def worst(errors: pd.Series) -> float:
         return float(errors.loc[errors.abs().idxmax()]) if len(errors) else math.nan
 
-    return {"rows": len(predicted), "predicted_rows": int(predicted["predicted_tokens_per_s"].notna().sum()),
-            "groups": int(predicted.loc[predicted["predicted_tokens_per_s"].notna(), "group"].nunique()),
+    def median(errors: pd.Series) -> float:
+        return float(errors.abs().median()) if len(errors) else math.nan
+
+    predicted_rows = predicted["predicted_tokens_per_s"].notna()
+    return {"rows": len(predicted), "predicted_rows": int(predicted_rows.sum()),
+            "groups": int(predicted.loc[predicted_rows, "group"].nunique()),
+            "sources": int(predicted.loc[predicted_rows, "source"].nunique()),
             "pairs": len(ordered), "pairs_ordered": int(ordered["ordered"].sum()),
             "same_gpus_pairs": int(ordered["same_gpus"].sum()),
             "same_gpus_pairs_ordered": int((ordered["same_gpus"] & ordered["ordered"]).sum()),
-            "throughput_median_abs_error": float(throughput.abs().median()) if len(throughput) else math.nan,
-            "throughput_worst_error": worst(throughput), "memory_rows": len(memory),
-            "memory_median_abs_error": float(memory.abs().median()) if len(memory) else math.nan,
-            "memory_worst_error": worst(memory), "device_rows": len(device),
-            "device_rows_below": int((device < 0).sum())}
+            "ratio_median_abs_error": median(ordered["ratio_error"]),
+            "ratio_high_abs_error": float(ordered["ratio_error"].abs().quantile(HIGH)) if len(ordered) else math.nan,
+            "throughput_median_abs_error": median(throughput), "throughput_worst_error": worst(throughput),
+            "throughput_low_error": float(throughput.quantile(LOW)) if len(throughput) else math.nan,
+            "throughput_high_error": float(throughput.quantile(HIGH)) if len(throughput) else math.nan,
+            "memory_rows": len(memory), "memory_median_abs_error": median(memory), "memory_worst_error": worst(memory),
+            "device_rows": len(device), "device_rows_below": int((device < 0).sum())}
 
 
-def validation(table: pd.DataFrame, mfu: float) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float | int]]:
-    """A table's predictions at `mfu`, its pairs, and error_summary with the throughput's median |error| at the
-    centred MFU."""
-    predicted = predictions(table, mfu)
+def validation(table: pd.DataFrame, mfu: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """A table's predictions (out of source, or at `mfu`), its pairs, and error_summary with (without `mfu`) the
+    constants fitted to every row and to every source but each."""
+    predicted, fits = predictions(table, mfu)
     ordered = pairs(predicted)
-    centred, at_centred = centred_mfu(table, mfu, predicted)
-    return predicted, ordered, error_summary(predicted, ordered) | {
-        "centred_mfu": centred, "centred_median_abs_error": float(at_centred["throughput_error"].abs().median())}
+    summary = error_summary(predicted, ordered)
+    if fits:
+        summary |= {"constants": asdict(fits.pop("all")),
+                    "without_source": {source: asdict(constants) for source, constants in fits.items()}}
+    return predicted, ordered, summary
 
 
-def published_summary(mfu: float) -> dict[str, float | int]:
-    """validation's summary of the repository's table."""
-    return validation(read_table(), mfu)[2]
+def write_fit(path: Path, summary: dict) -> None:
+    """What plan and recommend read: validation's summary of a table, with the constants fitted to every row."""
+    atomic_write_json(path, summary)
 
 
-def summary_words(summary: dict) -> str:
-    """One sentence a GPU prediction is quoted with."""
+@functools.cache
+def shipped_fit() -> dict:
+    """gpu_fit.json: the constants fitted to the shipped table and its out-of-source error."""
+    try:
+        return json.loads(FIT.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(cannot_be_read(FIT, str(exc), "reinstall gpt2dist, or write it again with `gpt2dist "
+                                                       "validate-published --write-fit`")) from None
+
+
+def shipped_constants() -> Constants:
+    return Constants(**shipped_fit()["constants"])
+
+
+def published_summary(mfu: float | None = None) -> dict:
+    """The shipped table's error summary: the GPU step model's out of source (gpu_fit.json), or at `mfu`."""
+    return shipped_fit() if mfu is None else validation(read_table(), mfu)[2]
+
+
+def summary_words(summary: dict, mfu: float | None = None) -> str:
+    """One sentence a GPU prediction is quoted with: the error of the GPU step model out of source, or at `mfu`."""
     share = f" ({summary['pairs_ordered'] / summary['pairs']:.0%})" if summary["pairs"] else ""
     memory = (f"; its memory by {summary['memory_median_abs_error']:.0%} (median) to "
               f"{summary['memory_worst_error']:+.0%} where {summary['memory_rows']} row(s) give the peak allocated"
@@ -176,11 +269,13 @@ def summary_words(summary: dict) -> str:
     if summary["device_rows"]:
         memory += (f", and below the device's use (nvidia-smi) in {summary['device_rows_below']} of "
                    f"{summary['device_rows']} rows that give that")
-    centred = (f" (at {summary['centred_mfu']:.0%} MFU, the frameworks' median, by "
-               f"{summary['centred_median_abs_error']:.0%})" if not math.isnan(summary["centred_mfu"]) else "")
-    return (f"held to {summary['predicted_rows']} published GPU measurements in {summary['groups']} group(s) "
-            f"(gpt2dist validate-published), the planner orders {summary['pairs_ordered']} of {summary['pairs']} "
+    held, model = (("held out of source", "the GPU step model's throughput") if mfu is None else
+                   ("held", f"the throughput at an assumed MFU of {mfu:.0%}"))
+    return (f"{held} to {summary['predicted_rows']} published GPU measurements from {summary['sources']} "
+            f"sources in {summary['groups']} group(s) (gpt2dist validate-published), {model} is off by "
+            f"{summary['throughput_median_abs_error']:.0%} (median; {summary['throughput_low_error']:+.0%} to "
+            f"{summary['throughput_high_error']:+.0%}, 5th to 95th percentile; worst "
+            f"{summary['throughput_worst_error']:+.0%}); it orders {summary['pairs_ordered']} of {summary['pairs']} "
             f"same-machine pairs as published{share}, {summary['same_gpus_pairs_ordered']} of "
-            f"{summary['same_gpus_pairs']} of those on as many GPUs; its throughput is off by "
-            f"{summary['throughput_median_abs_error']:.0%} (median) to {summary['throughput_worst_error']:+.0%}"
-            + centred + memory)
+            f"{summary['same_gpus_pairs']} of those on as many GPUs, their ratio off by "
+            f"{summary['ratio_median_abs_error']:.0%} (median)" + memory)

@@ -1,23 +1,21 @@
 """`gpt2dist recommend`: for a described GPU cluster and a preset's model, every split of its GPUs
 (config.strategies.splits_of: each factorisation into data x tensor x pipeline parallel degrees with each
 data-parallel method, and the named strategies), each as it is and with activation checkpointing, ranked by
-predicted time to train a number of tokens, each with whether it fits in memory, the step model's terms that decide
-it (computation, the pipeline's bubble, each group's exposed communication), an interval from the step-time model's
+predicted time to train a number of tokens, each with whether it fits in memory, the GPU step model's terms that
+decide it (computation, the pipeline's bubble, each group's exposed communication), an interval from the model's
 measured error, and what the prediction extrapolates beyond.
 
-The model's error is measured by leave-one-out over stored studies (collected results directories): each
-configuration's step is predicted with a per-strategy correction learned from the other configurations of the
-same strategy (the median of measured / modelled over them; none where there are none), and compared with its
-measurement. On a cluster of the stored studies' device kind the same corrections apply and the interval spans
-the 5th to 95th percentile of those errors (the strategy's own where it has at least MIN_ERRORS, else all).
-Corrections learned on CPUs say nothing about GPUs: there the uncorrected model's errors on the stored studies
-give the interval, and the recommendation says it extrapolates.
+The interval spans the 5th to 95th percentile of the GPU step model's out-of-source error on the published GPU
+runs (results.published: each source predicted with constants fitted to the others), or with --mfu that of the
+constant-MFU model on them. Stored studies of ours on GPUs (collected results directories) also correct each
+strategy by the median of its measured / predicted steps there, and their leave-one-out error is stated: each
+configuration predicted with the correction learned from the other configurations of its strategy. Studies on
+CPUs say nothing about GPUs and correct nothing.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,12 +30,11 @@ from gpt2dist.pipeline.run import Run
 from gpt2dist.pipeline.study import model_of, planned_spec
 from gpt2dist.results.inputs import read_csv, read_summary
 from gpt2dist.results.plan import gpu_step_terms
+from gpt2dist.results.published import published_summary
 from gpt2dist.system.hardware import COMPUTE_DTYPE
 from gpt2dist.system.links import Links
 
-MIN_ERRORS = 3
 RECOMPUTE = (False, True)  # each split as it is, and with activation checkpointing (train.activation_checkpointing)
-LOW, HIGH = 0.05, 0.95
 
 
 @dataclass(frozen=True)
@@ -63,6 +60,9 @@ def read_stored(directories: list[Path]) -> list[Stored]:
 def leave_one_out(stored: list[Stored]) -> pd.DataFrame:
     """Per stored configuration beside single: the model's error with its strategy's correction learned from
     the other configurations (of studies on the same device kind) alone."""
+    columns = ["study", "config_id", "strategy", "learned_from", "uncorrected_error", "error"]
+    if not stored:
+        return pd.DataFrame(columns=columns)
     rows = pd.concat([s.rivals.assign(study=s.name, device=s.device) for s in stored], ignore_index=True)
     ratio = rows["step_time_s"] / rows["predicted_step_time_s"]
     errors = []
@@ -72,16 +72,15 @@ def leave_one_out(stored: list[Stored]) -> pd.DataFrame:
         errors.append({"study": row["study"], "config_id": row["config_id"], "strategy": row["strategy"],
                        "learned_from": len(others), "uncorrected_error": row["step_time_error"],
                        "error": row["predicted_step_time_s"] * correction / row["step_time_s"] - 1})
-    return pd.DataFrame(errors, columns=["study", "config_id", "strategy", "learned_from", "uncorrected_error",
-                                         "error"])
+    return pd.DataFrame(errors, columns=columns)
 
 
 def extrapolations(stored: list[Stored], gpus: int, nodes: int) -> list[str]:
     """What about the cluster no stored study measured."""
     notes = []
     if not any(s.device == "cuda" for s in stored):
-        notes.append("no stored study ran on GPUs: corrections learned on CPUs are not applied, and the interval is "
-                     "the uncorrected model's error there")
+        notes.append("no stored study of ours ran on GPUs: the step is the GPU step model's with constants fitted to "
+                     "others' published runs, not corrected by runs of this engine")
     most = max(int(s.summary["nproc"].max()) for s in stored)
     if gpus > most:
         notes.append(f"{gpus} processes, the stored studies ran at most {most}")
@@ -90,20 +89,28 @@ def extrapolations(stored: list[Stored], gpus: int, nodes: int) -> list[str]:
     return notes
 
 
+def gpu_error(mfu: float | None) -> tuple[float, float]:
+    """The 5th and 95th percentile of a GPU prediction's throughput error (predicted / published - 1) on the
+    published runs: the GPU step model's out of source, or the constant-MFU model's at `mfu`."""
+    summary = published_summary(mfu)
+    return summary["throughput_low_error"], summary["throughput_high_error"]
+
+
 def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus_per_node: int, nodes: int,
-              precision: str, mfu: float, tokens: float, memory_gb: float, links: Links,
-              size: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+              precision: str, tokens: float, memory_gb: float, links: Links, size: str | None = None,
+              mfu: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The candidates ranked (fitting first, then by predicted hours; those that cannot run last, saying why) for
-    the preset's model at `size` (config.sizes; None: its own), and the leave-one-out errors."""
+    the preset's model at `size` (config.sizes; None: its own), and the stored GPU studies' leave-one-out errors."""
     if gpus_per_node < 1 or nodes < 1:
         raise UsageError(f"--gpus and --nodes count at least 1, got {gpus_per_node} GPUs per node and {nodes} nodes")
     if precision not in COMPUTE_DTYPE:
         raise UsageError(f"--precision '{precision}' is not one of {', '.join(COMPUTE_DTYPE)}")
     if tokens <= 0 or memory_gb <= 0:
         raise UsageError(f"--tokens and --memory-gb are positive; got {tokens:g} and {memory_gb:g}")
-    errors = leave_one_out(stored)
     on_gpus = [s for s in stored if s.device == "cuda"]
+    errors = leave_one_out(on_gpus)
     measured = pd.concat([s.rivals for s in on_gpus], ignore_index=True) if on_gpus else None
+    low, high = gpu_error(mfu)
     n = gpus_per_node * nodes
     model = model_of(preset, size)
     rows = []
@@ -119,16 +126,11 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
             if not recompute:  # its checkpointed twin is refused alike
                 rows.append({"strategy": strategy, "recompute": False, "note": f"cannot run here: {exc}"})
             continue
-        terms = gpu_step_terms(spec, gpu, mfu, links)
-        own = errors[errors["strategy"] == strategy]
+        terms = gpu_step_terms(spec, gpu, links, mfu)
+        correction = 1.0
         if measured is not None:
             ratios = measured.loc[measured["strategy"] == strategy]
             correction = (ratios["step_time_s"] / ratios["predicted_step_time_s"]).median() if len(ratios) else 1.0
-            column = "error"
-        else:
-            correction, column = 1.0, "uncorrected_error"
-        spread = (own if len(own) >= MIN_ERRORS else errors)[column].dropna()
-        low, high = (spread.quantile(LOW), spread.quantile(HIGH)) if len(spread) else (math.nan, math.nan)
         hours = tokens / tokens_per_step * terms.total_s * correction / 3600
         peak_bytes = predict(spec).peak
         exposed = terms.exposed_s
@@ -137,8 +139,8 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
                      "step_ms": terms.total_s * correction * 1e3, "compute_ms": terms.compute_s * correction * 1e3,
                      "bubble_ms": terms.bubble_s * correction * 1e3,
                      **{f"{group}_ms": exposed.get(group, 0.0) * correction * 1e3 for group in GROUP_DIMS},
-                     "hours": hours, "hours_low": hours / (1 + high), "hours_high": hours / (1 + low),
-                     "errors_from": len(spread), "note": ""})
+                     # a published run's time over its prediction is 1 + the throughput's error
+                     "hours": hours, "hours_low": hours * (1 + low), "hours_high": hours * (1 + high), "note": ""})
     table = pd.DataFrame(rows)
     runnable = table[table["note"] == ""].sort_values(["fits", "hours"], ascending=[False, True])
     return pd.concat([runnable, table[table["note"] != ""]], ignore_index=True), errors
@@ -149,9 +151,11 @@ def label(row) -> str:
     return f"{row['strategy']}{' with activation checkpointing' if row.get('recompute') else ''}"
 
 
-def verdict_line(fitting: pd.DataFrame) -> str:
-    """The answer over the candidates that fit (fastest predicted first): the fastest alone only when no other's
-    interval reaches into its own; otherwise every candidate the model cannot tell from it, as a tie."""
+def verdict_line(fitting: pd.DataFrame, ratio_error: float) -> str:
+    """The answer over the candidates that fit (fastest predicted first): the fastest alone only when every other
+    is predicted slower by more than `ratio_error` (how far the model's ratio of two runs on one machine is off, at
+    its 95th percentile: the hours' intervals share the machine's error and say how long, not which is faster);
+    otherwise every candidate the model cannot tell from it, as a tie."""
     if fitting.empty:
         return "No strategy fits this GPU's memory at the preset's micro-batch."
     best = fitting.iloc[0]
@@ -159,10 +163,13 @@ def verdict_line(fitting: pd.DataFrame) -> str:
     def hours(row) -> str:
         return f"{row['hours']:,.2f} hours ({row['hours_low']:,.2f} to {row['hours_high']:,.2f})"
 
-    tied = fitting.iloc[1:][fitting.iloc[1:]["hours_low"] <= best["hours_high"]]
+    others = fitting.iloc[1:]
+    tied = others[others["hours"] <= best["hours"] * (1 + ratio_error)]
     if tied.empty:
-        return f"Fastest that fits: {label(best)}, {hours(best)}, ahead of every other's interval."
+        return (f"Fastest that fits: {label(best)}, {hours(best)}, every other predicted slower by more than "
+                f"{ratio_error:.0%}, the model's error on the ratio of two runs.")
     names = [label(row) for _, row in fitting.loc[[best.name, *tied.index]].iterrows()]
-    return (f"Tied for fastest (the model cannot tell them apart: their intervals overlap {label(best)}'s): "
+    return (f"Tied for fastest (the model cannot tell them apart: within {ratio_error:.0%} of {label(best)}, its "
+            "error on the ratio of two runs): "
             + "; ".join(f"{label(row)}, {hours(row)}" for _, row in fitting.loc[[best.name, *tied.index]].iterrows())
             + f". Choose among {', '.join(names[:-1])} and {names[-1]} by what else matters (memory, tooling).")

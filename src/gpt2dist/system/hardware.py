@@ -1,6 +1,6 @@
-"""What the machine offers, without importing torch: per-dtype peak FLOP/s (for model FLOPs
-utilisation against the arithmetic that actually ran), the GPUs this process may use and which
-one a rank drives, and optional command facts."""
+"""What the machine offers, without importing torch: each GPU's datasheet (per-dtype peak FLOP/s, for model FLOPs
+utilisation against the arithmetic that actually ran and for the GPU step model; memory bandwidth and size), the
+GPUs this process may use and which one a rank drives, and optional command facts."""
 
 from __future__ import annotations
 
@@ -9,45 +9,54 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpt2dist.errors import UsageError
 
-# Dense peak FLOP/s per GPU and arithmetic: "fp32" is the non-tensor-core FMA rate, "tf32",
-# "bf16" and "fp16" the tensor-core rates without 2:4 sparsity (NVIDIA quotes sparse figures,
-# twice these). Sources: NVIDIA's H100 Tensor Core GPU datasheet (SXM, NVL and PCIe columns),
-# the H200 Tensor Core GPU datasheet (SXM and NVL columns; the same GH100 compute as H100 SXM/NVL)
-# and the A100 Tensor Core GPU datasheet; https://www.nvidia.com/en-us/data-center/{h100,h200,a100}/.
-# Older GPUs that published measurements ran on (results/published_gpt2.csv), from their datasheets: V100 (SXM2
-# and PCIe), TITAN RTX and GeForce RTX 3090 (fp16 with fp32 accumulation, as training runs; the 3090's TF32
-# tensor rate equals its fp32 rate). A dtype a GPU has no rate for is missing.
-# Keys are fragments of torch.cuda.get_device_name(); the longest fragment found wins, so
-# "NVIDIA H200 NVL" is an H200 NVL, not an H200 SXM.
+
+@dataclass(frozen=True)
+class GPU:
+    """One datasheet column: dense peak FLOP/s per arithmetic ("fp32" the non-tensor-core FMA rate, "tf32", "bf16"
+    and "fp16" the tensor-core rates without 2:4 sparsity, which NVIDIA quotes at twice these; a dtype the GPU has no
+    rate for is missing), HBM (or GDDR) bandwidth, and the memory sizes it ships with, in GB, the largest first."""
+
+    peaks: dict[str, float]
+    memory_bytes_per_s: float
+    memory_gb: tuple[float, ...]
+
+
 _HOPPER_SXM = {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12}
 _HOPPER_NVL = {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835e12, "fp16": 835e12}
-PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "H200": _HOPPER_SXM,
-    "H200 NVL": _HOPPER_NVL,
-    "H100": _HOPPER_SXM,  # SXM5, e.g. "NVIDIA H100 80GB HBM3"
-    "H100 NVL": _HOPPER_NVL,
-    "H100 PCIe": {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
-    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
-    "V100": {"fp32": 15.7e12, "fp16": 125e12},  # SXM2
-    "V100-PCIE": {"fp32": 14e12, "fp16": 112e12},
-    "TITAN RTX": {"fp32": 16.3e12, "fp16": 130e12},
-    "RTX 3090": {"fp32": 35.6e12, "tf32": 35.6e12, "bf16": 71e12, "fp16": 71e12},
+_AMPERE_DC = {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12}
+# Every GPU the step model prices, from NVIDIA's datasheets (https://www.nvidia.com/en-us/data-center/ and the
+# GeForce and TITAN product pages; the V100, T4, A10, L4 and L40S datasheets; the Ada and Ampere GeForce
+# whitepapers for the RTX cards' fp16 rate with fp32 accumulation, the rate training runs at, half their fp16-
+# accumulate rate). Keys are fragments of torch.cuda.get_device_name(); the longest fragment found wins, so "NVIDIA
+# H200 NVL" is an H200 NVL, not an H200 SXM, and "NVIDIA A100-SXM4-40GB" the 40 GB board with its slower HBM2.
+GPUS: dict[str, GPU] = {
+    "H200": GPU(_HOPPER_SXM, 4.8e12, (141,)),
+    "H200 NVL": GPU(_HOPPER_NVL, 4.8e12, (141,)),
+    "H100": GPU(_HOPPER_SXM, 3.35e12, (80,)),  # SXM5, e.g. "NVIDIA H100 80GB HBM3"
+    "H100 NVL": GPU(_HOPPER_NVL, 3.9e12, (94,)),
+    "H100 PCIe": GPU({"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12}, 2.0e12, (80,)),
+    "A100": GPU(_AMPERE_DC, 2.039e12, (80, 40)),  # SXM4 80 GB
+    "A100-SXM4-40GB": GPU(_AMPERE_DC, 1.555e12, (40,)),
+    "A100-PCIE-40GB": GPU(_AMPERE_DC, 1.555e12, (40,)),
+    "A100 80GB PCIe": GPU(_AMPERE_DC, 1.935e12, (80,)),
+    "A10": GPU({"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12, "fp16": 125e12}, 600e9, (24,)),
+    "L4": GPU({"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12}, 300e9, (24,)),
+    "L40S": GPU({"fp32": 91.6e12, "tf32": 183e12, "bf16": 362e12, "fp16": 362e12}, 864e9, (48,)),
+    "V100": GPU({"fp32": 15.7e12, "fp16": 125e12}, 900e9, (32, 16)),  # SXM2
+    "V100-PCIE": GPU({"fp32": 14e12, "fp16": 112e12}, 900e9, (32, 16)),
+    "T4": GPU({"fp32": 8.1e12, "fp16": 65e12}, 320e9, (16,)),
+    "TITAN RTX": GPU({"fp32": 16.3e12, "fp16": 130e12}, 672e9, (24,)),
+    "RTX 3090": GPU({"fp32": 35.6e12, "tf32": 35.6e12, "bf16": 71e12, "fp16": 71e12}, 936e9, (24,)),
+    "RTX 4090": GPU({"fp32": 82.6e12, "tf32": 82.6e12, "bf16": 165.2e12, "fp16": 165.2e12}, 1008e9, (24,)),
 }
 
-# What a forecast (plan, recommend, project-scaling) assumes where it is not told: the GPU, and the share of its peak
-# the computation reaches (llm.c trains GPT-2 on 8 H100s at about 0.4)
-FORECAST_GPU, FORECAST_MFU = "H100", 0.4
-
-# The memory each of those GPUs ships with, in GB as its datasheet states it, the largest first (A100 and V100 were
-# sold with two): what a plan checks a run's predicted peak against unless told other sizes.
-GPU_MEMORY_GB: dict[str, tuple[float, ...]] = {
-    "H200": (141,), "H200 NVL": (141,), "H100": (80,), "H100 NVL": (94,), "H100 PCIe": (80,), "A100": (80, 40),
-    "V100": (32, 16), "V100-PCIE": (32, 16), "TITAN RTX": (24,), "RTX 3090": (24,),
-}
+# What a forecast (plan, recommend, project-scaling) assumes where it is not told: the GPU
+FORECAST_GPU = "H100"
 
 # The arithmetic each --precision runs its matmuls in, i.e. the peak its MFU is measured against.
 # Apex amp casts to fp16 (O1 per op, O2 the whole model).
@@ -62,16 +71,22 @@ def named_in(device_name: str, names) -> str | None:
     return max(matches, key=len) if matches else None
 
 
+def gpu_of(device_name: str) -> GPU | None:
+    """The most specific table entry naming this GPU, None when unknown."""
+    name = named_in(device_name, GPUS)
+    return GPUS[name] if name else None
+
+
 def gpu_peaks(device_name: str) -> dict[str, float] | None:
-    """The per-dtype peaks of the most specific table entry naming this GPU, None when unknown."""
-    name = named_in(device_name, PEAK_FLOPS)
-    return PEAK_FLOPS[name] if name else None
+    """The per-dtype peaks of the GPU this names, None when unknown."""
+    gpu = gpu_of(device_name)
+    return gpu.peaks if gpu else None
 
 
 def gpu_memory_gb(device_name: str) -> tuple[float, ...] | None:
     """The memory sizes the GPU this names ships with, None when unknown."""
-    name = named_in(device_name, GPU_MEMORY_GB)
-    return GPU_MEMORY_GB[name] if name else None
+    gpu = gpu_of(device_name)
+    return gpu.memory_gb if gpu else None
 
 
 def peak_flops(device_name: str, precision: str, override_tflops: float | None = None) -> float | None:

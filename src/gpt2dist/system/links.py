@@ -8,6 +8,7 @@ NICs together, capped by the link inside the node: 8 NDR NICs give 400 GB/s, one
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gpt2dist.errors import UsageError
@@ -27,10 +28,14 @@ ACROSS_NODES = {"ndr": 50e9, "hdr": 25e9, "edr": 12.5e9, "roce400": 50e9, "roce2
 # What a GPU's usual node has, by the name its own contains as whole words (system.hardware.named_in, the longest
 # wins): its link inside the node, its NICs and how many. DGX H100/H200: NVLink 4, 8 NDR; DGX A100: NVLink 3,
 # 8 HDR; DGX-1 (V100): NVLink 2, 4 EDR; PCIe cards: PCIe of their generation, one NIC per node.
+# Data-centre PCIe cards for inference (T4, A10, L4, L40S) usually sit in Ethernet nodes; GeForce RTX 4090s have no
+# NVLink and their driver turns peer-to-peer off, so their bytes go through host memory.
 USUAL_NODE = {"H200": ("nvlink4", "ndr", 8), "H100": ("nvlink4", "ndr", 8), "H100 NVL": ("pcie5", "ndr", 1),
               "H100 PCIe": ("pcie5", "ndr", 1), "H200 NVL": ("pcie5", "ndr", 1), "A100": ("nvlink3", "hdr", 8),
-              "A100-PCIE": ("pcie4", "hdr", 1), "V100": ("nvlink2", "edr", 4), "V100-PCIE": ("pcie3", "edr", 1),
-              "TITAN RTX": ("nvlink-bridge", "eth10", 1), "RTX 3090": ("nvlink-bridge-3090", "eth10", 1)}
+              "A100-PCIE": ("pcie4", "hdr", 1), "A100 80GB PCIe": ("pcie4", "hdr", 1), "V100": ("nvlink2", "edr", 4),
+              "V100-PCIE": ("pcie3", "edr", 1), "T4": ("pcie3", "eth10", 1), "A10": ("pcie4", "eth25", 1),
+              "L4": ("pcie4", "eth25", 1), "L40S": ("pcie4", "roce100", 1), "TITAN RTX": ("nvlink-bridge", "eth10", 1),
+              "RTX 3090": ("nvlink-bridge-3090", "eth10", 1), "RTX 4090": ("pcie4-host", "eth10", 1)}
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,11 @@ class Links:
     inside: str
     across: str
     nics: int
+
+    @property
+    def through_host(self) -> bool:
+        """Peer-to-peer off: the GPUs of a node exchange bytes through host memory."""
+        return self.inside.endswith("-host")
 
     def bus_bytes_per_s(self, nodes: int) -> float:
         """The bus bandwidth of a ring all-reduce over every GPU of `nodes` nodes."""
@@ -69,3 +79,48 @@ def links_of(gpu: str, inside: str | None = None, across: str | None = None, nic
     if chosen.nics < 1:
         raise UsageError(f"--nics {chosen.nics}: a node has at least 1 NIC")
     return chosen
+
+
+# NCCL's cost model of its Simple protocol, the one bulk gradients and activations take (src/graph/tuning.cc, as in the
+# NCCL 2.7 to 2.8 of the 2020-21 runs others published), in seconds: a collective pays a base latency and a latency
+# per step of its algorithm by the hardware that step crosses (NVLink, PCIe, the network); its bytes go at the bus
+# bandwidth. A ring all-reduce takes 2 (n - 1) steps (2 (nodes - 1) of them across the network), an all-gather or
+# reduce-scatter n - 1; a tree all-reduce goes up and down a tree inside each node and log2(nodes) levels across,
+# its bytes at half a bus bandwidth NCCL caps (80 GB/s on more than two nodes, 110 on two). NCCL picks whichever it
+# predicts faster, call by call; so does this.
+RING_BASE_S = 8.4e-6
+RING_STEP_S = {"nvlink": 3.4e-6, "pcie": 5.7e-6, "net": 9.6e-6}
+TREE_STEP_S = {"nvlink": 28e-6, "pcie": 28e-6, "net": 50e-6}
+TREE_CAP = {2: 110e9, 3: 80e9}  # bus bandwidth, by nodes (three meaning more than two)
+RING_PLATEAU = 1.9  # a ring all-reduce's latency across nodes, once its calls are large (NCCL's "plateau effect")
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "send")
+
+
+def _hop(inside: str) -> str:
+    return "nvlink" if inside.startswith("nvlink") else "pcie"
+
+
+def collective_seconds(kind: str, sent_bytes: float, calls: float, ranks: int, nodes: int, inside: str,
+                       bus_bytes_per_s: float) -> float:
+    """The seconds `calls` collectives of a kind take in all over `ranks` ranks on `nodes` nodes (a node's GPUs
+    linked by `inside`), the busiest rank sending `sent_bytes` in all (the ring's bytes: config.strategies'
+    traffic), at `bus_bytes_per_s`. A point-to-point send crosses one hop."""
+    if kind not in COLLECTIVE_KINDS:
+        raise ValueError(f"collective kind {kind!r}: one of {', '.join(COLLECTIVE_KINDS)}")
+    if not sent_bytes or not calls:
+        return 0.0
+    intra, across = _hop(inside), nodes > 1
+    if kind == "send":
+        return calls * (RING_BASE_S + RING_STEP_S["net" if across else intra]) + sent_bytes / bus_bytes_per_s
+    all_reduce = kind == "all-reduce"
+    steps, inter = (2 * (ranks - 1), 2 * (nodes - 1)) if all_reduce else (ranks - 1, nodes - 1)
+    size = sent_bytes / (steps / ranks)  # the tensors' bytes the ring's sent bytes stand for
+    latency = RING_BASE_S + (steps - inter) * RING_STEP_S[intra] + inter * RING_STEP_S["net"]
+    if all_reduce and across and size / calls >= ranks / 16 * 65536:
+        latency *= RING_PLATEAU
+    ring = calls * latency + sent_bytes / bus_bytes_per_s
+    if not all_reduce:
+        return ring
+    tree_latency = 2 * ((ranks // nodes - 1) * TREE_STEP_S[intra] + math.log2(nodes) * TREE_STEP_S["net"])
+    tree_bus = min(0.9 * bus_bytes_per_s, TREE_CAP[min(nodes, 3)]) if across else 0.9 * bus_bytes_per_s
+    return min(ring, calls * tree_latency + size / (0.5 * tree_bus))
