@@ -182,6 +182,18 @@ def project_scaling(
         say(text) if kind == "prose" else typer.echo(text)
 
 
+def _held(item: str) -> tuple[str, float]:
+    """--hold's NAME=VALUE."""
+    name, _, value = item.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise UsageError(f"--hold {item!r}: give NAME=VALUE with a number, e.g. --hold kernel_s=1e-6")
+    return name.strip(), number
+
+
 @app.command("validate-published")
 @one_line_errors
 def validate_published(
@@ -190,6 +202,9 @@ def validate_published(
                                                    "[default: the one gpt2dist ships].")] = None,
     output_format: Annotated[str, typer.Option("--format", help="table (for a terminal), or csv or json: every row "
                                                "with its prediction, nothing else.")] = "table",
+    hold: Annotated[Optional[list[str]], typer.Option(help="Keep a constant of the GPU step model at a value instead "
+                                                      "of fitting it, NAME=VALUE (e.g. kernel_s=1e-6): what it changes "
+                                                      "out of source; repeatable.")] = None,
     write_fit: Annotated[Optional[Path], typer.Option(help="Also write the constants fitted to every row and the "
                                                       "out-of-source error here, as plan and recommend read them "
                                                       "(gpt2dist ships src/gpt2dist/results/gpu_fit.json, written "
@@ -199,14 +214,19 @@ def validate_published(
     memory predicted out of source (the GPU step model's constants fitted to every other source) beside the published
     ones, and within each source's machine whether the planner orders every two rows as they were measured."""
     from gpt2dist.results.forecast_words import validation_report
-    from gpt2dist.results.published import TABLE, read_table, validation, write_fit as write
+    from gpt2dist.results.published import TABLE, check_held, read_table, validation, write_fit as write
 
     if output_format not in ("table", "csv", "json"):
         raise UsageError(f"--format {output_format!r}: choose table, csv or json")
-    if write_fit and mfu is not None:
-        raise UsageError("--write-fit writes the GPU step model's constants, which --mfu replaces; leave one out")
+    if (write_fit or hold) and mfu is not None:
+        raise UsageError(f"{'--write-fit' if write_fit else '--hold'} concerns the GPU step model's constants, which "
+                         "--mfu replaces; leave one out")
+    if write_fit and hold:
+        raise UsageError("--write-fit writes the constants plan and recommend use, all fitted; leave out --hold")
+    held = dict(_held(item) for item in hold or [])
+    check_held(held)
     measurements = read_table(table or TABLE)
-    predicted, ordered, summary = validation(measurements, mfu)
+    predicted, ordered, summary = validation(measurements, mfu, held)
     if write_fit:
         write(write_fit, summary)
     if output_format != "table":

@@ -193,8 +193,11 @@ def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, summary: d
     said += [("prose", f"{row.row} ({row.group}) left out: {row.left_out}")
              for row in predicted[predicted["left_out"] != ""].itertuples()]
     if "constants" in summary:
-        said.append(("prose", "\nThe constants fitted to every row (plan and recommend use them): " + ", ".join(
-            f"{name} {value:.3g}" for name, value in summary["constants"].items()) + "."))
+        held = summary.get("held", {})
+        said.append(("prose", "\nThe constants fitted to every row (plan and recommend use those of the shipped "
+                              "table, all fitted): " + ", ".join(
+                                  f"{name} {value:.3g}" + (" (held)" if name in held else "")
+                                  for name, value in summary["constants"].items()) + "."))
     said.append(("prose", f"\nIn all: {summary_words(summary, mfu)}. Pairs whose published throughputs are within "
                           f"{TIE:.0%} of each other are ties, not counted. The table, with each row's source and what "
                           f"is unclear about it: {table or 'src/gpt2dist/results/published_gpt2.csv'}."))

@@ -2,9 +2,9 @@
 and the host's dispatch, and each group's collectives as NCCL runs them (system.links).
 
 A micro-step is counted from the model's shapes, the micro-batch, the context and the degrees (config.degrees):
-every GEMM of the blocks, the attention and the head, forward and backward (two GEMMs each), at the dense peak of its
-arithmetic (fp32 without tensor cores, tf32, or 16-bit tensor cores) scaled by an efficiency that grows with its
-reduction depth, or at the memory bandwidth where it moves more than it computes; fused attention at its own share
+every GEMM of the blocks, the attention and the head, forward and backward (two GEMMs each), at a share of the
+dense peak of its arithmetic (fp32 without tensor cores, tf32, or 16-bit tensor cores), or at the memory bandwidth
+where its shape makes it move more than it computes (attention's QK^T, 64 deep); fused attention at its own share
 of the peak; every elementwise and reduction operation (layer norms, GELU, softmax, dropout, residual adds, casts,
 the loss) at the memory bandwidth from the bytes it moves; activation checkpointing's forward again in backward. Once
 per step: the optimizer's update, gradient clipping, the loss scaler. What the elementwise work, the kernels and the
@@ -79,26 +79,24 @@ class Implementation:
 class Constants:
     """What turns counted work into seconds; results/published.py fits them (docs/planning.md: what each changes)."""
 
-    gemm_efficiency: float  # share of the dense peak a deep GEMM reaches
-    gemm_half_depth: float  # the reduction depth K at which a GEMM reaches half that: K / (K + this) of it
+    gemm_efficiency: float  # share of the dense peak a GEMM reaches where it computes more than it moves
     memory_efficiency: float  # share of the memory bandwidth an elementwise kernel reaches
     flash_efficiency: float  # share of the dense peak a fused attention kernel reaches on causal attention's FLOPs
     link_efficiency: float  # share of a link's rate NCCL's bus bandwidth reaches
     kernel_s: float  # a kernel's fixed cost on the GPU: its launch and its tail
     host_op_s: float  # the host's cost of dispatching one operator from Python
 
-    NAMES = ("gemm_efficiency", "gemm_half_depth", "memory_efficiency", "flash_efficiency", "link_efficiency",
+    NAMES = ("gemm_efficiency", "memory_efficiency", "flash_efficiency", "link_efficiency",
              "kernel_s", "host_op_s")
 
 
 @dataclass
 class Work:
-    """Work before any constant: GEMMs as seconds at the dense peak with their reduction depth, and as seconds at the
-    memory bandwidth; fused attention's seconds at the peak; other bytes as seconds at the memory bandwidth; kernels,
-    host dispatches and syncs."""
+    """Work before any constant: GEMMs as seconds at the dense peak and as seconds at the memory bandwidth (each
+    runs at the slower: its roofline); fused attention's seconds at the peak; other bytes as seconds at the memory
+    bandwidth; kernels, host dispatches and syncs."""
 
     gemm_peak_s: list[float] = field(default_factory=list)
-    gemm_depth: list[float] = field(default_factory=list)
     gemm_memory_s: list[float] = field(default_factory=list)
     flash_peak_s: float = 0.0
     memory_s: float = 0.0
@@ -106,10 +104,9 @@ class Work:
     host_ops: float = 0.0
     syncs: float = 0.0
 
-    def gemm(self, flops: float, depth: int, moved: float, peak: float, bandwidth: float, count: float = 1.0) -> None:
-        """`count` GEMMs of `flops` each over a reduction of `depth`, moving `moved` bytes each."""
+    def gemm(self, flops: float, moved: float, peak: float, bandwidth: float, count: float = 1.0) -> None:
+        """`count` GEMMs of `flops` each, moving `moved` bytes each."""
         self.gemm_peak_s.append(count * flops / peak)
-        self.gemm_depth.append(depth)
         self.gemm_memory_s.append(count * moved / bandwidth)
         self.kernels += count
 
@@ -120,7 +117,6 @@ class Work:
 
     def add(self, other: Work, times: float = 1.0) -> None:
         self.gemm_peak_s += [s * times for s in other.gemm_peak_s]
-        self.gemm_depth += other.gemm_depth
         self.gemm_memory_s += [s * times for s in other.gemm_memory_s]
         self.flash_peak_s += other.flash_peak_s * times
         self.memory_s += other.memory_s * times
@@ -130,26 +126,24 @@ class Work:
 
     def seconds(self, c: Constants) -> tuple[float, float]:
         """The GPU's seconds and the host's."""
-        gemms = 0.0
-        if self.gemm_peak_s:
-            depth = np.array(self.gemm_depth)
-            efficiency = c.gemm_efficiency * depth / (depth + c.gemm_half_depth)
-            gemms = float(np.maximum(np.array(self.gemm_peak_s) / efficiency,
-                                     np.array(self.gemm_memory_s) / c.memory_efficiency).sum())
+        gemms = float(np.maximum(np.array(self.gemm_peak_s) / c.gemm_efficiency,
+                                 np.array(self.gemm_memory_s) / c.memory_efficiency).sum())
         gpu = gemms + self.flash_peak_s / c.flash_efficiency + self.memory_s / c.memory_efficiency
         return gpu + self.kernels * c.kernel_s, self.host_ops * c.host_op_s
 
 
 @dataclass(frozen=True)
 class Communication:
-    """One group's collectives per step: NCCL's latency, and the bytes as seconds at the link's full rate."""
+    """One group's collectives per step: NCCL's latency, and the bytes as seconds at the link's rate: a datasheet's,
+    of which NCCL reaches a share, or one NCCL measured (through host memory), which it reaches."""
 
     group: str
     latency_s: float
     bytes_s: float
+    measured_rate: bool = False
 
     def seconds(self, c: Constants) -> float:
-        return self.latency_s + self.bytes_s / c.link_efficiency
+        return self.latency_s + self.bytes_s / (1.0 if self.measured_rate else c.link_efficiency)
 
 
 @dataclass(frozen=True)
@@ -207,9 +201,9 @@ def step_work(spec: RunSpec, gpu: str, implementation: Implementation, links: Li
     forward, backward = Work(), Work()
     for n_out, n_in in ((3 * d // tp, d), (d, d // tp), (4 * d // tp, d), (d, 4 * d // tp)):
         flops = 2 * tokens * n_out * n_in
-        forward.gemm(flops, n_in, (tokens * n_in + n_out * n_in + tokens * n_out) * a, peak, bandwidth)
-        backward.gemm(flops, n_out, (tokens * n_out + n_out * n_in + tokens * n_in) * a, peak, bandwidth)
-        backward.gemm(flops, tokens, (tokens * n_out + tokens * n_in) * a + n_out * n_in * FP32, peak, bandwidth)
+        forward.gemm(flops, (tokens * n_in + n_out * n_in + tokens * n_out) * a, peak, bandwidth)
+        backward.gemm(flops, (tokens * n_out + n_out * n_in + tokens * n_in) * a, peak, bandwidth)
+        backward.gemm(flops, (tokens * n_out + tokens * n_in) * a + n_out * n_in * FP32, peak, bandwidth)
     scores = rows * heads * context * context  # every head's full square
     square_flops = 2 * scores * head_dim  # one of QK^T and PV over the full square
     if implementation.attention == "flash":  # the causal half; backward's five matmuls to forward's two
@@ -217,10 +211,10 @@ def step_work(spec: RunSpec, gpu: str, implementation: Implementation, links: Li
         forward.kernels, backward.kernels = 1, 3
     else:
         per_head_row = tokens * d // tp * a  # q, k, v or the output, all heads of this rank
-        forward.gemm(square_flops, head_dim, 2 * per_head_row + scores * a, peak, bandwidth)  # QK^T
-        forward.gemm(square_flops, context, scores * a + 2 * per_head_row, peak, bandwidth)  # PV
-        backward.gemm(square_flops, head_dim, 2 * per_head_row + scores * a, peak, bandwidth)  # the scores' gradient
-        backward.gemm(square_flops, context, scores * a + 2 * per_head_row, peak, bandwidth, 3)  # V's, Q's and K's
+        forward.gemm(square_flops, 2 * per_head_row + scores * a, peak, bandwidth)  # QK^T
+        forward.gemm(square_flops, scores * a + 2 * per_head_row, peak, bandwidth)  # PV
+        backward.gemm(square_flops, 2 * per_head_row + scores * a, peak, bandwidth)  # the scores' gradient
+        backward.gemm(square_flops, scores * a + 2 * per_head_row, peak, bandwidth, 3)  # V's, Q's and K's
         forward.moves(0, scores * implementation.score_bytes[0], bandwidth)
         backward.moves(0, scores * implementation.score_bytes[1], bandwidth)
     for work, direction in ((forward, 0), (backward, 1)):
@@ -263,9 +257,9 @@ def _head(micro: Work, implementation: Implementation, spec: RunSpec, tokens: in
         micro.moves(4, tokens * d * 2 * a + vocab * d * 2 * FP32, bandwidth)
     micro.moves(3, tokens * d * 5 * a, bandwidth)  # the final norm, and back
     flops = 2 * tokens * vocab * d
-    micro.gemm(flops, d, (tokens * d + vocab * d + tokens * vocab) * a, peak, bandwidth)
-    micro.gemm(flops, vocab, (tokens * vocab + vocab * d + tokens * d) * a, peak, bandwidth)
-    micro.gemm(flops, tokens, (tokens * vocab + tokens * d) * a + vocab * d * FP32, peak, bandwidth)
+    micro.gemm(flops, (tokens * d + vocab * d + tokens * vocab) * a, peak, bandwidth)
+    micro.gemm(flops, (tokens * vocab + vocab * d + tokens * d) * a, peak, bandwidth)
+    micro.gemm(flops, (tokens * vocab + tokens * d) * a + vocab * d * FP32, peak, bandwidth)
     micro.moves(sum(implementation.head_kernels), tokens * vocab * sum(implementation.head_bytes), bandwidth)
     micro.host_ops += 3 + sum(implementation.head_kernels) + 10 if python else 0  # and backward's start
 
@@ -327,7 +321,7 @@ def _communication(spec: RunSpec, implementation: Implementation,
         bus = group_bus_bytes_per_s(spec, part.group, links)
         nodes = spec.nodes if spans_nodes(spec, part.group) else 1
         total = collective_seconds(part.kind, sent, part.calls, part.ranks, nodes, links.inside, bus)
-        parts.append(Communication(part.group, total - sent / bus, sent / bus))
+        parts.append(Communication(part.group, total - sent / bus, sent / bus, links.through_host and nodes == 1))
         # through host memory (peer-to-peer off) NCCL's proxy threads copy every byte on the CPUs the ranks dispatch
         # from: none of it hides (Hugging Face's three pairs with and without peer-to-peer, docs/planning.md)
         if part.group == DATA_PARALLEL_GROUP and implementation.overlaps_backward and not links.through_host:

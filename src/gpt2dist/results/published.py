@@ -48,12 +48,14 @@ ALLOCATED, DEVICE = "allocated", "device"
 # Two rows whose published throughputs are closer than this are a tie, not an ordering to get right
 TIE = 0.03
 # Where a fit may take each constant: the physical range, so that a constant cannot stand in for another's work.
-# A GEMM reaches at most its peak; NCCL's bus bandwidth reaches 60-100% of a link's rate; a kernel costs its GPU
-# 1-8 microseconds beyond its work (launch latency and tail), a Python-dispatched operator its host 5-100.
-BOUNDS = {"gemm_efficiency": (0.2, 1.0), "gemm_half_depth": (1.0, 4096.0), "memory_efficiency": (0.2, 1.0),
-          "flash_efficiency": (0.05, 1.0), "link_efficiency": (0.6, 1.0), "kernel_s": (1e-6, 8e-6),
+# A GEMM reaches at most its peak; NCCL's bus bandwidth reaches 65-100% of a link's rate (nccl-tests' all-reduce:
+# about 200 of NVLink 3's 300 GB/s on 8 A100s, NVIDIA/nccl-tests#149; up to 96 of 4 HDR NICs' 100, #119); a kernel
+# costs its GPU 1-8 microseconds beyond its work (launch latency and tail), a Python-dispatched operator its host
+# 5-100.
+BOUNDS = {"gemm_efficiency": (0.2, 1.0), "memory_efficiency": (0.2, 1.0),
+          "flash_efficiency": (0.05, 1.0), "link_efficiency": (0.65, 1.0), "kernel_s": (1e-6, 8e-6),
           "host_op_s": (5e-6, 100e-6)}
-START = Constants(0.8, 128.0, 0.8, 0.4, 0.8, 4e-6, 15e-6)  # where each fit starts
+START = Constants(0.8, 0.8, 0.4, 0.8, 4e-6, 15e-6)  # where each fit starts
 # The fit weighs each row by 1 / sqrt(rows of its source): a source of thirty rows counts more than one of one,
 # not thirty times as much; errors are of log(predicted / published) under a soft L1 loss, so that a row far off
 # (a setup the table describes wrongly) pulls the constants less than a square would
@@ -121,11 +123,14 @@ def memory_of(row: pd.Series) -> int:
     return predict(spec, kept=implementation_of(row, spec).kept).peak
 
 
-def fit(works: list[StepWork], step_s: np.ndarray, sources: np.ndarray, start: Constants = START) -> Constants:
-    """The constants that bring the works' predicted steps closest to the published ones (the module's doc)."""
+def fit(works: list[StepWork], step_s: np.ndarray, sources: np.ndarray, held: dict[str, float] | None = None,
+        start: Constants = START) -> Constants:
+    """The constants that bring the works' predicted steps closest to the published ones (the module's doc), those
+    `held` kept at their value."""
     counts = pd.Series(sources).map(pd.Series(sources).value_counts()).to_numpy()
     weights = 1 / np.sqrt(counts)
-    low, high = (np.log([BOUNDS[name][side] for name in Constants.NAMES]) for side in (0, 1))
+    bounds = BOUNDS | {name: (value, value * (1 + 1e-9)) for name, value in (held or {}).items()}
+    low, high = (np.log([bounds[name][side] for name in Constants.NAMES]) for side in (0, 1))
 
     def residuals(log_constants: np.ndarray) -> np.ndarray:
         constants = Constants(*np.exp(log_constants))
@@ -136,12 +141,23 @@ def fit(works: list[StepWork], step_s: np.ndarray, sources: np.ndarray, start: C
     return Constants(*(float(value) for value in np.exp(solved.x)))
 
 
-def predictions(table: pd.DataFrame, mfu: float | None = None) -> tuple[pd.DataFrame, dict]:
+def check_held(held: dict[str, float]) -> None:
+    """Refuse a held constant the model has not, or a value outside its physical range, in one line."""
+    for name, value in held.items():
+        if name not in BOUNDS:
+            raise UsageError(f"--hold {name}: the GPU step model's constants are {', '.join(Constants.NAMES)}")
+        low, high = BOUNDS[name]
+        if not low <= value <= high:
+            raise UsageError(f"--hold {name}={value:g}: outside its physical range, {low:g} to {high:g}")
+
+
+def predictions(table: pd.DataFrame, mfu: float | None = None,
+                held: dict[str, float] | None = None) -> tuple[pd.DataFrame, dict]:
     """Each row with its predicted step time, throughput and peak memory per GPU beside the published ones, and their
     errors (predicted / published - 1): out of source (the constants fitted without the row's source, which
-    `fitted_without` names), or, with `mfu`, at that assumed MFU (the model before this one). Rows left out say why
-    in `left_out`. Also the constants: fitted to every row ("all") and without each source (by source); none with
-    `mfu`."""
+    `fitted_without` names), or, with `mfu`, at that assumed MFU (the model before this one); `held` constants are
+    not fitted but kept at their value (what each changes out of source). Rows left out say why in `left_out`. Also
+    the constants: fitted to every row ("all") and without each source (by source); none with `mfu`."""
     works = row_works(table)
     usable = [index for index, work in enumerate(works) if not isinstance(work, str)]
     sources = table["source"].to_numpy()
@@ -154,11 +170,11 @@ def predictions(table: pd.DataFrame, mfu: float | None = None) -> tuple[pd.DataF
             links = Links(row.link_inside, row.link_across, int(row.nics))
             predicted[index] = mfu_step_terms(row_spec(row), row.gpu, mfu, links).total_s
     elif usable:
-        fits["all"] = fit([works[i] for i in usable], step_s[usable], sources[usable])
+        fits["all"] = fit([works[i] for i in usable], step_s[usable], sources[usable], held)
         for source in dict.fromkeys(sources[usable]):
             others = [i for i in usable if sources[i] != source]
             if others:  # a source alone has no other to be fitted to
-                fits[source] = fit([works[i] for i in others], step_s[others], sources[others])
+                fits[source] = fit([works[i] for i in others], step_s[others], sources[others], held)
                 for i in usable:
                     if sources[i] == source:
                         predicted[i] = works[i].terms(fits[source]).total_s
@@ -224,15 +240,18 @@ def error_summary(predicted: pd.DataFrame, ordered: pd.DataFrame) -> dict[str, f
             "device_rows": len(device), "device_rows_below": int((device < 0).sum())}
 
 
-def validation(table: pd.DataFrame, mfu: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """A table's predictions (out of source, or at `mfu`), its pairs, and error_summary with (without `mfu`) the
-    constants fitted to every row and to every source but each."""
-    predicted, fits = predictions(table, mfu)
+def validation(table: pd.DataFrame, mfu: float | None = None,
+               held: dict[str, float] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """A table's predictions (out of source, or at `mfu`; `held` constants kept at their value), its pairs, and
+    error_summary with (without `mfu`) the constants fitted to every row and to every source but each."""
+    predicted, fits = predictions(table, mfu, held)
     ordered = pairs(predicted)
     summary = error_summary(predicted, ordered)
     if fits:
         summary |= {"constants": asdict(fits.pop("all")),
                     "without_source": {source: asdict(constants) for source, constants in fits.items()}}
+    if held:
+        summary["held"] = held
     return predicted, ordered, summary
 
 
