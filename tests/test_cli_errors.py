@@ -43,7 +43,7 @@ CASES = {
     "train-hosts-disagree-with-nproc": "--nproc 3 disagrees with --hosts, whose slots add up to 4",
     "train-hosts-batch-indivisible": "train.global_batch_size (8) must be divisible by",
     # an option that does not apply to the mode is refused, not ignored
-    "plan-mfu-for-cpus": "--gpu, --mfu and the links set a GPU's step time",
+    "plan-mfu-for-cpus": "--gpu, --mfu, --calibration and the links set a GPU's step time",
     # a study directory whose summary.json is not collect's (a KeyError traceback before)
     "report-foreign-summary": "summary.json is not what `gpt2dist collect` writes (no preset, hardware, device",
     "recommend-foreign-summary": "summary.json is not what `gpt2dist collect` writes (no preset, hardware, device",

@@ -127,27 +127,49 @@ class Selftest:
         return Check(name, error is None, time.perf_counter() - started, error or "")
 
 
+CALIBRATION_SETS = (f"train.max_steps={CALIBRATION_STEPS}", "train.lr_warmup_steps=1", "train.ledger_steps=0",
+                    f"train.eval_interval={CALIBRATION_STEPS}", f"train.checkpoint_interval={CALIBRATION_STEPS}")
+
+
+def timed_step(study: Study, shards: Path, precision: str, out: Path, timeout_s: float, *sets: str) -> float:
+    """Single's step of the preset's model here, CALIBRATION_STEPS of them in one `gpt2dist train`: the median of all
+    but the first, which carries the warm-up."""
+    error = train(study, shards, Run(REFERENCE, precision, 1, 0), out, timeout_s, *CALIBRATION_SETS, *sets)
+    if error:
+        raise UsageError(f"calibration in {precision} failed: {error}")
+    steps = [line["step_time_s"] for line in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+             if line["kind"] == "train"]
+    return statistics.median(steps[1:])
+
+
+def study_precisions(study: Study) -> list[str]:
+    return sorted({run.precision for run in study.runs}, key=PRECISIONS.index)
+
+
 def calibrate(study: Study, timeout_s: float = 600) -> Calibration:
     """Time CALIBRATION_STEPS steps of the preset's own model in one process, once per precision of the
     study: the measure the study's duration estimate scales (pipeline/duration.py)."""
-    sets = [f"train.max_steps={CALIBRATION_STEPS}", "train.lr_warmup_steps=1", "train.ledger_steps=0",
-            f"train.eval_interval={CALIBRATION_STEPS}", f"train.checkpoint_interval={CALIBRATION_STEPS}"]
     step_s, launch_s = {}, []
     with tempfile.TemporaryDirectory(prefix="gpt2dist-calibrate-", ignore_cleanup_errors=True) as tmp:
         shards = write_random_shards(Path(tmp) / "shards", study, study.preset.train.global_batch_size,
                                      CALIBRATION_STEPS)
-        for precision in sorted({run.precision for run in study.runs}, key=PRECISIONS.index):
-            out = Path(tmp) / precision
+        for precision in study_precisions(study):
             started = time.perf_counter()
-            error = train(study, shards, Run(REFERENCE, precision, 1, 0), out, timeout_s, *sets)
+            step_s[precision] = timed_step(study, shards, precision, Path(tmp) / precision, timeout_s)
             process_s = time.perf_counter() - started  # the process from spawn to exit, as a study's job pays it
-            if error:
-                raise UsageError(f"calibration in {precision} failed: {error}")
-            steps = [line["step_time_s"] for line in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-                     if line["kind"] == "train"]
-            step_s[precision] = statistics.median(steps[1:])  # the first step carries the warm-up
             launch_s.append(process_s - CALIBRATION_STEPS * step_s[precision])
     return Calibration(step_s, statistics.median(launch_s))
+
+
+def micro_batch_steps(study: Study, precision: str, micro_batches: tuple[int, ...],
+                      timeout_s: float = 600) -> dict[int, float]:
+    """Single's step of the preset's model here at each micro-batch, one pass a step (its global batch the micro-
+    batch): what calibrates the GPU step model on this GPU (results.plan.calibrate_gpu)."""
+    with tempfile.TemporaryDirectory(prefix="gpt2dist-calibrate-", ignore_cleanup_errors=True) as tmp:
+        shards = write_random_shards(Path(tmp) / "shards", study, max(micro_batches), CALIBRATION_STEPS)
+        return {rows: timed_step(study, shards, precision, Path(tmp) / f"{precision}-{rows}", timeout_s,
+                                 f"train.micro_batch_size={rows}", f"train.global_batch_size={rows}")
+                for rows in micro_batches}
 
 
 def final_loss(run_dir: Path) -> float:

@@ -295,3 +295,39 @@ def test_a_plan_says_what_of_the_cluster_its_runs_leave_idle(preset, gpus, nodes
                               "--nodes", nodes).stdout.split())
     heading = shown[:shown.index("a prediction, not a measurement")]
     assert (unused in heading) if unused else ("its runs use at most" not in heading), heading
+
+
+@pytest.mark.slow
+@pytest.mark.alone  # it times steps: two of them at 16 and 64 sequences, which a busy machine could swap
+def test_a_calibration_timed_on_one_gpu_corrects_the_plans_computation(tmp_path):
+    """`gpt2dist estimate` on a GPU node times single's step at two micro-batches (selftest.micro_batch_steps) and
+    fits measured = scale x predicted + offset; plan --calibration corrects every configuration of that precision
+    by it. Here through the same path on this CPU, standing in for an L4 (the timings are this machine's: the scale
+    says how far it is from one, nothing more; micro-batches large enough for the L4's work to outlast the host's
+    dispatch, so that the model's two predictions differ). The controls: the other precision's configurations keep the
+    model's step; a calibration made on another GPU is refused in one line."""
+    from dataclasses import asdict
+
+    from gpt2dist.io import atomic_write_json
+    from gpt2dist.pipeline.study import plan_study
+    from gpt2dist.results.plan import CALIBRATION_KEY, calibrate_gpu
+    from gpt2dist.selftest import micro_batch_steps
+
+    study = plan_study(load_params(REPO / "params.yaml"), "cpu", 2)
+    measured = micro_batch_steps(study, "fp32", (16, 64))
+    timed = calibrate_gpu(study.preset_name, study.preset, "L4", "fp32", measured)
+    assert measured[16] < measured[64] and timed.scale > 0 and timed.predicted_s[0] < timed.predicted_s[1]
+    assert measured[64] == pytest.approx(timed.scale * timed.predicted_s[1] + timed.offset_s)  # the line through both
+    path = tmp_path / "estimate.json"
+    atomic_write_json(path, {CALIBRATION_KEY: {"fp32": asdict(timed)}})
+    args = ("plan", "--params", REPO / "params.yaml", "--preset", "cpu", "--gpus", "2", "--gpu", "L4")
+    plain, corrected = (pd.read_csv(io.StringIO(gpt2dist(*args, *extra, "--format", "csv").stdout)).set_index(
+        "config_id")["step_ms"] for extra in ((), ("--calibration", path)))
+    assert corrected["single-fp32-n1"] == pytest.approx(plain["single-fp32-n1"] * timed.scale + timed.offset_s * 1e3)
+    assert corrected["single-bf16-n1"] == pytest.approx(plain["single-bf16-n1"])
+    said = " ".join(gpt2dist(*args, "--calibration", path).stdout.split())
+    assert f"in fp32 its computation x {timed.scale:.3g}" in said
+    refused = gpt2dist(*args[:-1], "A100", "--calibration", path, check=False)
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        f"error: --calibration {path} was timed on a L4, and this plan is for a A100: give --gpu L4, or calibrate "
+        "on a A100")

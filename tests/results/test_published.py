@@ -98,8 +98,8 @@ def test_the_published_error_meets_the_planners_targets(validated):
     """Issue 70's bar, out of source: the throughput's median error within 20%, 95% of same-machine pairs ordered
     (90% of those on as many GPUs), the ratio of two rows within 10% (median), memory within 15% where the peak
     allocated is published. The control: the planner before (compute at an assumed MFU of 40%) misses the
-    throughput and the pairs on as many GPUs on the same rows, and its ratios' 95th percentile error is twice
-    ours."""
+    throughput and the pairs on as many GPUs on the same rows, and its ratios' 95th percentile error is half as
+    large again as ours."""
     _, _, summary = validated
     assert summary["throughput_median_abs_error"] <= 0.20
     assert summary["pairs_ordered"] >= 0.95 * summary["pairs"]
@@ -110,7 +110,7 @@ def test_the_published_error_meets_the_planners_targets(validated):
     _, _, before = validation(read_table(), 0.4)
     assert before["throughput_median_abs_error"] > 0.20
     assert before["same_gpus_pairs_ordered"] < 0.90 * before["same_gpus_pairs"]
-    assert before["ratio_high_abs_error"] > 2 * summary["ratio_high_abs_error"]
+    assert before["ratio_high_abs_error"] > 1.5 * summary["ratio_high_abs_error"]
 
 
 def test_a_micro_batch_moves_the_prediction_as_the_operations_say():

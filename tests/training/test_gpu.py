@@ -199,3 +199,19 @@ def test_hta_splits_a_kept_trace_as_the_ledger_split_that_step(shards, params_fi
         with gzip.open(stripped / name, "wt") as handle:
             json.dump({**trace, "traceEvents": events}, handle)
     assert hta_compute_s(stripped) != pytest.approx(device_compute_s, rel=0.15)
+
+
+@pytest.mark.timeout(600)
+def test_estimate_on_a_gpu_calibrates_the_step_model_and_plan_applies_it(params_file, tmp_path):
+    """On a GPU node `gpt2dist estimate` times single's step at two micro-batches in each precision of the study and
+    writes the GPU step model's correction beside its estimate; plan --calibration prints it and corrects by it
+    (the same path tests/results/test_plan.py runs on a CPU)."""
+    out = tmp_path / "estimate.json"
+    said = gpt2dist("estimate", "--params", params_file, "--gpus", "1", "--runs", tmp_path / "runs", "--out", out).stdout
+    timed = json.loads(out.read_text())["gpu_calibration"]["fp32"]
+    assert timed["scale"] > 0 and len(timed["measured_s"]) == 2, timed
+    assert "the GPU step model predicted" in said and f"--calibration {out}" in " ".join(said.split())
+    gpu = torch.cuda.get_device_name(0)
+    shown = " ".join(gpt2dist("plan", "--params", params_file, "--gpus", "1", "--gpu", gpu,
+                              "--calibration", out).stdout.split())
+    assert f"in fp32 its computation x {timed['scale']:.3g}" in shown

@@ -113,6 +113,9 @@ Nodes = Annotated[Optional[int], typer.Option(
 RunsDir = Annotated[Path, typer.Option(help="Directory holding one directory per run id.")]
 Overrides = Annotated[Optional[list[str]], typer.Option("--set", metavar="KEY=VALUE",
                                                          help="Override a preset key: model.n_layer=2.")]
+Calibration = Annotated[Optional[Path], typer.Option(
+    help="estimate.json that `gpt2dist estimate` wrote on a GPU node of this cluster: the GPU step model's computation "
+         "corrected by single's steps it timed there [default: none].")]
 
 
 def _print_version(asked: bool) -> None:

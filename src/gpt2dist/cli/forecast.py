@@ -9,9 +9,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpt2dist.cli.common import (COUNT, POSITIVE, AssumedMfu, GpuModel, Gpus, LinkAcross, LinkInside, ModelSizes, Nics,
-                                 Nodes, Params, PresetName, app, cuda_visible, numbers, one_line_errors, planned_study,
-                                 say)
+from gpt2dist.cli.common import (COUNT, POSITIVE, AssumedMfu, Calibration, GpuModel, Gpus, LinkAcross, LinkInside,
+                                 ModelSizes, Nics, Nodes, Params, PresetName, app, cuda_visible, numbers,
+                                 one_line_errors, planned_study, say)
 from gpt2dist.errors import UsageError
 from gpt2dist.system.hardware import FORECAST_GPU, gpu_memory_gb
 
@@ -30,6 +30,18 @@ def _model_sizes(text: str | None) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
+def calibrated(path: Path | None, gpu: str, mfu: float | None) -> dict | None:
+    """--calibration's GPU calibrations by precision, none without it; it corrects the GPU step model, which --mfu
+    replaces."""
+    from gpt2dist.results.plan import read_calibration
+
+    if path is None:
+        return None
+    if mfu is not None:
+        raise UsageError("--calibration corrects the GPU step model's computation, which --mfu replaces; leave one out")
+    return read_calibration(path, gpu)
+
+
 @app.command()
 @one_line_errors
 def plan(
@@ -39,6 +51,7 @@ def plan(
     nodes: Nodes = None,
     gpu: GpuModel = None,
     mfu: AssumedMfu = None,
+    calibration: Calibration = None,
     link_inside: LinkInside = None,
     link_across: LinkAcross = None,
     nics: Nics = None,
@@ -68,9 +81,9 @@ def plan(
     sizes = numbers(memory_gb, "--memory-gb", POSITIVE, "80,40") if memory_gb is not None else None
     models = _model_sizes(model_sizes)
     study = planned_study(params, preset, gpus, nodes)
-    if study.device != "cuda" and (gpu, mfu, link_inside, link_across, nics) != (None,) * 5:
-        raise UsageError(f"--gpu, --mfu and the links set a GPU's step time, and preset '{study.preset_name}' is "
-                         "planned here for CPUs; leave them out, or plan for GPUs with --gpus N")
+    if study.device != "cuda" and (gpu, mfu, calibration, link_inside, link_across, nics) != (None,) * 6:
+        raise UsageError(f"--gpu, --mfu, --calibration and the links set a GPU's step time, and preset "
+                         f"'{study.preset_name}' is planned here for CPUs; leave them out, or plan for GPUs with --gpus N")
     if budget_s is not None and not 0 < budget_s < math.inf:
         raise UsageError(f"--budget-s {budget_s:g}: give the seconds the study may take, above 0 (e.g. 540)")
     if budget_s is not None and (study.device != "cuda" or models):
@@ -79,7 +92,8 @@ def plan(
     gpu = gpu or FORECAST_GPU
     sizes = sizes or list(gpu_memory_gb(gpu))
     links = links_of(gpu, link_inside, link_across, nics)
-    table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes, links=links, sizes=models)
+    timed = calibrated(calibration, gpu, mfu)
+    table = plan_table(study, gpu=gpu, mfu=mfu, memory_gb=sizes, links=links, sizes=models, calibration=timed)
     duration = study_seconds(study, table) if study.device == "cuda" and not models else None
     if budget_s is not None and duration["total"] > budget_s:
         raise UsageError(f"preset '{study.preset_name}' is predicted to take {duration['total']:,.0f} s on "
@@ -93,7 +107,7 @@ def plan(
         return
 
     for kind, text in plan_report(study, table, gpu=gpu, mfu=mfu, memory_gb=sizes, links=links, duration=duration,
-                                  budget_s=budget_s):
+                                  budget_s=budget_s, calibration=timed):
         say(text) if kind == "prose" else typer.echo(text)
     if out:
         typer.echo(f"ok: {out}")
@@ -112,6 +126,7 @@ def recommend(
     precision: Annotated[str, typer.Option(help="Arithmetic of the runs.")] = "bf16",
     tokens: Annotated[float, typer.Option(help="Tokens to train.", callback=POSITIVE.callback)] = 1e10,
     mfu: AssumedMfu = None,
+    calibration: Calibration = None,
     link_inside: LinkInside = None,
     link_across: LinkAcross = None,
     nics: Nics = None,
@@ -139,7 +154,8 @@ def recommend(
     links = links_of(gpu, link_inside, link_across, nics)
     sizes = _model_sizes(model_sizes) or preset_sizes(chosen)
     for kind, text in recommend_report(name, chosen, stored, sizes, gpu=gpu, gpus=gpus, nodes=nodes,
-                                       precision=precision, mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links):
+                                       precision=precision, mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links,
+                                       calibration=calibrated(calibration, gpu, mfu)):
         say(text) if kind == "prose" else typer.echo(text)
 
 
@@ -151,6 +167,7 @@ def project_scaling(
     gpu: GpuModel = None,
     precision: Annotated[str, typer.Option(help="Arithmetic of the projected runs.")] = "bf16",
     mfu: AssumedMfu = None,
+    calibration: Calibration = None,
     gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.", callback=COUNT.callback)] = 8,
     nodes: Annotated[str, typer.Option(help="Node counts, e.g. 1,2,4,8.")] = "1,2,4,8",
     link_inside: LinkInside = None,
@@ -178,7 +195,8 @@ def project_scaling(
     if strategies is not None and not named:
         raise UsageError(f"--strategies {strategies!r}: name strategies or splits, e.g. --strategies ddp,ddp-tp2")
     for kind, text in projection_report(name, chosen, sizes, counts, gpu=gpu, precision=precision, mfu=mfu,
-                                        gpus_per_node=gpus_per_node, links=links, strategies=named):
+                                        gpus_per_node=gpus_per_node, links=links, strategies=named,
+                                        calibration=calibrated(calibration, gpu, mfu)):
         say(text) if kind == "prose" else typer.echo(text)
 
 

@@ -158,7 +158,9 @@ def estimate(
     out: Annotated[Path, typer.Option(help="JSON file with the expected seconds of every job.")] = Path(
         "results/estimate.json"),
 ) -> None:
-    """Time a few steps of the preset's model here and print how long the rest of the study will take."""
+    """Time a few steps of the preset's model here and print how long the rest of the study will take; on a GPU,
+    also single's step at two micro-batches, which calibrates the GPU step model for plan and recommend
+    (--calibration)."""
     from gpt2dist.pipeline.duration import estimate_line, finished_runs, write_estimate
     from gpt2dist.pipeline.layout import selftest_file
     from gpt2dist.pipeline.study import configurations
@@ -179,7 +181,47 @@ def estimate(
     typer.echo(f"estimate: timing {CALIBRATION_STEPS} steps of preset '{study.preset_name}''s model in "
                f"{' and '.join(precisions)}, one process...")
     checked = {run.config_id for run in configurations(study) if Path(selftest_file(run)).exists()}
-    typer.echo(estimate_line(write_estimate(study, calibrate(study), len(run_cpus()), out), finished, checked))
+    measured = calibrate(study)
+    calibration = _gpu_calibration(study, out) if study.device == "cuda" else {}
+    typer.echo(estimate_line(write_estimate(study, measured, len(run_cpus()), out, calibration), finished, checked))
+
+
+def _gpu_calibration(study, out: Path) -> dict:
+    """Single's step on this GPU at two micro-batches (half the preset's and the preset's), in each precision of the
+    study, beside the GPU step model's prediction: what plan and recommend --calibration correct its computation
+    by. Said a precision a line, with the model's error on published runs."""
+    from dataclasses import asdict
+
+    from gpt2dist.results.gpu_step import peak_of
+    from gpt2dist.results.plan import CALIBRATION_KEY, calibrate_gpu
+    from gpt2dist.results.published import shipped_fit
+    from gpt2dist.selftest import micro_batch_steps, study_precisions
+    from gpt2dist.system.hardware import GPUS, command_output, named_in
+
+    name = (command_output(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) or "").splitlines()[:1]
+    if not name or named_in(name[0], GPUS) is None:
+        typer.echo(f"estimate: the GPU step model has no datasheet for {name[0] if name else 'this GPU'}; nothing "
+                   "calibrated")
+        return {}
+    rows = study.preset.train.micro_batch_size
+    micro_batches = (max(1, rows // 2), rows) if rows > 1 else (1, 2)
+    calibrations = {}
+    for precision in study_precisions(study):
+        try:
+            peak_of(name[0], precision)
+        except UsageError:
+            continue  # a precision this GPU has no arithmetic for: the study cannot run it here either
+        typer.echo(f"estimate: timing single's step at {micro_batches[0]} and {micro_batches[1]} sequences in "
+                   f"{precision} on this {name[0]}...")
+        timed = calibrate_gpu(study.preset_name, study.preset, name[0], precision,
+                              micro_batch_steps(study, precision, micro_batches))
+        calibrations[precision] = asdict(timed)
+        typer.echo(f"estimate: {timed.measured_s[0] * 1e3:,.1f} and {timed.measured_s[1] * 1e3:,.1f} ms; the GPU step "
+                   f"model predicted {timed.predicted_s[0] * 1e3:,.1f} and {timed.predicted_s[1] * 1e3:,.1f} ms (out "
+                   f"of source it is off by {shipped_fit()['throughput_median_abs_error']:.0%} on published runs, "
+                   f"median): its computation here is {timed.scale:.3g}x {timed.offset_s * 1e3:+.3g} ms a step, which "
+                   f"plan and recommend --calibration {out} apply")
+    return {CALIBRATION_KEY: calibrations} if calibrations else {}
 
 
 @app.command()

@@ -54,9 +54,11 @@ def selftest_seconds(study: Study, calibration: Calibration, cores: int) -> dict
             for run in selftested(study)}
 
 
-def write_estimate(study: Study, calibration: Calibration, cores: int, out: Path | str = ESTIMATE_FILE) -> dict:
-    """The study's expected duration, job by job, for `progress` to scale as the runs finish."""
-    estimate = {
+def write_estimate(study: Study, calibration: Calibration, cores: int, out: Path | str = ESTIMATE_FILE,
+                   extra: dict | None = None) -> dict:
+    """The study's expected duration, job by job, for `progress` to scale as the runs finish (and what else was
+    measured here: `extra`, the GPU step model's calibration on a GPU node)."""
+    estimate = (extra or {}) | {
         "preset": study.preset_name,
         "written_at_unix_s": time.time(),
         "calibration": asdict(calibration),

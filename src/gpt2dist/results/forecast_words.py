@@ -27,16 +27,24 @@ Part = tuple[str, str]  # ("prose", text to wrap to the terminal) or ("table", t
 TOP = 12  # candidates `recommend` shows per model size, of the dozens it ranks
 
 
-def compute_words(gpu: str, mfu: float | None) -> str:
-    """How a GPU step's computation was priced: the GPU step model, or an assumed MFU."""
+def compute_words(gpu: str, mfu: float | None, calibration: dict | None = None) -> str:
+    """How a GPU step's computation was priced: the GPU step model (calibrated on this GPU where it was), or an
+    assumed MFU."""
     if mfu is not None:
         return f"compute at an assumed MFU of {mfu:.0%} of the {gpu}'s peak"
-    return (f"the GPU step model on the {gpu} (each operation at its roofline, launches and the host's dispatch, "
+    said = (f"the GPU step model on the {gpu} (each operation at its roofline, launches and the host's dispatch, "
             "constants fitted to published runs)")
+    for precision, timed in (calibration or {}).items():
+        said += (f"; in {precision} its computation x {timed.scale:.3g} {timed.offset_s * 1e3:+.3g} ms a step, as "
+                 f"single's steps timed on a {timed.gpu} at {timed.micro_batches[0]} and {timed.micro_batches[1]} "
+                 f"sequences said ({timed.measured_s[0] * 1e3:,.1f} and {timed.measured_s[1] * 1e3:,.1f} ms against "
+                 f"{timed.predicted_s[0] * 1e3:,.1f} and {timed.predicted_s[1] * 1e3:,.1f} predicted)")
+    return said
 
 
 def plan_report(study: Study, table: pd.DataFrame, *, gpu: str, mfu: float | None, memory_gb: list[float],
-                links: Links, duration: dict[str, float] | None, budget_s: float | None) -> list[Part]:
+                links: Links, duration: dict[str, float] | None, budget_s: float | None,
+                calibration: dict | None = None) -> list[Part]:
     """What `gpt2dist plan` prints around its table: what was planned and assumed, the table (one per model size),
     how memory and step time were predicted, the study's duration on GPUs and what does not fit."""
     said: list[Part] = []
@@ -50,7 +58,7 @@ def plan_report(study: Study, table: pd.DataFrame, *, gpu: str, mfu: float | Non
     said.append(("prose", f"Assumed: micro-batches of {t.micro_batch_size} sequences of {m.n_positions} tokens per "
                           f"rank, a global batch of {t.global_batch_size} sequences (the rest by gradient "
                           f"accumulation), {t.max_steps} steps"
-                          + (f"; {compute_words(gpu, mfu)}." if on_gpus else ".") + "\n"))
+                          + (f"; {compute_words(gpu, mfu, calibration)}." if on_gpus else ".") + "\n"))
     by_size = "size" in table  # a study of model sizes, or --sizes: a table per size
     if not by_size:
         said.append(("table", plan_text(table, memory_gb if on_gpus else [])))
@@ -91,7 +99,7 @@ def cluster_unused(study: Study) -> str:
 
 def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | None], *, gpu: str, gpus: int,
                      nodes: int, precision: str, mfu: float | None, tokens: float, memory_gb: float,
-                     links: Links) -> list[Part]:
+                     links: Links, calibration: dict | None = None) -> list[Part]:
     """What `gpt2dist recommend` prints: the cluster and assumptions, per model size a table of the strategies by
     predicted hours with their verdict, then the step-time model's error on the stored studies and what it
     extrapolates beyond."""
@@ -101,10 +109,11 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
                                   f"{tokens:,.0f} tokens, each GPU at the preset's micro-batch of "
                                   f"{chosen.train.micro_batch_size} (a global batch that follows the GPUs: "
                                   f"{chosen.train.micro_batch_size * gpus * nodes} sequences), "
-                                  f"{compute_words(gpu, mfu)}:")]
+                                  f"{compute_words(gpu, mfu, calibration)}:")]
     for size in sizes:
         table, errors = recommend(name, chosen, stored, gpu=gpu, gpus_per_node=gpus, nodes=nodes, precision=precision,
-                                  mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links, size=size)
+                                  mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links, size=size,
+                                  calibration=calibration)
         if size:
             said.append(("prose", f"\nGPT-2 {size}, {parameter_count(model_of(chosen, size)) / 1e6:,.0f}M parameters:"))
         runnable, refused = table[table["note"] == ""], table[table["note"] != ""]
@@ -139,15 +148,16 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
 
 def projection_report(name: str, chosen: Preset, sizes: list[str | None], counts: list[int], *, gpu: str,
                       precision: str, mfu: float | None, gpus_per_node: int, links: Links,
-                      strategies: tuple[str, ...] | None = None) -> list[Part]:
+                      strategies: tuple[str, ...] | None = None, calibration: dict | None = None) -> list[Part]:
     """What `gpt2dist project-scaling` prints: its assumptions, the projected table, and why a strategy has none."""
     table = projection(name, chosen, gpu=gpu, precision=precision, mfu=mfu, gpus_per_node=gpus_per_node,
-                       node_counts=counts, links=links, sizes=sizes, **({"strategies": strategies} if strategies else {}))
+                       node_counts=counts, links=links, sizes=sizes, calibration=calibration,
+                       **({"strategies": strategies} if strategies else {}))
     projected = table["note"] == "projection"
     columns = ["size"] * (sizes != [None]) + ["strategy", "nodes", "gpus", "compute_ms", "bubble_ms",
                                              "communication_ms", "step_ms", "tokens_per_s", "scaling_efficiency"]
     said: list[Part] = [
-        ("prose", f"Projection (not a measurement) of preset {name}: {gpu} {precision}, {compute_words(gpu, mfu)}, "
+        ("prose", f"Projection (not a measurement) of preset {name}: {gpu} {precision}, {compute_words(gpu, mfu, calibration)}, "
                   f"{gpus_per_node} GPUs per node, {links.words(max(counts))}, weak scaling: each GPU at the preset's "
                   f"micro-batch of {chosen.train.micro_batch_size}, the global batch growing with the GPUs; "
                   "communication a strategy overlaps with its computation counts only where the computation cannot "

@@ -239,9 +239,9 @@ def step_work(spec: RunSpec, gpu: str, implementation: Implementation, links: Li
         grad = HALF if implementation.master_copies else FP32
         micro.moves(len(local), local_elements * 3 * grad, bandwidth)
         micro.host_ops += len(local) if python else 0
-    if describe(spec.strategy).method.name == "dp":  # one process's threads dispatch every replica's work and
-        micro.host_ops = micro.host_ops * spec.nproc + 2 * len(local) * spec.nproc  # replicate the module each pass
-    step = _step(implementation, spec, len(local), bandwidth)
+    if (devices := degrees.devices_per_process) > 1:  # one process's threads dispatch every replica's work, and
+        micro.host_ops = micro.host_ops * devices + 2 * len(local) * devices  # it replicates the module each pass
+    step = _step(implementation, spec, len(local), local_elements, bandwidth)
     return StepWork(micro, step, degrees.passes, (degrees.pp - 1) / degrees.pp_virtual if degrees.pp > 1 else 0.0,
                     *_communication(spec, implementation, links))
 
@@ -264,7 +264,7 @@ def _head(micro: Work, implementation: Implementation, spec: RunSpec, tokens: in
     micro.host_ops += 3 + sum(implementation.head_kernels) + 10 if python else 0  # and backward's start
 
 
-def _step(implementation: Implementation, spec: RunSpec, tensors: int, bandwidth: float) -> Work:
+def _step(implementation: Implementation, spec: RunSpec, tensors: int, local_elements: int, bandwidth: float) -> Work:
     """Once per step: zeroing the gradients, the 16-bit gradients' copy to fp32 masters, the loss scaler, gradient
     clipping and AdamW's update over the optimizer's share of the state."""
     step, description = Work(), describe(spec.strategy)
@@ -284,7 +284,7 @@ def _step(implementation: Implementation, spec: RunSpec, tensors: int, bandwidth
     kernels = {"loop": 7 * stepped_tensors, "foreach": 10 * launches, "fused": launches}[implementation.optimizer]
     moved = {"loop": 18, "foreach": 18, "fused": 7}[implementation.optimizer] * FP32  # per element, read and written
     step.moves(kernels, stepped * moved, bandwidth)
-    per_tensor = implementation.syncs_per_tensor[description.shards_state or description.method.name == "zero1"]
+    per_tensor = implementation.syncs_per_tensor[stepped < local_elements]  # sharded: the rank steps a part
     step.moves(2 * per_tensor * tensors, per_tensor * held * (HALF + FP32), bandwidth)  # each check casts, reduces
     step.syncs = implementation.syncs_per_step + per_tensor * tensors
     step.host_ops = step.kernels + 20 if implementation.launch == "python" else 0.0

@@ -63,7 +63,8 @@ def predicted_vs_measured(summary: pd.DataFrame) -> pd.DataFrame:
 
 def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, gpus_per_node: int,
                node_counts: list[int], links: Links, sizes: list[str | None] = (None,),
-               strategies: tuple[str, ...] = PROJECTED_STRATEGIES, mfu: float | None = None) -> pd.DataFrame:
+               strategies: tuple[str, ...] = PROJECTED_STRATEGIES, mfu: float | None = None,
+               calibration: dict | None = None) -> pd.DataFrame:
     """Projected tokens/s of `strategies` (default: the data-parallel ones; any split, ddp-tp2 say) at
     `gpus_per_node` x each node count and each model size (config.sizes; None: the preset's), weak scaling (each
     GPU keeps the preset's micro-batch, no accumulation): results.plan's GPU step (the GPU step model, or compute at
@@ -87,7 +88,7 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, gp
         except UsageError as exc:
             rows.append(row | {"note": f"not projected: {exc}"})
             continue
-        terms = gpu_step_terms(spec, gpu, links, mfu)
+        terms = gpu_step_terms(spec, gpu, links, mfu, calibration)
         step_s, tokens_per_gpu = terms.total_s, spec.train.micro_batch_size * spec.model.n_positions
         rows.append(row | {"compute_ms": terms.compute_s * 1e3, "bubble_ms": terms.bubble_s * 1e3,
                            "communication_ms": sum(terms.exposed_s.values()) * 1e3, "step_ms": step_s * 1e3,

@@ -11,22 +11,26 @@ from __future__ import annotations
 
 import collections
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pandas as pd
 from tabulate import tabulate
 
 from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
-from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.schema import Preset, RunSpec
 from gpt2dist.config.sizes import parameter_count
-from gpt2dist.config.strategies import check_run
+from gpt2dist.config.strategies import REFERENCE, check_run
 from gpt2dist.errors import UsageError
+from gpt2dist.pipeline.run import Run
 from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, planned_spec, selftested, Study
 from gpt2dist.results.gpu_step import mfu_step_terms, step_work
 from gpt2dist.results.implementations import engine_implementation
+from gpt2dist.results.inputs import read_json
 from gpt2dist.results.prediction import StepTerms
 from gpt2dist.results.published import shipped_constants
-from gpt2dist.system.links import Links
+from gpt2dist.system.hardware import GPUS, named_in
+from gpt2dist.system.links import Links, links_of
 
 MIB = 2**20
 # What a run costs beside its steps on a GPU node: Python, torch, CUDA and the process group start, a checkpoint
@@ -38,23 +42,90 @@ GPU_LAUNCH_S = 20.0
 STUDY_FIXED_S = 60.0
 
 
-def gpu_step_terms(spec: RunSpec, gpu: str, links: Links, mfu: float | None = None) -> StepTerms:
+@dataclass(frozen=True)
+class GpuCalibration:
+    """The GPU step model held to single's steps timed on one GPU of the cluster (`gpt2dist estimate` there) at two
+    micro-batches, a precision at a time: measured = scale x predicted + offset_s, fitted through the two, the
+    correction of every rank's computation in that precision on that GPU."""
+
+    gpu: str
+    precision: str
+    micro_batches: tuple[int, int]
+    measured_s: tuple[float, float]
+    predicted_s: tuple[float, float]
+    scale: float
+    offset_s: float
+
+    def corrected(self, terms: StepTerms) -> StepTerms:
+        """`terms` with the computation (and the bubble, made of it) as measured here."""
+        return replace(terms, compute_s=terms.compute_s * self.scale + self.offset_s,
+                       bubble_s=terms.bubble_s * self.scale)
+
+
+def single_spec(name: str, preset: Preset, precision: str, rows: int) -> RunSpec:
+    """The preset's model in one process on a GPU, a pass of `rows` sequences a step: what calibration times."""
+    spec = planned_spec(name, preset, Run(REFERENCE, precision, 1, 0), "cuda")
+    return spec.model_copy(update={"train": spec.train.model_copy(
+        update={"micro_batch_size": rows, "global_batch_size": rows})})
+
+
+def calibrate_gpu(name: str, preset: Preset, gpu: str, precision: str,
+                  measured: dict[int, float]) -> GpuCalibration:
+    """The line through the two micro-batches' measured against predicted steps; where either did not grow with the
+    micro-batch (the model predicts a step the host's dispatch decides, or the timings did not tell the work from a
+    fixed cost), their ratio, without an offset."""
+    (small, small_s), (large, large_s) = sorted(measured.items())
+    predicted = [gpu_step_seconds(single_spec(name, preset, precision, rows), gpu, links_of(gpu))
+                 for rows in (small, large)]
+    if predicted[1] > predicted[0] * 1.001 and large_s > small_s:
+        scale = (large_s - small_s) / (predicted[1] - predicted[0])
+        offset = small_s - scale * predicted[0]
+    else:
+        scale, offset = (small_s + large_s) / sum(predicted), 0.0
+    return GpuCalibration(gpu, precision, (small, large), (small_s, large_s), tuple(predicted), scale, offset)
+
+
+CALIBRATION_KEY = "gpu_calibration"  # estimate.json's
+
+
+def read_calibration(path: Path, gpu: str) -> dict[str, GpuCalibration]:
+    """The GPU step model's calibration `gpt2dist estimate` wrote on a GPU node, by precision; refused in one line
+    where the file holds none or was made on another GPU than `gpu`."""
+    found = read_json(path, "gpt2dist estimate").get(CALIBRATION_KEY)
+    if not found:
+        raise UsageError(f"--calibration {path}: it holds no GPU calibration; run `gpt2dist estimate` on a GPU node of "
+                         "the cluster (it times single's step there)")
+    calibrations = {precision: GpuCalibration(**{key: tuple(value) if isinstance(value, list) else value
+                                                 for key, value in fields.items()})
+                    for precision, fields in found.items()}
+    timed_on = next(iter(calibrations.values())).gpu
+    if named_in(timed_on, GPUS) != named_in(gpu, GPUS):
+        raise UsageError(f"--calibration {path} was timed on a {timed_on}, and this plan is for a {gpu}: give --gpu "
+                         f"{named_in(timed_on, GPUS)}, or calibrate on a {gpu}")
+    return calibrations
+
+
+def gpu_step_terms(spec: RunSpec, gpu: str, links: Links, mfu: float | None = None,
+                   calibration: dict[str, GpuCalibration] | None = None) -> StepTerms:
     """A GPU cluster's step of this engine, term by term: its computation, a pipeline's bubble, and each group's
     communication over the cluster's `links`, less what the strategy sends under its computation. By the GPU step
-    model (results.gpu_step) with the constants fitted to the published runs (results.published), or, with `mfu`,
-    at that assumed MFU."""
+    model (results.gpu_step) with the constants fitted to the published runs (results.published), its computation
+    corrected where `calibration` (by precision) timed it on this GPU; or, with `mfu`, at that assumed MFU."""
     if mfu is not None:
         return mfu_step_terms(spec, gpu, mfu, links)
-    return step_work(spec, gpu, engine_implementation(spec), links).terms(shipped_constants())
+    terms = step_work(spec, gpu, engine_implementation(spec), links).terms(shipped_constants())
+    measured = (calibration or {}).get(spec.precision)
+    return measured.corrected(terms) if measured else terms
 
 
-def gpu_step_seconds(spec: RunSpec, gpu: str, links: Links, mfu: float | None = None) -> float:
+def gpu_step_seconds(spec: RunSpec, gpu: str, links: Links, mfu: float | None = None,
+                     calibration: dict[str, GpuCalibration] | None = None) -> float:
     """gpu_step_terms' total."""
-    return gpu_step_terms(spec, gpu, links, mfu).total_s
+    return gpu_step_terms(spec, gpu, links, mfu, calibration).total_s
 
 
 def plan(study: Study, *, gpu: str, memory_gb: list[float], links: Links, sizes: list[str] | None = None,
-         mfu: float | None = None) -> pd.DataFrame:
+         mfu: float | None = None, calibration: dict[str, GpuCalibration] | None = None) -> pd.DataFrame:
     """One row per configuration: predicted bytes per rank by part, whether it fits each GPU memory size (with
     the margin) as it is and with activation checkpointing, and on GPUs the step time and the run's training time.
     A study of model sizes has a `size` and `parameters` column; `sizes` (config.sizes) plans every configuration
@@ -81,6 +152,11 @@ def plan(study: Study, *, gpu: str, memory_gb: list[float], links: Links, sizes:
         except UsageError as refusal:
             rows.append(row | {"cannot_run": str(refusal)})
             continue
+        try:
+            step = gpu_step_seconds(spec, gpu, links, mfu, calibration) if study.device == "cuda" else math.nan
+        except UsageError as refusal:  # a precision this GPU has no arithmetic for
+            rows.append(row | {"cannot_run": str(refusal)})
+            continue
         row["cannot_run"] = ""
         memory = predict(spec)
         row |= {"state_mib": memory.state / MIB, "activations_mib": memory.activations / MIB,
@@ -89,7 +165,6 @@ def plan(study: Study, *, gpu: str, memory_gb: list[float], links: Links, sizes:
         for gb in memory_gb:
             row[f"margin_{gb:g}gb_gib"] = (usable_bytes(gb) - memory.peak) / GIB
             row[f"margin_{gb:g}gb_checkpointed_gib"] = (usable_bytes(gb) - checkpointed) / GIB
-        step = gpu_step_seconds(spec, gpu, links, mfu) if study.device == "cuda" else math.nan
         row |= {"step_ms": step * 1e3, "run_min": step * t.max_steps / 60}
         rows.append(row)
     return pd.DataFrame(rows)

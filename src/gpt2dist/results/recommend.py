@@ -98,7 +98,7 @@ def gpu_error(mfu: float | None) -> tuple[float, float]:
 
 def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus_per_node: int, nodes: int,
               precision: str, tokens: float, memory_gb: float, links: Links, size: str | None = None,
-              mfu: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+              mfu: float | None = None, calibration: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The candidates ranked (fitting first, then by predicted hours; those that cannot run last, saying why) for
     the preset's model at `size` (config.sizes; None: its own), and the stored GPU studies' leave-one-out errors."""
     if gpus_per_node < 1 or nodes < 1:
@@ -126,7 +126,7 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
             if not recompute:  # its checkpointed twin is refused alike
                 rows.append({"strategy": strategy, "recompute": False, "note": f"cannot run here: {exc}"})
             continue
-        terms = gpu_step_terms(spec, gpu, links, mfu)
+        terms = gpu_step_terms(spec, gpu, links, mfu, calibration)
         correction = 1.0
         if measured is not None:
             ratios = measured.loc[measured["strategy"] == strategy]
