@@ -45,3 +45,27 @@ def test_peer_to_peer_off_is_slower_than_the_pcie_it_crosses_twice():
         host = INSIDE_NODE[f"{generation}-host"]
         assert host <= INSIDE_NODE[generation] / 2  # up to host memory and down again, with a copy between
     assert links_of("TITAN RTX", inside="pcie3-host").bus_bytes_per_s(1) == 3.9e9
+
+
+def test_collectives_pay_ncclls_latency_and_their_bytes_at_the_bus_bandwidth():
+    """NCCL's cost model: a large all-reduce is its bytes at the bus bandwidth and a latency that grows with the
+    ring's steps; many small calls are latency, which a tree of many nodes cuts (log2 of the nodes across, not a
+    step per rank); a send crosses one hop. The control: one large call across as many nodes goes by the ring, whose
+    latency is then the smaller cost (a tree moves its bytes at half a bus bandwidth NCCL caps)."""
+    from gpt2dist.system.links import RING_BASE_S, RING_PLATEAU, RING_STEP_S, collective_seconds
+
+    big = 2 * 7 / 8 * 1e9  # a ring all-reduce of 1 GB over 8 ranks: what each rank sends
+    one_call = collective_seconds("all-reduce", big, 1, 8, 1, "nvlink4", 450e9)
+    assert one_call == pytest.approx(big / 450e9 + RING_BASE_S + 14 * RING_STEP_S["nvlink"])
+    # a thousand small calls across 64 nodes: a tree's 2 log2(64) network steps instead of the ring's 126
+    small = 2 * 511 / 512 * 1e3 * 1000
+    many = collective_seconds("all-reduce", small, 1000, 512, 64, "nvlink4", 400e9)
+    ring_latency = 1000 * (RING_BASE_S + (2 * 511 - 126) * RING_STEP_S["nvlink"] + 126 * RING_STEP_S["net"])
+    assert many < ring_latency / 2
+    big_across = collective_seconds("all-reduce", 2 * 511 / 512 * 1e9, 1, 512, 64, "nvlink4", 400e9)
+    assert big_across == pytest.approx(2 * 511 / 512 * 1e9 / 400e9 + RING_PLATEAU * ring_latency / 1000)
+    assert collective_seconds("send", 1e6, 1, 2, 2, "nvlink4", 50e9) == pytest.approx(
+        RING_BASE_S + RING_STEP_S["net"] + 1e6 / 50e9)
+    assert collective_seconds("all-gather", 0.0, 10, 8, 1, "pcie4", 32e9) == 0
+    with pytest.raises(ValueError, match="collective kind 'broadcast'"):
+        collective_seconds("broadcast", 1.0, 1, 2, 1, "pcie4", 32e9)
