@@ -274,8 +274,10 @@ def shipped_constants() -> Constants:
     return Constants(**shipped_fit()["constants"])
 
 
+@functools.cache
 def published_summary(mfu: float | None = None) -> dict:
-    """The shipped table's error summary: the GPU step model's out of source (gpu_fit.json), or at `mfu`."""
+    """The shipped table's error summary: the GPU step model's out of source (gpu_fit.json), or at `mfu`; once a
+    process (recommend asks it per model size)."""
     return shipped_fit() if mfu is None else validation(read_table(), mfu)[2]
 
 
