@@ -316,3 +316,37 @@ def test_any_text_for_any_option_is_an_answer_or_one_error_line(command, option,
     monkeypatch.chdir(tmp)  # a relative path among the values is written here, not in the repository
     base = [arg.format(tmp=tmp, params=params_file, shards=shards) if "{" in arg else arg for arg in CHEAP[command]]
     assert_answer_or_one_error(*invoke(command, *with_value(base, option, value)))
+
+
+CALIBRATED = {"gpu": "H100", "precision": "bf16", "micro_batches": [8, 16], "measured_s": [0.02, 0.035],
+              "predicted_s": [0.018, 0.031], "scale": 1.15, "offset_s": 0.001}
+JSON_NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**6, 10**6), st.just(0),
+                         st.text(max_size=4), st.none(), st.lists(st.floats(), max_size=3))
+
+
+@seed(20261202)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.one_of(
+    st.binary(max_size=32),
+    st.sampled_from(["[]", "{}", '{"gpu_calibration": []}', '{"gpu_calibration": {"bf16": 1}}']).map(str.encode),
+    st.tuples(st.sampled_from(sorted(CALIBRATED)), JSON_NUMBERS).map(
+        lambda change: json.dumps({"gpu_calibration": {"bf16": CALIBRATED | dict([change])}},
+                                  allow_nan=True).encode())))
+@example(content=json.dumps({"gpu_calibration": {"bf16": CALIBRATED}}).encode())  # the answer
+def test_any_calibration_file_is_a_plan_or_one_error_line(content, tmp_path_factory):
+    """--calibration's estimate.json of any bytes, any JSON, or estimate's calibration with any field changed (NaN,
+    infinities, zero, negatives, text, nothing): plan's answer or one error line, never a traceback."""
+    path = tmp_path_factory.mktemp("calibration") / "estimate.json"
+    path.write_bytes(content)
+    code, out, err = invoke("plan", *COMMANDS["plan"][0], "--calibration", str(path))
+    assert_answer_or_one_error(code, out, err)
+    assert code == 0 or "--calibration" in err or str(path) in err, err  # refused for the file, not another reason
+
+
+@seed(20261202)
+@settings(max_examples=6, deadline=None)
+@given(name=st.sampled_from(["kernel_s", "gemm_efficiency", "link_efficiency", "", "mfu", "kernel_s=1"]),
+       value=NUMBERS)
+def test_any_held_constant_is_a_validation_or_one_error_line(name, value):
+    """validate-published --hold NAME=VALUE with any name and any number: its answer or one error line."""
+    assert_answer_or_one_error(*invoke("validate-published", "--format", "csv", "--hold", f"{name}={value}"))

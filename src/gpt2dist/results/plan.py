@@ -15,10 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
+from pydantic import TypeAdapter, ValidationError
 from tabulate import tabulate
 
 from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
-from gpt2dist.config.schema import Preset, RunSpec
+from gpt2dist.config.schema import PRECISIONS, Preset, RunSpec
 from gpt2dist.config.sizes import parameter_count
 from gpt2dist.config.strategies import REFERENCE, check_run
 from gpt2dist.errors import UsageError
@@ -86,18 +87,28 @@ def calibrate_gpu(name: str, preset: Preset, gpu: str, precision: str,
 
 
 CALIBRATION_KEY = "gpu_calibration"  # estimate.json's
+_CALIBRATIONS = TypeAdapter(dict[str, GpuCalibration])  # types checked, numbers as JSON writes them
 
 
 def read_calibration(path: Path, gpu: str) -> dict[str, GpuCalibration]:
     """The GPU step model's calibration `gpt2dist estimate` wrote on a GPU node, by precision; refused in one line
-    where the file holds none or was made on another GPU than `gpu`."""
-    found = read_json(path, "gpt2dist estimate").get(CALIBRATION_KEY)
+    where the file holds none, holds one of another shape (a finite positive scale, a finite offset, two of each
+    timing, a precision of this project's) or was made on another GPU than `gpu`."""
+    found = read_json(path, "gpt2dist estimate")
+    found = found.get(CALIBRATION_KEY) if isinstance(found, dict) else None
     if not found:
         raise UsageError(f"--calibration {path}: it holds no GPU calibration; run `gpt2dist estimate` on a GPU node of "
                          "the cluster (it times single's step there)")
-    calibrations = {precision: GpuCalibration(**{key: tuple(value) if isinstance(value, list) else value
-                                                 for key, value in fields.items()})
-                    for precision, fields in found.items()}
+    try:
+        calibrations = _CALIBRATIONS.validate_python(found)
+    except ValidationError:
+        calibrations = None
+    if not calibrations or any(
+            precision != timed.precision or precision not in PRECISIONS or not 0 < timed.scale < math.inf
+            or not math.isfinite(timed.offset_s) or len({timed.gpu for timed in calibrations.values()}) > 1
+            for precision, timed in calibrations.items()):
+        raise UsageError(f"--calibration {path}: its GPU calibration is not what `gpt2dist estimate` writes; run it "
+                         "again on a GPU node of the cluster")
     timed_on = next(iter(calibrations.values())).gpu
     if named_in(timed_on, GPUS) != named_in(gpu, GPUS):
         raise UsageError(f"--calibration {path} was timed on a {timed_on}, and this plan is for a {gpu}: give --gpu "
