@@ -54,14 +54,16 @@ def test_every_row_in_the_registry_is_predicted_or_says_why_not(validated):
     assert summary["sources"] == predicted.loc[~left_out, "source"].nunique()
 
 
-def test_no_source_tunes_its_own_prediction():
+def test_no_source_tunes_its_own_prediction(validated):
     """Each source's rows are predicted with the constants fitted to every other source's: doubling one source's
     published times moves its own predictions not at all and every other source's. The control: fitted to every
     row, as plan uses them, its own predictions move too."""
     table = read_table()
     source = "Oneflow-Inc/DLPerf"
     slower = table.assign(step_s=np.where(table["source"] == source, table["step_s"] * 2, table["step_s"]))
-    before, fits = predictions(table)
+    before, _, summary = validated
+    fits = {"all": Constants(**summary["constants"])} | {
+        name: Constants(**constants) for name, constants in summary["without_source"].items()}
     after, fits_after = predictions(slower)
     own, others = before["source"] == source, (before["source"] != source) & before["predicted_step_s"].notna()
     assert np.allclose(before.loc[own, "predicted_step_s"], after.loc[own, "predicted_step_s"], rtol=1e-9,
@@ -75,11 +77,11 @@ def test_no_source_tunes_its_own_prediction():
     assert not np.allclose(*in_sample, rtol=1e-3)
 
 
-def test_the_fitted_constants_are_physical_and_the_shipped_fit_is_the_tables():
+def test_the_fitted_constants_are_physical_and_the_shipped_fit_is_the_tables(validated):
     """Every fit keeps each constant in its physical range (BOUNDS); gpu_fit.json, which plan and recommend read, is
     the fit of the shipped table and its out-of-source error, not a number edited by hand (rewrite it with
     `gpt2dist validate-published --write-fit src/gpt2dist/results/gpu_fit.json`)."""
-    _, _, summary = validation(read_table())
+    _, _, summary = validated
     for constants in [summary["constants"], *summary["without_source"].values()]:
         assert set(constants) == set(Constants.NAMES)
         assert all(BOUNDS[name][0] <= value <= BOUNDS[name][1] for name, value in constants.items()), constants
