@@ -30,14 +30,13 @@ import numpy as np
 from gpt2dist.config.memory import Kept
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import flops_per_token
-from gpt2dist.config.strategies import (DATA_PARALLEL_GROUP, degrees_of, describe, link_streams, local_parameters,
-                                        overlap, rank_blocks, spans_nodes, traffic)
+from gpt2dist.config.strategies import (DATA_PARALLEL_GROUP, FP32, HALF, compute_bytes, degrees_of, describe,
+                                        link_streams, local_parameters, overlap, rank_blocks, spans_nodes, traffic)
 from gpt2dist.errors import UsageError
 from gpt2dist.results.prediction import StepTerms, step_terms
 from gpt2dist.system.hardware import COMPUTE_DTYPE, GPUS, gpu_of
 from gpt2dist.system.links import Links, collective_seconds
 
-FP32, HALF = 4, 2  # bytes per element
 
 
 @dataclass(frozen=True)
@@ -183,16 +182,12 @@ def peak_of(gpu: str, precision: str) -> float:
     return peak
 
 
-def half_precision(precision: str) -> bool:
-    return COMPUTE_DTYPE[precision] in ("fp16", "bf16")
-
-
 def step_work(spec: RunSpec, gpu: str, implementation: Implementation, links: Links) -> StepWork:
     """A GPU rank's step of `spec` on `gpu` (the busiest rank: a pipeline's last stage, which holds the head), as
     `implementation` computes it, its collectives over `links`."""
     peak, bandwidth = peak_of(gpu, spec.precision), gpu_of(gpu).memory_bytes_per_s
     degrees, m, t = degrees_of(spec), spec.model, spec.train
-    a = HALF if half_precision(spec.precision) else FP32  # a GEMM's operands and outputs
+    a = compute_bytes(spec.precision)  # a GEMM's operands and outputs
     tp, rows, context, d = degrees.tp, t.micro_batch_size, m.n_positions, m.n_embd
     tokens, heads, head_dim = rows * context, m.n_head // tp, m.n_embd // m.n_head
     blocks = len(rank_blocks(spec, degrees.pp - 1))
@@ -231,7 +226,7 @@ def step_work(spec: RunSpec, gpu: str, implementation: Implementation, links: Li
     local = local_parameters(spec, degrees.pp - 1)
     local_elements = sum(math.prod(shape) for shape in local.values())
     matrices = sum(len(shape) == 2 for shape in local.values())
-    if implementation.weight_casts and half_precision(spec.precision):  # per forward (and recompute), and back
+    if implementation.weight_casts and a == HALF:  # per forward (and recompute), and back
         casts = matrices * (2 + (t.activation_checkpointing == "block"))
         micro.moves(casts, local_elements * (FP32 + HALF) * casts / matrices, bandwidth)
         micro.host_ops += casts if python else 0

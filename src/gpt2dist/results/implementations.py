@@ -12,7 +12,8 @@ from __future__ import annotations
 from gpt2dist.config.memory import Kept
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.errors import UsageError
-from gpt2dist.results.gpu_step import FP32, HALF, Implementation, half_precision
+from gpt2dist.config.strategies import FP32, HALF, compute_bytes
+from gpt2dist.results.gpu_step import Implementation
 
 ENGINE_NAME = "gpt2dist"  # the table's name for this engine's own runs
 # Dropout on a tensor: read and written, and a one-byte mask kept for backward, which reads both and writes one
@@ -114,7 +115,7 @@ def engine_implementation(spec: RunSpec) -> Implementation:
     """This engine as it runs `spec` on a GPU (training/gpt2.py, model.py, loop.py): SDPA's fused attention, each
     block compiled (its norms, residual adds and GELU fused), the head's loss compiled, fused AdamW, torch.amp's
     autocast in 16 bits, clipping; dropout, where the model has it, on the embeddings and both residual branches."""
-    element = HALF if half_precision(spec.precision) else FP32
+    element = compute_bytes(spec.precision)
     dropout = DROPOUT_SITE * element * bool(spec.model.dropout)
     return Implementation(
         ENGINE_NAME, "gpt2dist's training/gpt2.py, model.py and loop.py", attention="flash", kernels=(10, 30),
