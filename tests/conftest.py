@@ -326,7 +326,8 @@ def trained(shards, params_file, pytestconfig):
     """`gpt2dist train` of a (strategy, extra arguments, process count, precision), made once a session: the
     equivalence, multi-node and resume tests compare against the same runs instead of each training its own.
     The tests only read these runs. torchrun's ranks are forked here (train_in_forked_ranks): these runs are
-    what the tests compare with, and every strategy's own launch is run by its kill-and-resume test."""
+    what the tests compare with; launched runs of fsdp, ddp and horovod are held against them by their
+    kill-and-resume tests (test_train_cli.py, test_signals.py)."""
     runs: dict[tuple, Path] = {}
 
     def run(strategy: str, *extra: str, nproc: int = 1, precision: str = "fp32") -> Path:
@@ -463,8 +464,8 @@ def train_in_forked_ranks(shards: Path, params: Path, out: Path, strategy: str, 
                           precision: str = "fp32") -> None:
     """`gpt2dist train` (train_args), its ranks forked from the forkserver instead of started by torchrun: the command
     line writes the spec it would launch (--print-command), and each rank runs it as a torchrun rank does, with the
-    same threads: for a torchrun strategy the same run to the bit (the kill-and-resume tests hold each strategy's
-    launched run against `trained`'s), where a launch costs 2 to 3 times as much, torchrun's start most of it."""
+    same threads: for a torchrun strategy the same run to the bit (fsdp's and ddp's launched kill-and-resume runs
+    are held against `trained`'s), where a launch costs 2 to 3 times as much, torchrun's start most of it."""
     gpt2dist(*train_args(shards, params, out, strategy, *extra, nproc=nproc, precision=precision), "--print-command")
     start_ranks(rank_of_spec, str(out / "spec.json"), free_port(), nproc, nprocs=nproc)
 
@@ -619,13 +620,13 @@ def kill_after_checkpoint(args, out, step: int) -> None:
 
 
 def kill_forked_ranks_after_checkpoint(shards: Path, params: Path, out: Path, strategy: str, *extra: str, nproc: int,
-                                       step: int) -> None:
+                                       step: int, precision: str = "fp32") -> None:
     """train_in_forked_ranks' run SIGKILLed, every rank at once (a node's failure), once the checkpoint of `step`
     exists: the ranks' own resume, without a launcher's start around each of the two runs (the launchers' kills
-    are every named strategy's tests)."""
+    are single's, fsdp's, ddp's and horovod's tests)."""
     import torch.multiprocessing
 
-    gpt2dist(*train_args(shards, params, out, strategy, *extra, nproc=nproc), "--print-command")
+    gpt2dist(*train_args(shards, params, out, strategy, *extra, nproc=nproc, precision=precision), "--print-command")
     context = torch.multiprocessing.start_processes(
         _rank_in_environment, args=(rank_of_spec, dict(os.environ), str(out / "spec.json"), free_port(), nproc),
         nprocs=nproc, join=False, start_method="forkserver")

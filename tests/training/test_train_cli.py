@@ -58,22 +58,18 @@ def test_compile_where_it_cannot_apply_is_recorded_with_the_reason(shards, param
     assert record["compiled"] is False and record["compile_skipped"].startswith("DataParallel copies the module")
 
 
-# Every strategy but ddp and horovod, whose launcher alone is killed in test_signals.py (the same comparison). One in
-# bf16 (pp's, whose whole run test_pipeline_parallel.py shares); the others share the equivalence tests' fp32 runs.
+# Launched and killed: single (the command's own process) and fsdp (torchrun, its ranks' sharded checkpoint); ddp's
+# and horovod's launchers are killed in test_signals.py (the same comparison). Each is held against the session's
+# run, whose torchrun ranks are forked: a launched run and a forked one compute the same to the bit.
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("strategy, nproc, precision", [
-    ("single", 1, "fp32"), ("dp", 1, "fp32"), ("fsdp", 2, "fp32"), ("tp", 2, "fp32"), ("pp", 2, "bf16"),
-    ("fsdp-tp", 4, "fp32"), ("hsdp", 4, "fp32"), ("zero1", 2, "fp32"), ("zero2", 2, "fp32"),
-])
-def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision, trained, shards, params_file,
-                                                      tmp_path):
+@pytest.mark.parametrize("strategy, nproc", [("single", 1), ("fsdp", 2)], ids=["single-1-fp32", "fsdp-2-fp32"])
+def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, trained, shards, params_file, tmp_path):
     """Bitwise: data order and dropout are seeded per step, so a resumed run repeats the uninterrupted one (the
     session's run of the same configuration, which checkpoints less often: saving must not change the state)."""
-    args = dict(nproc=nproc, precision=precision)
-    whole, killed = trained(strategy, **args), tmp_path / "killed"
-    kill_after_checkpoint(train_args(shards, params_file, killed, strategy, *RESUME_EXTRA, **args), killed,
-                          kill_point(f"{strategy}-{nproc}-{precision}"))
-    gpt2dist(*train_args(shards, params_file, killed, strategy, *RESUME_EXTRA, **args))
+    whole, killed = trained(strategy, nproc=nproc), tmp_path / "killed"
+    kill_after_checkpoint(train_args(shards, params_file, killed, strategy, *RESUME_EXTRA, nproc=nproc), killed,
+                          kill_point(f"{strategy}-{nproc}-fp32"))
+    gpt2dist(*train_args(shards, params_file, killed, strategy, *RESUME_EXTRA, nproc=nproc))
     record = run_record(killed)
     assert record["status"] == "completed" and 0 < record["resumed_from_step"] < RESUME_STEPS
     # what the launcher adds: how busy the machine was meanwhile, and the command that started the run
@@ -81,21 +77,27 @@ def test_sigkill_then_rerun_resumes_to_the_same_state(strategy, nproc, precision
     assert_resumed_exactly(killed, whole)
 
 
-# the splits of test_splits.py: DP x TP, DP x PP, FSDP x PP, TP x PP and all three
-SPLITS = [("ddp-tp2", 4), ("ddp-pp2", 4), ("fsdp-pp2", 4), ("tp2-pp2", 4), ("ddp-tp2-pp2", 8)]
+# Every other strategy (one in bf16: pp's, whose whole run test_pipeline_parallel.py shares) and the splits of
+# test_splits.py (DP x TP, DP x PP, FSDP x PP, TP x PP and all three)
+KILLED_RANKS = [("dp", 1, "fp32"), ("tp", 2, "fp32"), ("pp", 2, "bf16"), ("fsdp-tp", 4, "fp32"),
+                ("hsdp", 4, "fp32"), ("zero1", 2, "fp32"), ("zero2", 2, "fp32"), ("ddp-tp2", 4, "fp32"),
+                ("ddp-pp2", 4, "fp32"), ("fsdp-pp2", 4, "fp32"), ("tp2-pp2", 4, "fp32"), ("ddp-tp2-pp2", 8, "fp32")]
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("strategy, nproc", SPLITS, ids=[s for s, _ in SPLITS])
-def test_a_split_killed_then_rerun_resumes_to_the_same_state(strategy, nproc, trained, shards, params_file, tmp_path):
-    """Bitwise, as every strategy's: the ranks of a split killed at once after a checkpoint, then started again on
-    the same spec, end where the uninterrupted run ends: each rank restores its stage and tensor-parallel slice
-    from single's layout. (The ranks are forked, as the session's trained runs are: the launcher's part of a kill
-    is the same torchrun for every strategy, killed and rerun by the tests above.)"""
-    whole, killed = trained(strategy, nproc=nproc), tmp_path / "killed"
-    kill_forked_ranks_after_checkpoint(shards, params_file, killed, strategy, *RESUME_EXTRA, nproc=nproc,
-                                       step=kill_point(f"{strategy}-{nproc}-fp32"))
-    train_in_forked_ranks(shards, params_file, killed, strategy, *RESUME_EXTRA, nproc=nproc)
+@pytest.mark.parametrize("strategy, nproc, precision", KILLED_RANKS, ids=[f"{s}-{n}-{p}" for s, n, p in KILLED_RANKS])
+def test_ranks_killed_then_rerun_resume_to_the_same_state(strategy, nproc, precision, trained, shards, params_file,
+                                                           tmp_path):
+    """Bitwise, as the launched runs above: the ranks killed at once after a checkpoint (a node's failure), then
+    started again on the same spec, end where the uninterrupted run ends: each rank restores its shard, stage and
+    tensor-parallel slice from single's layout. The ranks are forked, as the session's runs are: the launcher's
+    part of a kill is the same torchrun for every strategy (the tests above and test_signals.py's), and a launch
+    costs two to three times what its ranks compute here."""
+    args = dict(nproc=nproc, precision=precision)
+    whole, killed = trained(strategy, **args), tmp_path / "killed"
+    kill_forked_ranks_after_checkpoint(shards, params_file, killed, strategy, *RESUME_EXTRA, **args,
+                                       step=kill_point(f"{strategy}-{nproc}-{precision}"))
+    train_in_forked_ranks(shards, params_file, killed, strategy, *RESUME_EXTRA, **args)
     record = run_record(killed)
     assert record["status"] == "completed" and 0 < record["resumed_from_step"] < RESUME_STEPS
     assert_resumed_exactly(killed, whole)
