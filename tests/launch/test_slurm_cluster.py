@@ -60,11 +60,8 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def study(cluster, finished_study, tmp_path_factory) -> Path:
-    """One repeat of each run: each one's numbers are compared, with the local study's or across nodes. The local
-    study (finished_study) is asked for first: this module's worker makes it while the other worker's first
-    modules run, instead of waiting, once its own study is done, for the other worker that makes it for the
-    image's tests (the one-node test's setup, which held that wait, took 67 to 124 s in suite runs)."""
+def study(cluster, tmp_path_factory) -> Path:
+    """One repeat of each run: each one's numbers are compared, with the local study's or across nodes."""
     started, _ = cluster
     work = copy_workflow(tmp_path_factory.mktemp("cluster-study"), repeats=1, runs=RUNS)
     profile = slurm_cluster.edited_profile(work / "profile", started)
