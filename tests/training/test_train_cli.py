@@ -91,8 +91,9 @@ def test_ranks_killed_then_rerun_resume_to_the_same_state(strategy, nproc, preci
     """Bitwise, as the launched runs above: the ranks killed at once after a checkpoint (a node's failure), then
     started again on the same spec, end where the uninterrupted run ends: each rank restores its shard, stage and
     tensor-parallel slice from single's layout. The ranks are forked, as the session's runs are: the launcher's
-    part of a kill is the same torchrun for every strategy (the tests above and test_signals.py's), and a launch
-    costs two to three times what its ranks compute here."""
+    part of a kill is the same for every strategy it starts (torchrun's: fsdp's above and test_signals.py's; the
+    command's own process: single's above, as dp's), and a launch costs two to three times what its ranks compute
+    here."""
     args = dict(nproc=nproc, precision=precision)
     whole, killed = trained(strategy, **args), tmp_path / "killed"
     kill_forked_ranks_after_checkpoint(shards, params_file, killed, strategy, *RESUME_EXTRA, **args,
