@@ -64,15 +64,26 @@ class StepClock:
     the process (the load monitor, the launcher watch) takes it meanwhile, this thread waits after the
     span's timestamp: a clock read inside the span would leave that wait out of step_time_s and in the
     ledger's window (up to 43 ms a step measured beside a busy thread). Read before each timestamp, the wait
-    falls inside both intervals or outside both (tests/training/test_ledger.py compares them)."""
+    falls inside both intervals or outside both. The clock is read again just after each timestamp, so the
+    span's window in the trace is known to lie within `window_bounds_s`, however long the enter or exit took
+    (the scheduler can stop the thread between a read and its timestamp for a time slice or more, on a busy
+    machine): tests/training/test_ledger.py holds the ledger to those bounds."""
 
     def __init__(self):
         self.cpu_started, self.started = time.process_time(), time.perf_counter()
+        self.entered = self.stopped = self.exited = math.nan
         self.wall_s = self.cpu_s = math.nan
 
     def stop(self) -> None:
         self.cpu_s = time.process_time() - self.cpu_started
-        self.wall_s = time.perf_counter() - self.started
+        self.stopped = time.perf_counter()
+        self.wall_s = self.stopped - self.started
+
+    @property
+    def window_bounds_s(self) -> tuple[float, float]:
+        """The shortest and the longest the span's window in the trace can be: its timestamps lie between the
+        reads before and after its enter, and before and after its exit. step_time_s lies between them too."""
+        return self.stopped - self.entered, self.exited - self.started
 
 
 @contextlib.contextmanager
@@ -81,8 +92,10 @@ def timed_step() -> Iterator[StepClock]:
     span = record_function(STEP)  # made before the clock starts: only its enter lies between the two
     clock = StepClock()
     with span:
+        clock.entered = time.perf_counter()
         yield clock
         clock.stop()
+    clock.exited = time.perf_counter()
 
 
 class StepTracer:

@@ -132,7 +132,7 @@ class Trainer:
         return bool(minutes) and time.monotonic() - self.saved_at >= 60 * minutes
 
     # -- one optimizer step -------------------------------------------------------------
-    def train_step(self, step: int) -> dict:
+    def train_step(self, step: int, traced: bool = False) -> dict:
         spec, strategy, precision = self.spec, self.strategy, self.precision
         device = self.place.device
         accum = strategy.degrees.grad_accum_steps
@@ -176,6 +176,7 @@ class Trainer:
                 [reduced[0], grad_norm.float().to(reduced.device), reduced[1]]).tolist()
             self.save_due = due > 0
         elapsed = clock.wall_s
+        shortest, longest = clock.window_bounds_s
         return {
             "kind": "train",
             "step": step,
@@ -191,6 +192,8 @@ class Trainer:
             "peak_mem_bytes": peak_memory_bytes(device),
             **peak_reserved(device),
             **(self.telemetry.sample() if self.telemetry else {}),
+            # the profiler slows a traced step: not a throughput sample; its window in the trace lies within these
+            **({"traced": True, "trace_window_min_s": shortest, "trace_window_max_s": longest} if traced else {}),
         }
 
     def evaluate(self, step: int) -> dict:
@@ -276,10 +279,8 @@ class Trainer:
             for step in range(start, t.max_steps):
                 stops.check()
                 with tracer.step(step):
-                    line = self.train_step(step)
+                    line = self.train_step(step, traced=step in tracer.steps)
                 done = step + 1
-                if step in tracer.steps:
-                    line["traced"] = True  # the profiler slows it: not a throughput sample
                 metrics.write(line)
                 if tracer.finished(step):
                     ledger = tracer.ledger(summarise=self.rank0, keep=self.out / trace_file(self.place.rank),
