@@ -9,10 +9,19 @@ each rank as a fork of this process, which imported those modules once. Not for 
 forks ranks must not have touched CUDA, and a GPU run's launch is a small part of it.
 """
 
-import torch._dynamo  # noqa: F401  (imported once here, for every rank forked from this process)
-from torch.distributed.run import main
+from gpt2dist.launch import lifetime
 
-import gpt2dist.launch.worker  # noqa: F401
+with lifetime.importing_without_collection():
+    import torch._dynamo  # noqa: F401  (imported once here, for every rank forked from this process)
+    from torch.distributed.run import main
+
+    import gpt2dist.launch.worker  # noqa: F401
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()  # a rank's failure raises (torch's ChildFailedError), its traceback printed as torchrun prints it
+    except SystemExit as end:  # --help, a bad argument
+        if not isinstance(end.code, int | None):
+            raise
+        lifetime.exit_now(end.code or 0)
+    lifetime.exit_now(0)  # unloading torch here took 1.4 s after the ranks had ended, which the run waited for

@@ -187,9 +187,10 @@ def _launch_mode(spec: RunSpec, emulation: emulated.Emulation | None) -> tuple[L
 
 def _in_process(spec: RunSpec) -> Outcome:
     """single and dp: this process is the one rank."""
-    from gpt2dist.training import (
-        loop,  # here: a launcher of other processes never loads the strategies
-    )
+    with lifetime.importing_without_collection():  # here: a launcher of other processes never loads them
+        import torch._dynamo  # noqa: F401  (torch's optimizers import it at their first step)
+
+        from gpt2dist.training import loop
 
     lifetime.stop_on_signals()
     try:

@@ -7,12 +7,15 @@ import multiprocessing
 import sys
 from pathlib import Path
 
-from gpt2dist.config.schema import read_spec
-from gpt2dist.errors import UsageError, error_line
-from gpt2dist.launch import lifetime, locks
-from gpt2dist.logs import setup_logging
-from gpt2dist.training import loop, stops
-from gpt2dist.training.run_record import Outcome, finish_record
+from gpt2dist.launch import lifetime
+
+with lifetime.importing_without_collection():  # a rank started as a fresh interpreter (srun, horovodrun, GPUs)
+    from gpt2dist.config.schema import read_spec
+    from gpt2dist.errors import UsageError, error_line
+    from gpt2dist.launch import locks
+    from gpt2dist.logs import setup_logging
+    from gpt2dist.training import loop, stops
+    from gpt2dist.training.run_record import Outcome, finish_record
 
 
 def main(argv: list[str] | None = None) -> int:
