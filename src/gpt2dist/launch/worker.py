@@ -10,6 +10,8 @@ from pathlib import Path
 from gpt2dist.launch import lifetime
 
 with lifetime.importing_without_collection():  # a rank started as a fresh interpreter (srun, horovodrun, GPUs)
+    import torch._dynamo  # noqa: F401  (torch's optimizers import it at their first step)
+
     from gpt2dist.config.schema import read_spec
     from gpt2dist.errors import UsageError, error_line
     from gpt2dist.launch import locks
