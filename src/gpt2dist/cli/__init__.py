@@ -39,9 +39,4 @@ def command_line() -> None:
     (lifetime.exit_now), which added up to 1.4 s to every run and pipeline job that loaded torch."""
     from gpt2dist.launch import lifetime
 
-    try:
-        run()
-    except SystemExit as end:
-        if not isinstance(end.code, int | None):
-            raise
-        lifetime.exit_now(end.code or 0)
+    lifetime.run_then_exit_now(run)

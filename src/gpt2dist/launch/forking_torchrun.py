@@ -18,10 +18,6 @@ with lifetime.importing_without_collection():
     import gpt2dist.launch.worker  # noqa: F401
 
 if __name__ == "__main__":
-    try:
-        main()  # a rank's failure raises (torch's ChildFailedError), its traceback printed as torchrun prints it
-    except SystemExit as end:  # --help, a bad argument
-        if not isinstance(end.code, int | None):
-            raise
-        lifetime.exit_now(end.code or 0)
-    lifetime.exit_now(0)  # unloading torch here took 1.4 s after the ranks had ended, which the run waited for
+    # unloading torch here took 1.4 s after the ranks had ended, which the run waited for; a rank's failure raises
+    # (torch's ChildFailedError), its traceback printed as torchrun prints it
+    lifetime.run_then_exit_now(main)

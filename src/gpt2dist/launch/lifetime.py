@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO
 
 import psutil
@@ -176,6 +177,18 @@ def exit_now(code: int) -> None:
     if sys.getprofile() is None and sys.gettrace() is None:
         os._exit(code)
     sys.exit(code)
+
+
+def run_then_exit_now(main: Callable[[], object]) -> None:
+    """A command's entry point: main(), then exit_now with the code its SystemExit carries (0 where it returns).
+    Any other exception ends the usual way, its traceback printed."""
+    try:
+        main()
+    except SystemExit as end:
+        if not isinstance(end.code, int | None):
+            raise
+        exit_now(end.code or 0)
+    exit_now(0)
 
 
 def _ask_to_stop(signum, frame) -> None:
