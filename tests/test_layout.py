@@ -100,6 +100,14 @@ def heavy_after_each(*modules: str) -> list[set[str]]:
     return [set(line.split()) for line in out.splitlines()]
 
 
+@pytest.mark.timeout(60)
+def test_the_forecasts_start_without_scipy():
+    """plan, recommend and project-scaling read the shipped fit: scipy's optimizer loads only where a fit is made
+    (validate-published), half a second of each forecast's start before. The control: the probe sees scipy where
+    the statistics module loads it."""
+    loaded = heavy_after_each("gpt2dist.results.forecast_words", "gpt2dist.results.statistics")
+    assert loaded[0] == set(), f"importing the forecasts loads {loaded[0]}"
+    assert "scipy" in loaded[1], "the probe does not see scipy where the statistics module loads it"
 
 
 @pytest.mark.slow  # imports torch, scipy and matplotlib in a fresh interpreter

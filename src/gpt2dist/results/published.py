@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from pydantic import ValidationError
-from scipy.optimize import least_squares
 
 from gpt2dist.config.memory import GIB, predict
 from gpt2dist.config.schema import ModelConfig, RunSpec, TrainConfig
@@ -135,6 +134,8 @@ def fit(works: list[StepWork], step_s: np.ndarray, sources: np.ndarray, held: di
     def residuals(log_constants: np.ndarray) -> np.ndarray:
         constants = Constants(*np.exp(log_constants))
         return weights * np.log([work.terms(constants).total_s for work in works] / step_s)
+
+    from scipy.optimize import least_squares  # here: plan and recommend read the shipped fit, and start 0.5 s sooner
 
     begin = np.clip(np.log([getattr(start, name) for name in Constants.NAMES]), low, high)
     solved = least_squares(residuals, begin, bounds=(low, high), loss="soft_l1", f_scale=LOSS_SCALE)
