@@ -100,24 +100,19 @@ def heavy_after_each(*modules: str) -> list[set[str]]:
     return [set(line.split()) for line in out.splitlines()]
 
 
-@pytest.mark.timeout(60)
-def test_the_forecasts_start_without_scipy():
-    """plan, recommend and project-scaling read the shipped fit: scipy's optimizer loads only where a fit is made
-    (validate-published), half a second of each forecast's start before. The control: the probe sees scipy where
-    the statistics module loads it."""
-    loaded = heavy_after_each("gpt2dist.results.forecast_words", "gpt2dist.results.statistics")
-    assert loaded[0] == set(), f"importing the forecasts loads {loaded[0]}"
-    assert "scipy" in loaded[1], "the probe does not see scipy where the statistics module loads it"
-
-
 @pytest.mark.slow  # imports torch, scipy and matplotlib in a fresh interpreter
 @pytest.mark.timeout(60)
 def test_the_results_layer_and_refusals_do_not_import_torch():
     """collect, plot, report and bundle never need torch (2-3 s of every such command's start before); a bundle is
-    verified before scipy and matplotlib load, so a refused one is told in about half a second. The control: a
-    module of the training layer does load torch, and the probe sees it."""
-    loaded = heavy_after_each("gpt2dist.results.bundle", "gpt2dist.results.collect", "gpt2dist.results.plots",
-                              "gpt2dist.results.report", "gpt2dist.results.recommend", "gpt2dist.training.loop")
+    verified before scipy and matplotlib load, so a refused one is told in about half a second; plan, recommend and
+    project-scaling read the shipped fit, so scipy's optimizer loads only where a fit is made (validate-published),
+    half a second of each forecast's start before. The controls: the probe sees scipy where collect's statistics
+    load it, and torch where a module of the training layer does."""
+    loaded = heavy_after_each("gpt2dist.results.bundle", "gpt2dist.results.forecast_words", "gpt2dist.results.collect",
+                              "gpt2dist.results.plots", "gpt2dist.results.report", "gpt2dist.results.recommend",
+                              "gpt2dist.training.loop")
     assert loaded[0] == set(), f"importing the bundle module loads {loaded[0]}"
-    assert "torch" not in loaded[4], "the results layer imports torch"
-    assert "torch" in loaded[5], "the probe does not see torch where the training layer loads it"
+    assert loaded[1] == set(), f"importing the forecasts loads {loaded[1]}"
+    assert "scipy" in loaded[2], "the probe does not see scipy where collect's statistics load it"
+    assert "torch" not in loaded[5], "the results layer imports torch"
+    assert "torch" in loaded[6], "the probe does not see torch where the training layer loads it"

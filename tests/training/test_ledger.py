@@ -68,7 +68,7 @@ def test_cuda_traces_count_kernels_and_nccl_and_the_host_waits_of_untraced_colle
 
 TRACE_ONE_STEP = """
 import sys, torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile
 from pathlib import Path
 from gpt2dist.training.ledger import StepTracer, timed_step
 if sys.argv[1] == "tracer":
