@@ -4,7 +4,10 @@ and how busy the machine was meanwhile, so a noisy machine says so instead of pr
 
 from __future__ import annotations
 
+import atexit
+import os
 import resource
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -26,9 +29,17 @@ from gpt2dist.training.strategies import REGISTRY
 REPO = Path(__file__).resolve().parents[1]
 
 
+def scratch(prefix: str = "gpt2dist-bench-") -> Path:
+    """A temporary directory that goes when the benchmark exits, instead of staying in /tmp after every run (a
+    rank forked from the benchmark leaves it to its parent)."""
+    directory, owner = Path(tempfile.mkdtemp(prefix=prefix)), os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(directory, ignore_errors=True))
+    return directory
+
+
 def random_shards(vocab: int, tokens: int = 2_000_000) -> Path:
     """Uniform random tokens: throughput does not depend on what the text says."""
-    directory = Path(tempfile.mkdtemp(prefix="gpt2dist-bench-"))
+    directory = scratch()
     rng = np.random.default_rng(0)
     write_shards(directory, {"train": [rng.integers(0, vocab, tokens)], "val": [rng.integers(0, vocab, tokens // 10)]},
                  vocab_size=vocab, eos_id=vocab - 1, tokenizer={"name": "random"}, source={"name": "random"})

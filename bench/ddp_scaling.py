@@ -15,10 +15,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from common import REPO, median, random_shards, ratio_interval
+from common import REPO, median, random_shards, ratio_interval, scratch
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.errors import OneLineArgumentParser
@@ -50,7 +49,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     data = random_shards(load_params(REPO / "params.yaml").preset(args.preset)[1].model.vocab_size)
-    work = Path(tempfile.mkdtemp(prefix="gpt2dist-scaling-"))
+    work = scratch("gpt2dist-scaling-")
     single, ddp, busy = [], [], []
     for r in range(args.rounds):
         for name, nproc, rates in (("single", 1, single), ("ddp", args.nproc, ddp)):

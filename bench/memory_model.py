@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from gpt2dist.config.memory import predict
@@ -71,12 +70,12 @@ def main() -> None:
         sys.exit(2)
     # only now: a refused list costs no import of torch (seconds of CPU, most of a refusal's time)
     import torch
-    from common import REPO, random_shards
+    from common import REPO, random_shards, scratch
 
     params = REPO / "params.yaml"
     device = "cuda" if gpus else "cpu"
     vocab = load_params(params).preset(args.preset, overrides=args.overrides)[1].model.vocab_size
-    data, work = random_shards(vocab), Path(tempfile.mkdtemp(prefix="gpt2dist-memory-"))
+    data, work = random_shards(vocab), scratch("gpt2dist-memory-")
     print(f"preset={args.preset} precision={args.precision} device={device} "
           f"{torch.cuda.get_device_name(0) if gpus else ''}".rstrip())
     print(f"{'configuration':<18} {'state MiB: predicted':>21} {'measured':>9} "

@@ -430,8 +430,14 @@ def _rank_in_environment(rank: int, fn, environ: dict[str, str], *args) -> None:
 def start_ranks(fn, *args, nprocs: int) -> None:
     """fn(rank, *args) in `nprocs` processes forked from the forkserver, joined; a rank's exception fails the test."""
     import torch.multiprocessing
-    torch.multiprocessing.start_processes(_rank_in_environment, args=(fn, dict(os.environ), *args), nprocs=nprocs,
-                                          join=True, start_method="forkserver")
+    ranks = torch.multiprocessing.start_processes(_rank_in_environment, args=(fn, dict(os.environ), *args),
+                                                  nprocs=nprocs, join=False, start_method="forkserver")
+    try:
+        while not ranks.join():
+            pass
+    finally:  # a failed rank's traceback file, which torch reads and leaves in the temporary directory
+        for traceback_file in ranks.error_files:
+            Path(traceback_file).unlink(missing_ok=True)
 
 
 def free_port() -> int:

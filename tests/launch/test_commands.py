@@ -9,6 +9,7 @@ from gpt2dist.errors import UsageError
 from gpt2dist.launch.commands import WORKER_FILE, launch_env, local_command, multinode_commands, parse_hosts
 
 SPEC = Path("/runs/ddp-bf16-n16-r0/spec.json")
+LOGS = "--log-dir=/runs/ddp-bf16-n16-r0/torchrun-logs"
 
 
 def test_parse_hosts():
@@ -28,10 +29,13 @@ def test_local_commands():
     # on CPUs torchrun forks them, from a process that imported the worker, which each runs as a file
     forking = local_command("torchrun", 2, SPEC, "cpu")
     assert forking[:3] == [sys.executable, "-m", "gpt2dist.launch.forking_torchrun"]
-    assert forking[-4:] == ["--start-method=fork", "--run-path", str(WORKER_FILE), str(SPEC)]
+    assert forking[-5:] == ["--start-method=fork", LOGS, "--run-path", str(WORKER_FILE), str(SPEC)]
     assert WORKER_FILE.is_file() and WORKER_FILE.read_text().startswith('"""Entry point of one training rank')
     for command in (torchrun, forking):
         assert "--standalone" in command and "--nproc-per-node=2" in command
+        # torchrun's log directory in the run's, which the runner removes, not one more in /tmp for every launch
+        # (tests/launch/test_temp_files.py)
+        assert LOGS in command
     # Gloo's controller on CPUs and GPUs alike (horovodrun's mpirun line fails on Open MPI 5)
     assert local_command("horovodrun", 2, SPEC, "cpu")[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
 
@@ -40,7 +44,8 @@ def test_torchrun_two_nodes_by_eight_gpus():
     (where, cmd), = multinode_commands("torchrun", parse_hosts("gpu-a:8,gpu-b:8"), SPEC, run_id="ddp-bf16-n16-r0").items()
     assert where == "every node"
     assert cmd == ("torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=gpu-a:29500 "
-                   "--rdzv-id=ddp-bf16-n16-r0 -m gpt2dist.launch.worker /runs/ddp-bf16-n16-r0/spec.json")
+                   "--rdzv-id=ddp-bf16-n16-r0 --log-dir=/runs/ddp-bf16-n16-r0/torchrun-logs -m gpt2dist.launch.worker "
+                   "/runs/ddp-bf16-n16-r0/spec.json")
 
 
 def test_horovod_two_nodes_by_eight_gpus():

@@ -47,7 +47,7 @@ def test_torchrun_over_two_nodes_inside_the_image():
     assert cmd == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=96", "--kill-on-bad-exit=1",
                    "apptainer", "exec", "--nv", "gpt2dist.sif", "torchrun", "--nnodes=2", "--nproc-per-node=8",
                    "--rdzv-backend=c10d", "--rdzv-endpoint=gpu07:29500", "--rdzv-id=ddp-bf16-n16-r0",
-                   "-m", "gpt2dist.launch.worker", str(SPEC)]
+                   f"--log-dir={SPEC.parent / 'torchrun-logs'}", "-m", "gpt2dist.launch.worker", str(SPEC)]
 
 
 def test_under_pyxis_srun_itself_starts_each_task_in_the_image():
@@ -80,7 +80,7 @@ def test_torchrun_over_two_nodes_on_the_host_is_this_environments():
     assert cmd == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=96", "--kill-on-bad-exit=1",
                    sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=8",
                    "--rdzv-backend=c10d", "--rdzv-endpoint=gpu07:29500", "--rdzv-id=ddp-bf16-n16-r0",
-                   "-m", "gpt2dist.launch.worker", str(SPEC)]
+                   f"--log-dir={SPEC.parent / 'torchrun-logs'}", "-m", "gpt2dist.launch.worker", str(SPEC)]
 
 
 # what `srun --mpi=list` prints with and without the PMIx plugin

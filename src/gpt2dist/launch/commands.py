@@ -19,6 +19,10 @@ from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
 
 WORKER_FILE = Path(__file__).with_name("worker.py")  # a forked rank runs it as a file: its name, without importing it
+# torchrun's agent makes a log directory for each launch, in the temporary directory unless told where, and never
+# removes it (one torchelastic_* a launch, empty: the ranks write their own logs); told this one in the run directory,
+# which the runner removes when the launch ends (runner.start)
+TORCHRUN_LOGS = "torchrun-logs"
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
                     "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
@@ -51,6 +55,11 @@ def worker_args(spec_path: Path, python: str = sys.executable) -> list[str]:
     return [python, "-m", "gpt2dist.launch.worker", str(spec_path)]
 
 
+def torchrun_log_option(spec_path: Path) -> str:
+    """torchrun's --log-dir for the run whose spec is `spec_path`: beside it, in the run directory."""
+    return f"--log-dir={spec_path.parent / TORCHRUN_LOGS}"
+
+
 def horovodrun_bin() -> str:
     beside = Path(sys.executable).with_name("horovodrun")
     found = str(beside) if beside.exists() else shutil.which("horovodrun")
@@ -67,9 +76,10 @@ def local_command(launcher: str, nproc: int, spec_path: Path, device: str) -> li
     if launcher == "torchrun":
         if device == "cpu":
             return [sys.executable, "-m", "gpt2dist.launch.forking_torchrun", "--standalone",
-                    f"--nproc-per-node={nproc}", "--start-method=fork", "--run-path", str(WORKER_FILE), str(spec_path)]
+                    f"--nproc-per-node={nproc}", "--start-method=fork", torchrun_log_option(spec_path), "--run-path",
+                    str(WORKER_FILE), str(spec_path)]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                "-m", "gpt2dist.launch.worker", str(spec_path)]
+                torchrun_log_option(spec_path), "-m", "gpt2dist.launch.worker", str(spec_path)]
     if launcher == "horovodrun":
         # Gloo as the controller on GPUs too (NCCL still carries the GPU tensors): horovodrun 0.28.1's mpirun
         # line (`-bind-to none`) is refused by Open MPI 5, which reads "none" as the program (seen on an H200)
@@ -91,7 +101,8 @@ def multinode_commands(launcher: str, hosts: list[Host], spec_path: Path, *, por
         if len({h.slots for h in hosts}) != 1:
             raise UsageError("torchrun needs the same number of processes on every host (--hosts slots differ)")
         cmd = (f"torchrun --nnodes={len(hosts)} --nproc-per-node={hosts[0].slots} --rdzv-backend=c10d "
-               f"--rdzv-endpoint={hosts[0].name}:{port} --rdzv-id={run_id} -m gpt2dist.launch.worker {spec}")
+               f"--rdzv-endpoint={hosts[0].name}:{port} --rdzv-id={run_id} "
+               f"{shlex.quote(torchrun_log_option(spec_path))} -m gpt2dist.launch.worker {spec}")
         return {"every node": cmd}
     if launcher == "horovodrun":
         host_list = ",".join(f"{h.name}:{h.slots}" for h in hosts)

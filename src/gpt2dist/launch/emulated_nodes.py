@@ -41,6 +41,8 @@ INTERFACE = "eth0"  # the same name on every node: horovodrun routes over interf
 SUBNETS = ipaddress.ip_network("10.213.0.0/16")
 PREFIX = "g2d"  # names of what is made here: g2d<pid>-<n>b (bridge), g2d<pid>-<n>n<k> (node k), pid in hex
 MADE_HERE = re.compile(rf"^{PREFIX}(?P<pid>[0-9a-f]+)-[0-9a-f]+(?:b|n\d+)$")
+SSH_KEYS = "gpt2dist-ssh-"  # ssh_between's keys, in the temporary directory: gpt2dist-ssh-<pid>-..., pid in hex
+KEYS_MADE_HERE = re.compile(rf"^{SSH_KEYS}(?P<pid>[0-9a-f]+)-")
 TBF_LATENCY = "50ms"  # how long a packet may wait in the bucket's queue before it is dropped
 _made = itertools.count()
 
@@ -180,9 +182,9 @@ def _remove_node(netns: str) -> None:
 
 
 def _remove_stale() -> None:
-    """Remove nodes and bridges left by a process that died without its clean-up (SIGKILL)."""
-    def stale(name: str) -> bool:
-        match = MADE_HERE.match(name)
+    """Remove nodes, bridges and ssh keys left by a process that died without its clean-up (SIGKILL)."""
+    def stale(name: str, made_here: re.Pattern = MADE_HERE) -> bool:
+        match = made_here.match(name)
         return bool(match) and not Path(f"/proc/{int(match['pid'], 16)}").exists()
 
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
@@ -190,6 +192,9 @@ def _remove_stale() -> None:
         _remove_node(netns)
     for link in filter(stale, (link["ifname"] for link in json.loads(_run("ip", "-j", "link", "show")))):
         subprocess.run(["ip", "link", "del", link], capture_output=True)  # bridges
+    for keys in Path(tempfile.gettempdir()).glob(f"{SSH_KEYS}*"):
+        if stale(keys.name, KEYS_MADE_HERE):
+            shutil.rmtree(keys, ignore_errors=True)
 
 
 def _end_processes(netns: str, grace_s: float = 10.0) -> None:
@@ -215,7 +220,7 @@ def ssh_between(made: EmulatedNodes, timeout_s: float = 30.0) -> Iterator[None]:
     missing = ssh_unavailable()
     if missing:
         raise UsageError(f"{missing}: horovodrun reaches other nodes over ssh")
-    keys = Path(tempfile.mkdtemp(prefix="gpt2dist-ssh-"))
+    keys = Path(tempfile.mkdtemp(prefix=f"{SSH_KEYS}{os.getpid():x}-"))
     privilege_separation = Path("/run/sshd")  # sshd refuses to start without it; Debian makes it at boot
     made_privilege_separation = not privilege_separation.exists()
     daemons: list[subprocess.Popen] = []

@@ -138,6 +138,7 @@ def start(spec: RunSpec, *, print_only: bool = False, emulation: emulated.Emulat
             raise
         finally:  # whatever the outcome, the record says how busy the machine was meanwhile
             locks.ranks_gone(out, lifetime.GRACE_S)  # their report first (then the record says what it says)
+            shutil.rmtree(out / commands.TORCHRUN_LOGS, ignore_errors=True)  # a killed launch's too, at the next
             record = finish_record(spec, outcome, launched_at=launched_at, command_line=shlex.join(sys.argv),
                                    launch_command=shown, conditions={**monitor.summary(),
                                                                      "waited_for_quiet_s": round(quiet_after_s, 1),

@@ -137,7 +137,7 @@ def srun_command(launcher: str, allocation: Allocation, spec_path: Path, *, cont
         return [*_srun(container), f"--nodes={n}", "--ntasks-per-node=1", f"--cpus-per-task={allocation.cpus_per_task * g}",
                 "--kill-on-bad-exit=1", *torchrun, f"--nnodes={n}", f"--nproc-per-node={g}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={allocation.nodes[0]}:{port}", f"--rdzv-id={run_id}",
-                *worker]
+                commands.torchrun_log_option(spec_path), *worker]
     if launcher == "horovodrun" and horovod is not None and horovod.use_horovodrun:
         if container and container.runtime == "pyxis":
             raise UsageError(f"Horovod across nodes starts here with horovodrun over ssh ({horovod.why}), which pyxis "
