@@ -435,9 +435,14 @@ def start_ranks(fn, *args, nprocs: int) -> None:
     try:
         while not ranks.join():
             pass
-    finally:  # a failed rank's traceback file, which torch reads and leaves in the temporary directory
-        for traceback_file in ranks.error_files:
-            Path(traceback_file).unlink(missing_ok=True)
+    finally:
+        remove_traceback_files(ranks)
+
+
+def remove_traceback_files(ranks) -> None:
+    """The traceback files of failed ranks, which torch reads and leaves in the temporary directory."""
+    for traceback_file in ranks.error_files:
+        Path(traceback_file).unlink(missing_ok=True)
 
 
 def free_port() -> int:
@@ -645,6 +650,7 @@ def kill_forked_ranks_after_checkpoint(shards: Path, params: Path, out: Path, st
             os.kill(process.pid, signal.SIGKILL)
     for process in context.processes:
         process.join(30)
+    remove_traceback_files(context)  # a rank that saw its peer die first
     assert checkpoint_at_least(out, step) and rank_report(out).get("status") != "completed", \
         "the run ended, or never reached its checkpoint, before it could be killed"
 
