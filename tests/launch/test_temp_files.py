@@ -1,6 +1,7 @@
-"""A launch leaves nothing in the temporary directory: torchrun's agent makes a log directory there for every launch
-(torchelastic_*, never removed) unless told where; told one in the run directory, the runner removes it when the launch
-ends (launch/commands.py's TORCHRUN_LOGS)."""
+"""A run that completes leaves nothing in the temporary directory: torchrun's agent makes a log directory there for
+every launch (torchelastic_*, never removed) unless told where; told one in the run directory, the runner removes it
+when the launch ends (launch/commands.py's TORCHRUN_LOGS). A rank that fails still leaves torch's traceback file there
+(docs/development.md)."""
 
 from __future__ import annotations
 
