@@ -33,7 +33,12 @@ def scratch(prefix: str = "gpt2dist-bench-") -> Path:
     """A temporary directory that goes when the benchmark exits, instead of staying in /tmp after every run (a
     rank forked from the benchmark leaves it to its parent)."""
     directory, owner = Path(tempfile.mkdtemp(prefix=prefix)), os.getpid()
-    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(directory, ignore_errors=True))
+
+    def remove() -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    atexit.register(remove)
     return directory
 
 

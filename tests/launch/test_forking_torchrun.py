@@ -33,7 +33,8 @@ def test_ranks_start_with_the_agents_imports_frozen_and_the_agent_ends_without_s
         out = tmp_path / module
         out.mkdir()
         done = subprocess.run([sys.executable, "-c", AGENT, module, "--standalone", "--nproc-per-node=2",
-                               f"--log-dir={tmp_path / 'logs'}", *start, str(script), str(out)], capture_output=True, text=True, timeout=150, check=False)
+                               f"--log-dir={tmp_path / 'logs'}", *start, str(script), str(out)],
+                              capture_output=True, text=True, timeout=150, check=False)
         assert done.returncode == 0, done.stderr[-3000:]
         frozen[module] = [int((out / f"rank{rank}").read_text()) for rank in (0, 1)]
         said[module] = done.stdout
