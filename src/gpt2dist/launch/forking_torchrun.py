@@ -9,15 +9,30 @@ each rank as a fork of this process, which imported those modules once. Not for 
 forks ranks must not have touched CUDA, and a GPU run's launch is a small part of it.
 """
 
+import tempfile
+
 from gpt2dist.launch import lifetime
 
 with lifetime.importing_without_collection():
     import torch._dynamo  # noqa: F401  (imported once here, for every rank forked from this process)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
     from torch.distributed.run import main
 
     import gpt2dist.launch.worker  # noqa: F401
 
+
+def main_in_a_temporary_directory_of_its_own() -> None:
+    """torchrun's main, the temporary directory of this process and of the ranks it forks one that is removed when it
+    ends: torch's start_processes leaves there a traceback file for each rank that raises (one whose peer died
+    too), which it reads and never removes. Torch's compile cache, which is placed in the temporary directory when first
+    asked for, is placed now: it outlives runs."""
+    cache_dir()
+    with tempfile.TemporaryDirectory(prefix="gpt2dist-torchrun-", ignore_cleanup_errors=True) as scratch:
+        tempfile.tempdir = scratch
+        main()
+
+
 if __name__ == "__main__":
     # unloading torch here took 1.4 s after the ranks had ended, which the run waited for; a rank's failure raises
     # (torch's ChildFailedError), its traceback printed as torchrun prints it
-    lifetime.run_then_exit_now(main)
+    lifetime.run_then_exit_now(main_in_a_temporary_directory_of_its_own)
