@@ -19,7 +19,7 @@ from pathlib import Path
 from gpt2dist.config.memory import predict
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import STRATEGY_NAMES, RunSpec
-from gpt2dist.config.strategies import REFERENCE, check_run, describe
+from gpt2dist.config.strategies import check_run, describe, REFERENCE
 from gpt2dist.errors import OneLineArgumentParser, UsageError
 from gpt2dist.system.hardware import cuda_gpus
 

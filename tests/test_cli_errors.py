@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpt2dist.errors import OneLineArgumentParser, failure_line
-from gpt2dist.results.inputs import SUMMARY_KEYS
+from gpt2dist.inputs import SUMMARY_KEYS
 
 from conftest import REPO, gpt2dist
 

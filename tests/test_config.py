@@ -11,7 +11,7 @@ from gpt2dist.config import machine
 from gpt2dist.config.planning import check_plan_fits
 from gpt2dist.config.presets import EMULATED_BF16, load_params
 from gpt2dist.config.schema import InitWeights
-from gpt2dist.config.strategies import STRATEGIES, check_run, degrees_of
+from gpt2dist.config.strategies import check_run, degrees_of, STRATEGIES
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
 from gpt2dist.pipeline.jobs import caption_facts

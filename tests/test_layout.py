@@ -1,7 +1,7 @@
 """The package's layers: every module imports only its own subpackage or the layers below it.
 
-The order (top first): __main__ -> cli -> selftest -> launch, results -> training -> system -> data,
-pipeline -> config -> io, logs -> errors. Modules of one layer do not import each other's subpackages.
+The order (top first): __main__ -> cli -> selftest -> launch, results -> training -> forecast -> system -> data,
+pipeline -> config -> inputs -> io, logs -> errors. forecast (torch-free) never reads the study's results. Modules of one layer do not import each other's subpackages.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ LAYERS = [
     {"selftest"},
     {"launch", "results"},
     {"training"},
+    {"forecast"},
     {"system"},
     {"data", "pipeline"},
     {"config"},
+    {"inputs"},
     {"io", "logs", "__init__"},
     {"errors"},  # below io: a write that runs out of disk is one error line
 ]
@@ -108,8 +110,8 @@ def test_the_results_layer_and_refusals_do_not_import_torch():
     project-scaling read the shipped fit, so scipy's optimizer loads only where a fit is made (validate-published),
     half a second of each forecast's start before. The controls: the probe sees scipy where collect's statistics
     load it, and torch where a module of the training layer does."""
-    loaded = heavy_after_each("gpt2dist.results.bundle", "gpt2dist.results.forecast_words", "gpt2dist.results.collect",
-                              "gpt2dist.results.plots", "gpt2dist.results.report", "gpt2dist.results.recommend",
+    loaded = heavy_after_each("gpt2dist.results.bundle", "gpt2dist.forecast.words", "gpt2dist.results.collect",
+                              "gpt2dist.results.plots", "gpt2dist.results.report", "gpt2dist.forecast.recommend",
                               "gpt2dist.training.loop")
     assert loaded[0] == set(), f"importing the bundle module loads {loaded[0]}"
     assert loaded[1] == set(), f"importing the forecasts loads {loaded[1]}"

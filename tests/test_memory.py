@@ -15,11 +15,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpt2dist.config.memory import model_state, predict
+from gpt2dist.config.memory import busiest_rank, model_state, optimizer_partition, optimizer_shapes, predict
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import parameter_shapes
-from gpt2dist.config.strategies import STRATEGIES, describe
+from gpt2dist.config.strategies import STRATEGIES
 
 from conftest import REPO, assert_answer_or_one_error, run_record
 
@@ -81,18 +81,18 @@ def test_zero1s_busiest_rank_is_planned_and_rank_0_is_what_a_run_is_checked_agai
                        device="cuda", model=preset.model, train=preset.train)
 
     four, eight = spec(4), spec(8)
-    assert describe("zero1").busiest_rank(four) != 0
+    assert busiest_rank(four) != 0
     assert predict(four).optimizer > predict(four, busiest=False).optimizer == model_state(four)[2]
-    assert describe("zero1").busiest_rank(eight) == 0 and predict(eight) == predict(eight, busiest=False)
-    shares = describe("zero1").method.partition(four)
+    assert busiest_rank(eight) == 0 and predict(eight) == predict(eight, busiest=False)
+    shares = optimizer_partition(four)
     assert sorted(shape for share in shares for shape in share) == sorted(parameter_shapes(preset.model).values())
     # more ranks than tensors: each tensor to an empty rank of its own, the ranks past them holding nothing, counted
     # without a list per rank (recommend --gpus 99999999999 once filled 12 GB with them)
     huge, tensors = spec(10**11), len(parameter_shapes(preset.model))
-    shares = describe("zero1").method.partition(huge)
+    shares = optimizer_partition(huge)
     assert len(shares) == tensors and all(len(share) == 1 for share in shares)
-    assert shares == describe("zero1").method.partition(spec(tensors))
-    assert describe("zero1").optimizer_shapes(huge, rank=10**11 - 1) == [] and describe("zero1").busiest_rank(huge) == 0
+    assert shares == optimizer_partition(spec(tensors))
+    assert optimizer_shapes(huge, rank=10**11 - 1) == [] and busiest_rank(huge) == 0
 
 
 @pytest.mark.slow  # a start of the bench per example (it refuses before importing torch)

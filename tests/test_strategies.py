@@ -18,14 +18,17 @@ from gpt2dist.config.schema import (
     STRATEGY_NAMES,
     TrainConfig,
 )
-from gpt2dist.config.strategies import BAI, STRATEGIES, called
+from gpt2dist.config.methods import BAI
+from gpt2dist.config.strategies import called, STRATEGIES
 from gpt2dist.pipeline.imports import PACKAGE
 
 from conftest import REPO, gpt2dist
 
-# Where a strategy may be named: the list of names, the grammar of splits and their degrees (whose mesh dimensions
-# share tp's and pp's names), its description, its runtime class, and the runtime registry.
-HOMES = ("config/schema.py", "config/split.py", "config/degrees.py", "config/strategies.py", "training/strategies/")
+# Where a strategy may be named: the methods' records, the grammar of splits and its named points, and the modules
+# whose mesh dimensions share tp's and pp's names (degrees, the parameters a rank holds, the traffic by group, the
+# runtime's meshes)
+HOMES = ("config/methods.py", "config/split.py", "config/degrees.py", "config/geometry.py", "config/traffic.py",
+         "config/strategies.py", "training/strategies/")
 # The Horovod package (its version, its build), which shares the strategy's name
 PACKAGE_NAMES = {("system/environment.py", "horovod"), ("system/doctor.py", "horovod")}
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2dist.config.schema import PRECISIONS
-from gpt2dist.config.strategies import REFERENCE, describe
+from gpt2dist.config.strategies import describe, REFERENCE
 from gpt2dist.data.shards import write_shards
 from gpt2dist.errors import UsageError, failure_line
 from gpt2dist.io import atomic_write_json
@@ -164,7 +164,7 @@ def calibrate(study: Study, timeout_s: float = 600) -> Calibration:
 def micro_batch_steps(study: Study, precision: str, micro_batches: tuple[int, ...],
                       timeout_s: float = 600) -> dict[int, float]:
     """Single's step of the preset's model here at each micro-batch, one pass a step (its global batch the micro-
-    batch): what calibrates the GPU step model on this GPU (results.plan.calibrate_gpu)."""
+    batch): what calibrates the GPU step model on this GPU (forecast.plan.calibrate_gpu)."""
     with tempfile.TemporaryDirectory(prefix="gpt2dist-calibrate-", ignore_cleanup_errors=True) as tmp:
         shards = write_random_shards(Path(tmp) / "shards", study, max(micro_batches), CALIBRATION_STEPS)
         return {rows: timed_step(study, shards, precision, Path(tmp) / f"{precision}-{rows}", timeout_s,

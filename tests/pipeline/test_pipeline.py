@@ -15,7 +15,7 @@ import pytest
 import yaml
 from matplotlib.collections import PathCollection
 
-from gpt2dist.results.inputs import SUMMARY_KEYS
+from gpt2dist.inputs import SUMMARY_KEYS
 from gpt2dist.training.ledger import KEPT, read_trace
 
 from reduced_study import REPO, assert_same_training_numbers, copy_workflow, run

@@ -12,11 +12,11 @@ from gpt2dist.config.schema import StudyConfig
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.run import parse_run_id
 from gpt2dist.pipeline.study import plan_study
-from gpt2dist.results import collect
-from gpt2dist.results.collect import SUMMARISED, baseline_of, summarise
+from gpt2dist.results import per_run
+from gpt2dist.results.summarise import SUMMARISED, baseline_of, in_study_order, summarise
 from gpt2dist.results.disturbance import conditions_of, disturbance, foreign_share_while_steady, outliers
 from gpt2dist.results.findings import CONTRADICTED, NOISE, SUPPORTED, UNTESTABLE, check_claims
-from gpt2dist.results.link_model import predicted_vs_measured
+from gpt2dist.forecast.link_model import predicted_vs_measured
 from gpt2dist.config.presets import load_params
 from gpt2dist.results.statistics import log_interval, paired_ratio, ratio_text, verdict
 
@@ -94,25 +94,25 @@ def test_across_a_clusters_nodes_speedup_is_over_one_node_and_efficiency_per_nod
 
 def test_runs_from_different_hardware_are_not_compared_unless_asked():
     runs = runs_table({"single-fp32-n1": [100.0, 100.0], "ddp-fp32-n2": [190.0, 190.0]})
-    collect.refuse_mixed_hardware(runs)  # one kind of machine: nothing to say
+    per_run.refuse_mixed_hardware(runs)  # one kind of machine: nothing to say
     mixed = runs.assign(hardware=["NVIDIA H100 80GB HBM3 (NVLink)", "NVIDIA H100 80GB HBM3 (NVLink)",
                                   "NVIDIA A100-SXM4-80GB (NVLink)", "NVIDIA H100 80GB HBM3 (NVLink)"])
     with pytest.raises(UsageError, match=r"different hardware \(NVIDIA A100-SXM4-80GB \(NVLink\): ddp-fp32-n2-r0; "
                                          r"NVIDIA H100 80GB HBM3 \(NVLink\): .*--mixed-hardware"):
-        collect.refuse_mixed_hardware(mixed)
+        per_run.refuse_mixed_hardware(mixed)
 
 
 def test_hardware_is_the_device_model_and_how_gpus_are_linked():
     cpu = {"devices": {"cpu": "AMD EPYC 7B13", "gpus": []}}
-    assert collect.hardware_of(cpu) == "AMD EPYC 7B13"
+    assert per_run.hardware_of(cpu) == "AMD EPYC 7B13"
     topology = "\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X \n"
     h100 = {"devices": {"cpu": "x", "gpus": ["NVIDIA H100 80GB HBM3"] * 2, "topology": topology}}
-    assert collect.hardware_of(h100) == "NVIDIA H100 80GB HBM3 (NVLink)"
+    assert per_run.hardware_of(h100) == "NVIDIA H100 80GB HBM3 (NVLink)"
     pcie = {"devices": {**h100["devices"], "topology": topology.replace("NV18", "PIX")}}
-    assert collect.hardware_of(pcie) == "NVIDIA H100 80GB HBM3 (PCIe)"
+    assert per_run.hardware_of(pcie) == "NVIDIA H100 80GB HBM3 (PCIe)"
     # every node's devices count, not only rank 0's
     two = {**h100, "node_hardware": [{"devices": {"NVIDIA H100 80GB HBM3": 4}}, {"devices": {"NVIDIA H200": 4}}]}
-    assert collect.hardware_of(two) == "NVIDIA H100 80GB HBM3 + NVIDIA H200 (NVLink)"
+    assert per_run.hardware_of(two) == "NVIDIA H100 80GB HBM3 + NVIDIA H200 (NVLink)"
 
 
 def test_summary_says_when_there_is_no_baseline(study):
@@ -325,20 +325,20 @@ def test_a_cpu_label_without_the_cpu_identity_says_what_was_recorded():
     devices = {"cpu": "AMD EPYC 7B13", "cpu_cores": 2, "gpus": [], "cpu_bf16": "emulated"}
     bf16 = {"a": {"devices": devices, "precision": "fp32"}, "b": {"devices": devices, "precision": "bf16"}}
     missing = "family, model and flags not recorded"
-    assert collect.hardware_label(bf16) == (f"AMD EPYC 7B13 (bf16 emulated; 2 cores; {missing})", None)
+    assert per_run.hardware_label(bf16) == (f"AMD EPYC 7B13 (bf16 emulated; 2 cores; {missing})", None)
     native = {k: v | {"devices": devices | {"cpu_bf16": "native"}} for k, v in bf16.items()}
-    assert collect.hardware_label(native) == (f"AMD EPYC 7B13 (bf16 in hardware; 2 cores; {missing})", None)
+    assert per_run.hardware_label(native) == (f"AMD EPYC 7B13 (bf16 in hardware; 2 cores; {missing})", None)
     old = {k: v | {"devices": {k2: v2 for k2, v2 in devices.items() if k2 != "cpu_bf16"}} for k, v in bf16.items()}
-    assert collect.hardware_label(old) == (f"AMD EPYC 7B13 (2 cores; {missing})", None)  # before that field too
+    assert per_run.hardware_label(old) == (f"AMD EPYC 7B13 (2 cores; {missing})", None)  # before that field too
 
 
 def test_a_cpu_label_says_when_its_bf16_rows_ran_emulated():
     identity = {"family": "25", "model": "1", "stepping": "1", "mhz": 2445, "speed_flags": ["AVX2"]}
     devices = {"cpu": "AMD EPYC", "cpu_cores": 2, "gpus": [], "cpu_bf16": "emulated", "cpu_identity": identity}
     bf16 = {"a": {"devices": devices, "precision": "fp32"}, "b": {"devices": devices, "precision": "bf16"}}
-    assert collect.hardware_label(bf16)[0].endswith("; 2 cores at 2.4 GHz, bf16 emulated)")
+    assert per_run.hardware_label(bf16)[0].endswith("; 2 cores at 2.4 GHz, bf16 emulated)")
     fp32_only = {"a": bf16["a"]}  # control: no bf16 row, nothing to warn about
-    assert collect.hardware_label(fp32_only)[0].endswith("; 2 cores at 2.4 GHz)")
+    assert per_run.hardware_label(fp32_only)[0].endswith("; 2 cores at 2.4 GHz)")
 
 
 def test_the_label_tells_two_machines_of_one_name_apart():
@@ -346,15 +346,15 @@ def test_the_label_tells_two_machines_of_one_name_apart():
     avx2 = {"cpu": "AMD EPYC", "cpu_cores": 2, "gpus": [], "cpu_bf16": "emulated", "cpu_identity": identity}
     bf16 = avx2 | {"cpu_bf16": "native", "cpu_identity": identity | {"model": "17", "speed_flags": [
         "AVX2", "AVX-512", "AVX512-BF16"]}}
-    label = collect.hardware_label({"a": {"devices": avx2, "precision": "bf16"}})[0]
+    label = per_run.hardware_label({"a": {"devices": avx2, "precision": "bf16"}})[0]
     assert label == "AMD EPYC (family 25 model 1, AVX2 only; 2 cores at 2.4 GHz, bf16 emulated)"
-    assert collect.hardware_label({"a": {"devices": bf16, "precision": "bf16"}})[0] == (
+    assert per_run.hardware_label({"a": {"devices": bf16, "precision": "bf16"}})[0] == (
         "AMD EPYC (family 25 model 17, AVX2 + AVX-512 + AVX512-BF16; 2 cores at 2.4 GHz)")
     # and runs from the two are refused as mixed hardware, which their model names alone would not show
-    assert collect.hardware_of({"devices": avx2}) != collect.hardware_of({"devices": bf16})
+    assert per_run.hardware_of({"devices": avx2}) != per_run.hardware_of({"devices": bf16})
     gpu = {"cpu": "x", "gpus": ["NVIDIA H200"], "gpu_memory_gib": [140], "driver": "580.159.04",
            "power_limit_w": 700.0, "topology": "\tGPU0\nGPU0\t X \n"}
-    assert collect.hardware_label({"a": {"devices": gpu}}) == (
+    assert per_run.hardware_label({"a": {"devices": gpu}}) == (
         "1x NVIDIA H200 (140 GiB, driver 580.159.04, 700 W limit, PCIe)", "NVIDIA H200")
 
 
@@ -408,7 +408,7 @@ def test_gpt2s_four_sizes_keep_the_studys_order_in_the_summary_the_figures_and_t
     figure = ranked(summary, "tokens_per_s", ascending=False)
     assert list(dict.fromkeys(figure["placement"].str.split(",").str[0])) == [f"GPT-2 {size}" for size in study.sizes]
     # the control: a study that names its sizes in another order lists them in that order
-    reordered = collect.in_study_order(summary, ["xl", "small", "large", "medium"])
+    reordered = in_study_order(summary, ["xl", "small", "large", "medium"])
     assert list(dict.fromkeys(reordered["size"])) == ["xl", "small", "large", "medium"]
     # and without the plan's order, the runs' name order is what a summary would have shown
-    assert list(dict.fromkeys(collect.in_study_order(runs)["size"])) == ["large", "medium", "small", "xl"]
+    assert list(dict.fromkeys(in_study_order(runs)["size"])) == ["large", "medium", "small", "xl"]

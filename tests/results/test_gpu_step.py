@@ -1,5 +1,5 @@
-"""The GPU step model (results/gpu_step.py): each operation at its roofline, launches and the host's dispatch, the
-program's own kernels (results/implementations.py), a tensor-parallel split's work; and every implementation named
+"""The GPU step model (forecast/gpu_step.py): each operation at its roofline, launches and the host's dispatch, the
+program's own kernels (forecast/implementations.py), a tensor-parallel split's work; and every implementation named
 by the published table it is held to."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import RunSpec
-from gpt2dist.results.gpu_step import Constants, step_work
-from gpt2dist.results.implementations import ENGINE_NAME, PUBLISHED, engine_implementation
-from gpt2dist.results.published import read_table
+from gpt2dist.forecast.gpu_step import Constants, step_work
+from gpt2dist.forecast.implementations import ENGINE_NAME, PUBLISHED, engine_implementation
+from gpt2dist.forecast.published import read_table
 from gpt2dist.system.links import links_of
 
 from conftest import REPO

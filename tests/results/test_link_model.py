@@ -13,7 +13,7 @@ from conftest import REPO
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.sizes import parameter_count
 from gpt2dist.errors import UsageError
-from gpt2dist.results.link_model import predicted_vs_measured, projection
+from gpt2dist.forecast.link_model import predicted_vs_measured, projection
 from gpt2dist.system.hardware import peak_flops
 from gpt2dist.system.links import Links, links_of
 

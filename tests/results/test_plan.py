@@ -113,7 +113,7 @@ def test_the_studys_duration_counts_a_launch_per_run_and_selftest_beside_its_ste
     """What the GPU campaign sizes its one-call study by (tests/containers/test_gpu_campaign.py): gpu-1gpu has no
     selftest jobs, so a launch per run; paper's selftests add theirs, three for one that kills and resumes."""
     from gpt2dist.pipeline.study import pipeline_resume_cases, plan_study, selftested
-    from gpt2dist.results.plan import GPU_LAUNCH_S, STUDY_FIXED_S, plan, study_seconds
+    from gpt2dist.forecast.plan import GPU_LAUNCH_S, STUDY_FIXED_S, plan, study_seconds
     from gpt2dist.system.links import links_of
 
     for preset, gpus in (("gpu-1gpu", 1), ("paper", 8)):
@@ -212,10 +212,12 @@ def test_an_interleaved_pipeline_waits_a_smaller_bubble_and_holds_more_activatio
     rank keeps 3/8 more activations (1 + (4 - 1) / (4 x 2)), and traffic grows with the boundaries each rank sends
     across. The control: the 1F1B plan of the same run."""
     from gpt2dist.config.memory import predict
-    from gpt2dist.config.strategies import check_run, rank_blocks, traffic
+    from gpt2dist.config.geometry import rank_blocks
+    from gpt2dist.config.strategies import check_run
+    from gpt2dist.config.traffic import traffic
     from gpt2dist.pipeline.run import Run
     from gpt2dist.pipeline.study import plan_study, planned_spec
-    from gpt2dist.results.plan import gpu_step_seconds
+    from gpt2dist.forecast.plan import gpu_step_seconds
     from gpt2dist.system.links import links_of
 
     study = plan_study(load_params(REPO / "params.yaml"), "paper", 8)
@@ -250,11 +252,11 @@ def test_on_gpus_traffic_sent_under_backward_costs_only_what_backward_cannot_cov
     (the share of the step backward takes, at the link's fitted rate); through host memory none of it hides. The
     controls: DataParallel sends between computations, every byte on the step's path; accumulation leaves only the
     last micro-step's backward to hide under."""
-    from gpt2dist.config.strategies import overlap
-    from gpt2dist.results.gpu_step import step_work
-    from gpt2dist.results.implementations import engine_implementation
-    from gpt2dist.results.plan import gpu_step_terms
-    from gpt2dist.results.published import shipped_constants
+    from gpt2dist.config.traffic import overlap
+    from gpt2dist.forecast.gpu_step import step_work
+    from gpt2dist.forecast.implementations import engine_implementation
+    from gpt2dist.forecast.plan import gpu_step_terms
+    from gpt2dist.forecast.published import shipped_constants
     from gpt2dist.system.links import Links
 
     ddp, dp, constants = _spec("ddp"), _spec("dp"), shipped_constants()
@@ -276,7 +278,7 @@ def test_on_gpus_traffic_sent_under_backward_costs_only_what_backward_cannot_cov
 
 
 def test_on_cpus_nothing_is_hidden():
-    from gpt2dist.results.prediction import predicted_step_time
+    from gpt2dist.forecast.prediction import predicted_step_time
 
     spec = _spec("ddp", 2)
     row = {"strategy": "ddp", "nproc": 2, "nodes": 1, "comm_bytes_per_step": 4e9, "busbw_gb_s": 1.0,
@@ -310,7 +312,7 @@ def test_a_calibration_timed_on_one_gpu_corrects_the_plans_computation(tmp_path)
 
     from gpt2dist.io import atomic_write_json
     from gpt2dist.pipeline.study import plan_study
-    from gpt2dist.results.plan import CALIBRATION_KEY, calibrate_gpu
+    from gpt2dist.forecast.plan import CALIBRATION_KEY, calibrate_gpu
     from gpt2dist.selftest import micro_batch_steps
 
     study = plan_study(load_params(REPO / "params.yaml"), "cpu", 2)

@@ -1,4 +1,4 @@
-"""Predictions beside the measurements that check them (results.prediction): the step-time model by hand,
+"""Predictions beside the measurements that check them (forecast.prediction): the step-time model by hand,
 and the reference studies' summaries carrying both predictions with errors recomputed from their bundles."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import TrainConfig
-from gpt2dist.results.prediction import STEP_TARGET, predicted_step_time, prediction_errors, with_predictions
+from gpt2dist.forecast.prediction import STEP_TARGET, predicted_step_time, prediction_errors, with_predictions
 from gpt2dist.results.report import prediction_markdown
 
 from conftest import REPO, TINY_PRESET

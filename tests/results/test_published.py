@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from conftest import gpt2dist
 
-from gpt2dist.results.gpu_step import Constants
-from gpt2dist.results.published import (BOUNDS, COLUMNS, FIT, TABLE, pairs, predictions, read_table, row_spec,
+from gpt2dist.forecast.gpu_step import Constants
+from gpt2dist.forecast.published import (BOUNDS, COLUMNS, FIT, TABLE, pairs, predictions, read_table, row_spec,
                                         row_works, validation)
 
 
@@ -80,7 +80,7 @@ def test_no_source_tunes_its_own_prediction(validated):
 def test_the_fitted_constants_are_physical_and_the_shipped_fit_is_the_tables(validated):
     """Every fit keeps each constant in its physical range (BOUNDS); gpu_fit.json, which plan and recommend read, is
     the fit of the shipped table and its out-of-source error, not a number edited by hand (rewrite it with
-    `gpt2dist validate-published --write-fit src/gpt2dist/results/gpu_fit.json`)."""
+    `gpt2dist validate-published --write-fit src/gpt2dist/forecast/gpu_fit.json`)."""
     _, _, summary = validated
     for constants in [summary["constants"], *summary["without_source"].values()]:
         assert set(constants) == set(Constants.NAMES)

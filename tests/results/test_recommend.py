@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from gpt2dist.config.presets import load_params
-from gpt2dist.results.recommend import Stored, leave_one_out, read_stored, recommend, verdict_line
+from gpt2dist.forecast.recommend import Stored, leave_one_out, read_stored, recommend, verdict_line
 from gpt2dist.system.links import links_of
 
 from conftest import REPO, gpt2dist
@@ -104,7 +104,7 @@ def test_the_intervals_are_the_out_of_source_error_on_published_gpu_runs():
     """The hours' intervals are the GPU step model's 5th to 95th percentile error on the published runs, out of
     source (gpu_fit.json), and the recommendation quotes it; the CPU reference studies correct nothing on GPUs.
     The control: with --mfu the intervals are the constant-MFU model's error on the same runs, wider."""
-    from gpt2dist.results.published import FIT, read_table, validation
+    from gpt2dist.forecast.published import FIT, read_table, validation
 
     _, preset = load_params(REPO / "params.yaml").preset("paper", cuda=True)
     shipped = json.loads(FIT.read_text())

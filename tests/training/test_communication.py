@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from gpt2dist.config.schema import ModelConfig, RunSpec, TrainConfig
 from gpt2dist.config.sizes import parameter_count, split_parameter_count
-from gpt2dist.config.strategies import traffic
+from gpt2dist.config.traffic import traffic
 from gpt2dist.training.model import TokenLoss, build_model, lm_loss
 from gpt2dist.training.strategies.tensor_parallel import shard_blocks
 

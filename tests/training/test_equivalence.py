@@ -19,7 +19,7 @@ from gpt2dist.training.batches import BatchSampler
 from gpt2dist.training.loop import Trainer
 from gpt2dist.launch.commands import horovodrun_bin
 from gpt2dist.training.strategies.ddp import DDP
-from gpt2dist.training.strategies.fsdp import FSDP
+from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
 from conftest import (REPO, as_torchrun_rank, assert_same_losses, final_params, free_port, gpt2dist, read_metrics,
                       run_record, start_ranks, train_args)
@@ -138,7 +138,7 @@ def sum_fsdp_gradients(model) -> None:
             module.set_gradient_divide_factor(1.0)
 
 
-class SummingFSDP(FSDP):
+class SummingFSDP(TorchDistributed):
     def prepare(self, model, make_optimizer, precision):
         wrapped, optimizer = super().prepare(model, make_optimizer, precision)
         sum_fsdp_gradients(wrapped)
@@ -189,11 +189,11 @@ def _rank_with_fault(rank: int, spec_json: str, port: int, strategy_class, injec
         strategy.teardown()
 
 
-def train_with_fault(strategy_class, shards, params_file, out, inject=None, precision: str = "fp32",
-                     overrides: list[str] | None = None, nproc: int = 2, strategy: str | None = None) -> None:
-    """Train strategy_class (a faulty subclass, or one `inject` breaks) on `nproc` ranks (as many GPUs
-    where CUDA is visible), as `strategy` (default: the class's data-parallel method, ddp or fsdp)."""
-    spec = build_spec(data=shards, out=out, strategy=strategy or strategy_class.name, precision=precision, nproc=nproc,
+def train_with_fault(strategy: str, strategy_class, shards, params_file, out, inject=None, precision: str = "fp32",
+                     overrides: list[str] | None = None, nproc: int = 2) -> None:
+    """Train `strategy` with strategy_class (a faulty subclass of its engine, or the engine `inject` breaks) on
+    `nproc` ranks (as many GPUs where CUDA is visible)."""
+    spec = build_spec(data=shards, out=out, strategy=strategy, precision=precision, nproc=nproc,
                       params=load_params(params_file), preset=None, overrides=overrides or [])
     start_ranks(_rank_with_fault, spec.model_dump_json(), free_port(), strategy_class, inject, nprocs=nproc)
 
@@ -204,10 +204,10 @@ def _every_rank_reads_rank_0s_rows() -> None:
 
 
 FAULTS = {
-    "summed-gradients": lambda shards, params, out: train_with_fault(SummingDDP, shards, params, out),
-    "same-data": lambda shards, params, out: train_with_fault(DDP, shards, params, out,
+    "summed-gradients": lambda shards, params, out: train_with_fault("ddp", SummingDDP, shards, params, out),
+    "same-data": lambda shards, params, out: train_with_fault("ddp", DDP, shards, params, out,
                                                               inject=_every_rank_reads_rank_0s_rows),
-    "fsdp-summed-gradients": lambda shards, params, out: train_with_fault(SummingFSDP, shards, params, out),
+    "fsdp-summed-gradients": lambda shards, params, out: train_with_fault("fsdp", SummingFSDP, shards, params, out),
     "horovod-summed-gradients": train_horovod_with_summed_gradients,
 }
 
@@ -254,6 +254,6 @@ def test_comparison_catches_injected_fault(fault, reference, shards, params_file
 def test_reduced_precision_tolerance_catches_summed_gradients(single_in, shards, params_file, tmp_path):
     """The measured bf16 tolerance is loose enough for rounding (the mixed-precision tests) and tight
     enough that summed gradients in bf16 fall outside it."""
-    train_with_fault(SummingDDP, shards, params_file, tmp_path, precision="bf16")
+    train_with_fault("ddp", SummingDDP, shards, params_file, tmp_path, precision="bf16")
     with pytest.raises(AssertionError, match="run vs single"):
         assert_follows_in_precision(single_in("fp32"), single_in("bf16"), tmp_path)

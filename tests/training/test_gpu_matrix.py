@@ -134,7 +134,7 @@ def test_two_gpus_follow_single_in_fp32(strategy, gpu_reference, shards, params_
 def test_summed_gradients_fail_on_gpus(gpu_reference, shards, params_file, tmp_path):
     """GPU_RTOL's negative control: ddp that sums its ranks' gradients over NCCL falls outside it, by exactly the
     doubled step-0 gradient norm that summing makes."""
-    train_with_fault(SummingDDP, shards, params_file, tmp_path, overrides=["train.micro_batch_size=1"])
+    train_with_fault("ddp", SummingDDP, shards, params_file, tmp_path, overrides=["train.micro_batch_size=1"])
     assert_summed_gradients(gpu_reference, tmp_path, rtol=GPU_RTOL, ratio_rtol=GPU_RTOL)
 
 
@@ -194,7 +194,7 @@ def test_dp_with_its_devices_gradients_summed_fails_on_gpus(gpu_reference, shard
 @pytest.mark.skipif(importlib.util.find_spec("apex") is None, reason="needs NVIDIA Apex (the container image)")
 def test_apex_ddp_with_summed_gradients_fails_on_gpus(gpu_reference, shards, params_file, tmp_path):
     """apex-ddp's control: Apex's own switch for not averaging (gradient_average=False) falls outside GPU_RTOL."""
-    train_with_fault(REGISTRY["apex-ddp"], shards, params_file, tmp_path, inject=_apex_ddp_summing,
+    train_with_fault("apex-ddp", REGISTRY["apex-ddp"], shards, params_file, tmp_path, inject=_apex_ddp_summing,
                      overrides=["train.micro_batch_size=1"])
     assert_summed_gradients(gpu_reference, tmp_path, rtol=GPU_RTOL, ratio_rtol=GPU_RTOL)
 

@@ -11,8 +11,8 @@ import torch
 from test_equivalence import assert_follows_in_precision, assert_follows_reference, train_with_fault
 from gpt2dist.config.memory import predict
 from gpt2dist.config.schema import RunSpec
-from gpt2dist.config.strategies import rank_blocks, stage_blocks
-from gpt2dist.training.strategies.torch_distributed import OneReplica
+from gpt2dist.config.geometry import rank_blocks, stage_blocks
+from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
 from conftest import (RESUME_EXTRA, RESUME_STEPS, assert_resumed_exactly, gpt2dist, kill_after_checkpoint, kill_point,
                       read_metrics, run_record, train_args, train_in_forked_ranks)
@@ -81,7 +81,7 @@ def test_bf16_pipeline_follows_single_in_bf16(single_in, trained):
     assert all(0 < line["val_loss"] < 10 for line in read_metrics(run, "eval"))
 
 
-class UntiedPipeline(OneReplica):
+class UntiedPipeline(TorchDistributed):
     """The embedding and head copies never sum their gradients: each stage trains its own copy."""
 
     def prepare(self, model, make_optimizer, precision):
@@ -92,7 +92,7 @@ class UntiedPipeline(OneReplica):
 
 @pytest.mark.timeout(300)
 def test_comparison_catches_an_untied_embedding(reference, shards, params_file, tmp_path):
-    train_with_fault(UntiedPipeline, shards, params_file, tmp_path, strategy="pp")
+    train_with_fault("pp", UntiedPipeline, shards, params_file, tmp_path)
     with pytest.raises(AssertionError):
         assert_follows_reference(reference, tmp_path)
     # the first step starts from equal copies; the second already sees them apart
@@ -148,7 +148,7 @@ def test_interleaved_schedules_follow_single_process(schedule, nproc, deeper_sin
 def test_comparison_catches_an_untied_embedding_under_zero_bubble(deeper_single, shards, params_file, tmp_path):
     """The control for the interleaved schedules: the same untied-embedding fault, under zero-bubble's split
     backward, leaves the curve from the second step."""
-    train_with_fault(UntiedPipeline, shards, params_file, tmp_path, strategy="pp",
+    train_with_fault("pp", UntiedPipeline, shards, params_file, tmp_path,
                      overrides=["model.n_layer=4", "train.pipeline_schedule=zero-bubble"])
     ours, theirs = read_metrics(tmp_path), read_metrics(deeper_single(4))
     assert ours[0]["loss"] == pytest.approx(theirs[0]["loss"], rel=1e-6)

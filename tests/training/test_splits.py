@@ -17,9 +17,9 @@ from gpt2dist.config.memory import model_state
 from gpt2dist.config.presets import load_params
 from gpt2dist.config.schema import RunSpec, TrainConfig
 from gpt2dist.config.split import NAMED, composed_name, parse_split
-from gpt2dist.config.strategies import STRATEGIES, check_run, describe
+from gpt2dist.config.strategies import check_run, describe, STRATEGIES
 from gpt2dist.errors import UsageError
-from gpt2dist.training.strategies.ddp import DDP
+from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
 from conftest import REPO, TINY_PRESET, gpt2dist, read_metrics, run_record, train_args
 
@@ -62,7 +62,7 @@ def test_the_layout_runs_pp_outermost_and_tp_innermost():
     assert degrees.rows_per_pass == 4 and degrees.pipeline_micro_batches == 2 and degrees.grad_accum_steps == 1
 
 
-class TransposedMesh(DDP):
+class TransposedMesh(TorchDistributed):
     """A mesh laid out tp outermost: tensor-parallel groups of ranks two apart, which read different rows."""
 
     checked = True
@@ -87,9 +87,9 @@ def test_a_transposed_mesh_is_refused_and_would_leave_the_curve(reference, shard
     equivalence test: the same transposed mesh unchecked already leaves single's curve at its first step, beyond the
     tolerance each step of that test is held to (two steps here: the first is what decides)."""
     with pytest.raises(Exception, match=r"the device mesh's tp group \[\d, \d\] is not config.degrees' \[\d, \d\]"):
-        train_with_fault(TransposedMesh, shards, params_file, tmp_path / "checked", nproc=4, strategy="ddp-tp2")
-    train_with_fault(UncheckedTransposedMesh, shards, params_file, tmp_path / "unchecked", nproc=4,
-                     strategy="ddp-tp2", overrides=["train.max_steps=2"])
+        train_with_fault("ddp-tp2", TransposedMesh, shards, params_file, tmp_path / "checked", nproc=4)
+    train_with_fault("ddp-tp2", UncheckedTransposedMesh, shards, params_file, tmp_path / "unchecked", nproc=4,
+                     overrides=["train.max_steps=2"])
     first, theirs = read_metrics(tmp_path / "unchecked")[0]["loss"], read_metrics(reference)[0]["loss"]
     assert abs(first / theirs - 1) > RTOL, (first, theirs)
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_equivalence import RTOL, assert_follows_reference, sum_fsdp_gradients, train_with_fault
+from test_equivalence import RTOL, SummingFSDP, assert_follows_reference, train_with_fault
 from torch.distributed.tensor import Partial
 from torch.distributed.tensor.parallel import RowwiseParallel
 
 from gpt2dist.training.strategies import tensor_parallel
-from gpt2dist.training.strategies.fsdp import FSDP
 from gpt2dist.training.strategies.tensor_parallel import qkv_order
-from gpt2dist.training.strategies.torch_distributed import OneReplica
+from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
 from conftest import gpt2dist, read_metrics, run_record, train_args
 
@@ -76,7 +75,7 @@ def _split_fused_qkv_as_is() -> None:
 @pytest.mark.parametrize("fault", ["dropped-shard", "fused-qkv-split-as-is"])
 def test_comparison_catches_a_broken_split(fault, reference, shards, params_file, tmp_path):
     inject = {"dropped-shard": _leave_row_parallel_sums_unreduced, "fused-qkv-split-as-is": _split_fused_qkv_as_is}
-    train_with_fault(OneReplica, shards, params_file, tmp_path, inject=inject[fault], strategy="tp")
+    train_with_fault("tp", TorchDistributed, shards, params_file, tmp_path, inject=inject[fault])
     with pytest.raises(AssertionError):
         assert_follows_reference(reference, tmp_path)
     # from the first step on: at the initial weights attention is nearly uniform, so the loss moves only a
@@ -84,19 +83,11 @@ def test_comparison_catches_a_broken_split(fault, reference, shards, params_file
     assert read_metrics(tmp_path)[0]["loss"] != pytest.approx(read_metrics(reference)[0]["loss"], rel=RTOL)
 
 
-class SummingFSDPTensorParallel(FSDP):
-    """fsdp-tp whose FSDP reduce-scatter over the replicas sums instead of averaging."""
-
-    def prepare(self, model, make_optimizer, precision):
-        wrapped, optimizer = super().prepare(model, make_optimizer, precision)
-        sum_fsdp_gradients(wrapped)
-        return wrapped, optimizer
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_comparison_catches_fsdp_tp_summing_over_its_replicas(reference, shards, params_file, tmp_path):
-    train_with_fault(SummingFSDPTensorParallel, shards, params_file, tmp_path, nproc=4, strategy="fsdp-tp")
+    # fsdp-tp whose FSDP reduce-scatter over the replicas sums instead of averaging
+    train_with_fault("fsdp-tp", SummingFSDP, shards, params_file, tmp_path, nproc=4)
     with pytest.raises(AssertionError):
         assert_follows_reference(reference, tmp_path)
     # the same weights at step 0, the gradient of 2 replicas summed: exactly twice the averaged norm

@@ -11,11 +11,10 @@ the ranks that add them make; ZeRO-1 without its parameter broadcast leaves it t
 from __future__ import annotations
 
 import pytest
-from test_equivalence import _sum_hook, assert_follows_reference, sum_fsdp_gradients, train_with_fault
+from test_equivalence import SummingDDP, SummingFSDP, assert_follows_reference, train_with_fault
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from gpt2dist.training.strategies.fsdp import HSDP, ZeRO2
-from gpt2dist.training.strategies.zero import ZeRO1
+from gpt2dist.training.strategies.ddp import DDP
 
 from conftest import assert_same_losses, read_metrics, run_record
 
@@ -59,36 +58,15 @@ def test_each_follows_single_process(strategy, extra, nproc, reference, trained)
         assert wrapping["mesh"] == {"dp_replicate": nproc // shard, "dp_shard": shard}
 
 
-class SummingHSDP(HSDP):
-    def prepare(self, model, make_optimizer, precision):
-        wrapped, optimizer = super().prepare(model, make_optimizer, precision)
-        sum_fsdp_gradients(wrapped)
-        return wrapped, optimizer
-
-
-class SummingZeRO2(ZeRO2):
-    def prepare(self, model, make_optimizer, precision):
-        wrapped, optimizer = super().prepare(model, make_optimizer, precision)
-        sum_fsdp_gradients(wrapped)
-        return wrapped, optimizer
-
-
-class SummingZeRO1(ZeRO1):
-    def prepare(self, model, make_optimizer, precision):
-        wrapped, optimizer = super().prepare(model, make_optimizer, precision)
-        wrapped.register_comm_hook(None, _sum_hook)
-        return wrapped, optimizer
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("faulty, nproc", [(SummingZeRO1, 2), (SummingZeRO2, 2), (SummingHSDP, 4)],
-                         ids=["zero1-n2", "zero2-n2", "hsdp-n4"])
-def test_summed_gradients_leave_the_curve_by_the_ranks_that_add_them(faulty, nproc, reference, shards, params_file,
-                                                                      tmp_path):
+@pytest.mark.parametrize("strategy, faulty, nproc", [("zero1", SummingDDP, 2), ("zero2", SummingFSDP, 2),
+                                                     ("hsdp", SummingFSDP, 4)], ids=["zero1-n2", "zero2-n2", "hsdp-n4"])
+def test_summed_gradients_leave_the_curve_by_the_ranks_that_add_them(strategy, faulty, nproc, reference, shards,
+                                                                      params_file, tmp_path):
     """The control: every rank's gradient added, not averaged, over the shard group and the replicas
     (HSDP's reduce-scatter and all-reduce both), makes step 0's gradient norm nproc times single's."""
-    train_with_fault(faulty, shards, params_file, tmp_path, nproc=nproc)
+    train_with_fault(strategy, faulty, shards, params_file, tmp_path, nproc=nproc)
     first_ref, first_run = read_metrics(reference)[0], read_metrics(tmp_path)[0]
     assert first_run["grad_norm"] / first_ref["grad_norm"] == pytest.approx(nproc, rel=1e-4)
     with pytest.raises(AssertionError):
@@ -104,7 +82,7 @@ def _no_parameter_broadcast() -> None:
 def test_zero1_without_its_broadcast_leaves_the_curve(reference, shards, params_file, tmp_path):
     """The control of ZeRO-1's own step: a rank that steps only its partition and never receives the others'
     trains half a model; the first step agrees (same weights), the second no longer does."""
-    train_with_fault(ZeRO1, shards, params_file, tmp_path, inject=_no_parameter_broadcast)
+    train_with_fault("zero1", DDP, shards, params_file, tmp_path, inject=_no_parameter_broadcast)
     ref, run = read_metrics(reference), read_metrics(tmp_path)
     assert run[0]["loss"] == pytest.approx(ref[0]["loss"], rel=1e-6)
     assert run[1]["loss"] != pytest.approx(ref[1]["loss"], rel=1e-4)

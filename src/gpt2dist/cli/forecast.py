@@ -33,7 +33,7 @@ def _model_sizes(text: str | None) -> list[str]:
 def calibrated(path: Path | None, gpu: str, mfu: float | None) -> dict | None:
     """--calibration's GPU calibrations by precision, none without it; it corrects the GPU step model, which --mfu
     replaces."""
-    from gpt2dist.results.plan import read_calibration
+    from gpt2dist.forecast.plan import read_calibration
 
     if path is None:
         return None
@@ -71,9 +71,9 @@ def plan(
     """Before running: each configuration's predicted memory per rank and step time, the study's duration, and
     what will not fit a GPU's memory (at GPT-2's larger sizes too, with --sizes)."""
     from gpt2dist.io import atomic_open
-    from gpt2dist.results.plan import plan as plan_table
-    from gpt2dist.results.plan import study_seconds
-    from gpt2dist.results.forecast_words import plan_report
+    from gpt2dist.forecast.plan import plan as plan_table
+    from gpt2dist.forecast.plan import study_seconds
+    from gpt2dist.forecast.words import plan_report
     from gpt2dist.system.links import links_of
 
     if output_format not in ("table", "csv", "json"):
@@ -139,8 +139,8 @@ def recommend(
     from the step-time model's leave-one-out error on stored studies, and what it extrapolates beyond."""
     from gpt2dist.config.presets import load_params
     from gpt2dist.pipeline.study import preset_sizes
-    from gpt2dist.results.forecast_words import recommend_report
-    from gpt2dist.results.recommend import read_stored
+    from gpt2dist.forecast.words import recommend_report
+    from gpt2dist.forecast.recommend import read_stored
     from gpt2dist.system.links import links_of
 
     directories = studies or sorted(p.parent / p.name.removesuffix(".tar.gz")
@@ -182,7 +182,7 @@ def project_scaling(
     not a measurement: the GPU step model, each group's collectives on its own link)."""
     from gpt2dist.config.presets import load_params
     from gpt2dist.pipeline.study import preset_sizes
-    from gpt2dist.results.forecast_words import projection_report
+    from gpt2dist.forecast.words import projection_report
     from gpt2dist.system.links import links_of
 
     counts = numbers(nodes, "--nodes", COUNT, "1,2,4,8")
@@ -225,14 +225,14 @@ def validate_published(
                                                       "out of source; repeatable.")] = None,
     write_fit: Annotated[Optional[Path], typer.Option(help="Also write the constants fitted to every row and the "
                                                       "out-of-source error here, as plan and recommend read them "
-                                                      "(gpt2dist ships src/gpt2dist/results/gpu_fit.json, written "
+                                                      "(gpt2dist ships src/gpt2dist/forecast/gpu_fit.json, written "
                                                       "this way).")] = None,
 ) -> None:
     """Hold the planner to GPT-2 training that others measured on GPUs and published: each row's throughput and
     memory predicted out of source (the GPU step model's constants fitted to every other source) beside the published
     ones, and within each source's machine whether the planner orders every two rows as they were measured."""
-    from gpt2dist.results.forecast_words import validation_report
-    from gpt2dist.results.published import TABLE, check_held, read_table, validation, write_fit as write
+    from gpt2dist.forecast.words import validation_report
+    from gpt2dist.forecast.published import TABLE, check_held, read_table, validation, write_fit as write
 
     if output_format not in ("table", "csv", "json"):
         raise UsageError(f"--format {output_format!r}: choose table, csv or json")

@@ -12,7 +12,7 @@ from gpt2dist.cli.common import (COUNT, GPU_COUNT, POSITIVE, Gpus, Nodes, Number
                                  cuda_visible, one_line_errors, planned_study, say)
 from gpt2dist.config.schema import PRECISIONS
 from gpt2dist.config.split import EXAMPLES
-from gpt2dist.config.strategies import STRATEGIES
+from gpt2dist.config.strategies import STRATEGIES, describe
 from gpt2dist.errors import UsageError
 
 
@@ -127,26 +127,37 @@ def strategies(
     output_format: Annotated[str, typer.Option("--format", help="table (for a terminal) or markdown (the README's "
                                                "table, which a test keeps equal to this)")] = "table",
 ) -> None:
-    """List the strategies: how each starts its processes, what it is, and what the papers call it."""
+    """List the strategies: how each starts its processes, which engine runs it, what it is, and what the papers call
+    it; then each data-parallel method as a split's (ddp-tp2, fsdp-pp2, tp2-pp2, ...)."""
+    from gpt2dist.config.methods import METHODS, NONE
+    from gpt2dist.config.split import composed_name
+
     if output_format not in ("table", "markdown"):
         raise UsageError(f"--format {output_format!r}: choose table or markdown")
-    columns = ("strategy", "launcher", "what it is", "in the papers")
-    rows = [(f"`{name}`" if output_format == "markdown" else name, d.launcher, d.summary,
-             "; ".join(f"{paper}: {theirs}" for paper, theirs in d.papers.items())) for name, d in STRATEGIES.items()]
+    code = (lambda name: f"`{name}`") if output_format == "markdown" else str
+    named = [(code(name), d.launcher, d.engine_words, d.summary,
+              "; ".join(f"{paper}: {theirs}" for paper, theirs in d.papers.items())) for name, d in STRATEGIES.items()]
+    in_splits = [(code(composed_name(name, 2, 1)) + (", " + code(composed_name(name, 1, 2))), method.in_a_split,
+                  describe(composed_name(name, 2, 1)).engine_words.removesuffix(" + DTensor tensor parallel"))
+                 for name, method in METHODS.items() if method.composes and name != NONE]
+    tables = [(("strategy", "launcher", "engine", "what it is", "in the papers"), named, "gpt2dist strategies"),
+              (("in a split", "each replica", "engine of the data-parallel part (then DTensor, pipelining)"),
+               in_splits, "the data-parallel methods inside a split")]
     if output_format == "markdown":
         from tabulate import tabulate
 
-        typer.echo(tabulate(rows, headers=columns, tablefmt="github"))
+        typer.echo("\n\n".join(tabulate(rows, headers=columns, tablefmt="github") for columns, rows, _ in tables))
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="gpt2dist strategies")
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
+    for columns, rows, title in tables:
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*row)
+        Console().print(table)
 
 
 @app.command()

@@ -74,7 +74,7 @@ def add_round(
 @one_line_errors
 def plot(results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results")) -> None:
     """Draw the study's figures (PNG and SVG) from the collected tables."""
-    from gpt2dist.results.inputs import read_summary
+    from gpt2dist.inputs import read_summary
 
     read_summary(results)  # a missing or foreign summary is told before matplotlib loads
     from gpt2dist.results.plots import plot as run_plot
@@ -92,7 +92,7 @@ def report(
              "exists].")] = None,
 ) -> None:
     """Write results/summary.md and findings.md: the answer, the comparison table, the claims and the environment."""
-    from gpt2dist.results.inputs import read_summary
+    from gpt2dist.inputs import read_summary
 
     read_summary(results)  # a missing or foreign summary is told before pandas and scipy load
     for place in against or []:
@@ -192,9 +192,9 @@ def _gpu_calibration(study, out: Path) -> dict:
     by. Said a precision a line, with the model's error on published runs."""
     from dataclasses import asdict
 
-    from gpt2dist.results.gpu_step import peak_of
-    from gpt2dist.results.plan import CALIBRATION_KEY, calibrate_gpu
-    from gpt2dist.results.published import shipped_fit
+    from gpt2dist.forecast.gpu_step import peak_of
+    from gpt2dist.forecast.plan import CALIBRATION_KEY, calibrate_gpu
+    from gpt2dist.forecast.published import shipped_fit
     from gpt2dist.selftest import micro_batch_steps, study_precisions
     from gpt2dist.system.hardware import GPUS, command_output, named_in
 
@@ -236,7 +236,7 @@ def progress(
 ) -> None:
     """Print how many runs of the study are done and about how long the rest takes."""
     from gpt2dist.pipeline.duration import finished_runs, progress_line
-    from gpt2dist.results.inputs import read_json
+    from gpt2dist.inputs import read_json
 
     study = planned_study(params, preset, gpus, nodes)
     planned = read_json(estimate, "gpt2dist estimate") if estimate.exists() else None

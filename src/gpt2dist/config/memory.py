@@ -5,15 +5,21 @@ tensor from the parameters the strategy's description says rank 0 holds; collect
 measured state (training/metrics.py counts the same tensors), where it agrees to the byte on the reference
 studies. Activations, logits and communication buffers are an estimate for CUDA's peak allocated memory from what
 the training program keeps (Kept): this engine's not yet checked against a GPU run of it (`plan` says so wherever it
-shows them), other programs' held to the peaks their authors published (results/published.py).
+shows them), other programs' held to the peaks their authors published (forecast/published.py).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
+
+from gpt2dist.config.geometry import gathered_bytes, gathered_bytes_per_element, local_elements, local_parameters, \
+    rank_blocks
 from gpt2dist.config.schema import ALL_FORWARDS_FIRST, RunSpec
-from gpt2dist.config.strategies import FP32, HALF, compute_bytes, degrees_of, describe, rank_blocks
+from gpt2dist.config.sizes import parameter_shapes, weight_decayed
+from gpt2dist.config.strategies import degrees_of, describe
+from gpt2dist.config.units import FP32, HALF, compute_bytes
 
 STEP_BYTES = 4  # AdamW keeps its step count as one float32 tensor per parameter tensor
 # What a GPU's allocations may take of its memory: the CUDA context and the caching allocator's fragmentation take
@@ -72,10 +78,68 @@ class Memory:
         return self.state + self.activations + self.buffers
 
 
+def held_shapes(spec: RunSpec) -> list[tuple[int, ...]]:
+    """The parameter tensors rank 0 holds, by local shape (rank 0 holds the largest share): its pipeline stage's,
+    tensor-parallel slices of them, then the method's share (FSDP cuts each local tensor along dim 0)."""
+    method, ranks = describe(spec.strategy).method, degrees_of(spec).dp_shard
+    return [method.held(shape, ranks) for shape in local_parameters(spec).values()]
+
+
+def optimizer_shapes(spec: RunSpec, rank: int = 0) -> list[tuple[int, ...]]:
+    """The parameter tensors whose AdamW state `rank` holds: those it holds, or under a partitioned optimizer
+    (ZeRO-1) its partition's."""
+    if not describe(spec.strategy).method.optimizer_sharded:
+        return held_shapes(spec)
+    shares = optimizer_partition(spec)
+    return shares[rank] if rank < len(shares) else []
+
+
+def busiest_rank(spec: RunSpec) -> int:
+    """The rank holding the most model state: rank 0 unless the optimizer's partition says otherwise (GPT-2
+    medium over 4 ZeRO-1 ranks leaves 0.96% more elements with another)."""
+    if not describe(spec.strategy).method.optimizer_sharded:
+        return 0
+    held = [sum(math.prod(shape) for shape in shapes) for shapes in optimizer_partition(spec)]
+    return held.index(max(held))
+
+
+def optimizer_partition(spec: RunSpec) -> list[list[tuple[int, ...]]]:
+    """The shares of torch's ZeroRedundancyOptimizer partition, rank by rank: per parameter group, largest tensor
+    first, each tensor whole to the rank holding the fewest elements so far. Ranks past the list hold none: with
+    more ranks than tensors, each tensor goes to an empty rank of its own, the lowest-numbered, so a planner asking
+    about a million ranks (or 10^11: recommend --gpus took 12 GB) counts only as many."""
+    shapes = list(parameter_shapes(spec.model).values())
+    ranks = min(spec.nproc, len(shapes))
+    shares: list[list[tuple[int, ...]]] = [[] for _ in range(ranks)]
+    # (elements held, rank): the heap's top is the emptiest rank, the lowest-numbered among equals, as torch's
+    # sizes.index(min(sizes)) picks it, in log time
+    emptiest = [(0, rank) for rank in range(ranks)]
+    for decayed in (True, False):  # the loop's two groups, in its order
+        for shape in sorted((s for s in shapes if weight_decayed(len(s)) == decayed), key=math.prod, reverse=True):
+            held, rank = emptiest[0]
+            heapq.heapreplace(emptiest, (held + math.prod(shape), rank))
+            shares[rank].append(shape)
+    return shares
+
+
+def buffer_bytes(spec: RunSpec) -> int:
+    """Device memory a method's communication takes beyond the model state (an estimate). Under FSDP2 (the torch
+    path, ddp's replicas in a split too) the gathered parameters: two blocks' and the root's, or every block's
+    where they are kept from forward to backward (ZeRO-2); Horovod's fusion buffer; none under torch's DDP, whose
+    buckets are the gradients themselves (gradient_as_bucket_view)."""
+    description = describe(spec.strategy)
+    if not description.method.data_parallel:
+        return 0
+    if description.engine.gathers:
+        if description.method.reshard_after_forward:
+            return gathered_bytes(spec)
+        return local_elements(spec) * gathered_bytes_per_element(spec)
+    return description.engine.buffer_bytes
+
+
 def model_state(spec: RunSpec, rank: int = 0) -> tuple[int, int, int]:
     """Parameter, gradient and optimizer bytes `rank` holds, as training/metrics.model_state_bytes counts rank 0's."""
-    description = describe(spec.strategy)
-    held, stepped = description.held_shapes(spec), description.optimizer_shapes(spec, rank)
+    held, stepped = held_shapes(spec), optimizer_shapes(spec, rank)
     elements, stepped_elements = (sum(math.prod(shape) for shape in shapes) for shapes in (held, stepped))
     master = spec.precision == "apex-O2"  # the model in fp16, AdamW stepping fp32 copies with fp32 gradients
     weight = HALF if master else FP32
@@ -130,8 +194,8 @@ def head_bytes(spec: RunSpec, rows: int, per_entry: float, vocab_split: bool = F
 def predict(spec: RunSpec, *, busiest: bool = True, kept: Kept | None = None) -> Memory:
     """The busiest rank's bytes (what must fit on every GPU); with busiest=False rank 0's, which every collected
     run measures; of this engine, or of the program `kept` describes."""
-    params, grads, optimizer = model_state(spec, describe(spec.strategy).busiest_rank(spec) if busiest else 0)
-    buffers = describe(spec.strategy).buffer_bytes(spec) if spec.nproc > 1 else 0
+    params, grads, optimizer = model_state(spec, busiest_rank(spec) if busiest else 0)
+    buffers = buffer_bytes(spec) if spec.nproc > 1 else 0
     if kept:
         elements = params // (HALF if spec.precision == "apex-O2" else FP32)
         buffers += round(elements * (kept.weight_copies + FP32 * (kept.gradient_buckets and spec.nproc > 1)))

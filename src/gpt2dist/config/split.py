@@ -11,24 +11,14 @@ one-dimensional. Torch-free: the schema validates names with it, config.degrees 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gpt2dist.config.methods import METHODS, NONE, PATWARDHAN
 from gpt2dist.errors import UsageError
 
-# Data-parallel methods that take tensor- and pipeline-parallel degrees (config.strategies describes each); NONE
-# names a split without data parallelism, one replica split over every process
-COMPOSING = ("ddp", "fsdp", "hsdp", "zero2")
-NONE = "none"
-# Methods that cannot take a degree, and why: the error a name such as zero1-tp2 gets
-ONE_DIMENSIONAL = {
-    "zero1": "torch's ZeroRedundancyOptimizer partitions whole parameters over one process group and gathers its "
-             "state on rank 0, neither of which a tensor-parallel slice or a pipeline stage is; use zero2 (ZeRO-2 on "
-             "FSDP2), which shards the optimizer state too",
-    "horovod": "Horovod all-reduces whole gradients over all of its ranks; use ddp",
-    "apex-ddp": "apex.parallel.DistributedDataParallel all-reduces whole gradients over all of its ranks; use ddp",
-    "dp": "torch.nn.DataParallel runs in one process, which cannot hold a rank's slice; use ddp",
-    "single": "single is one process on one device; use ddp, or no method (tp2-pp2) for one split replica",
-}
+# Data-parallel methods that take tensor- and pipeline-parallel degrees, in their order in tables; NONE names a
+# split without data parallelism, one replica split over every process
+COMPOSING = tuple(name for name, method in METHODS.items() if method.composes and name != NONE)
 # A degree that follows the run instead of a number in the name
 ALL_PROCESSES = "nproc"  # tp: every layer over all processes; pp: one stage per process
 TENSOR_PARALLEL_SETTING = "train.tensor_parallel_size"  # fsdp-tp's tensor-parallel degree
@@ -43,6 +33,9 @@ class Split:
     method: str
     tp: int | str = 1
     pp: int | str = 1
+    summary: str = ""  # a named split's line for `gpt2dist strategies` (a named method's is its record's)
+    papers: dict[str, str] = field(default_factory=dict)
+    listed: int | None = None  # where a named one sorts in every table and figure
 
     @property
     def named(self) -> bool:
@@ -62,12 +55,21 @@ class Split:
         return resolve(self.tp), resolve(self.pp)
 
 
-NAMED: dict[str, Split] = {split.name: split for split in (
-    Split("single", "single"), Split("dp", "dp"), Split("ddp", "ddp"), Split("horovod", "horovod"),
-    Split("fsdp", "fsdp"), Split("tp", NONE, tp=ALL_PROCESSES), Split("pp", NONE, pp=ALL_PROCESSES),
-    Split("fsdp-tp", "fsdp", tp=TENSOR_PARALLEL_SETTING), Split("apex-ddp", "apex-ddp"), Split("zero1", "zero1"),
-    Split("zero2", "zero2"), Split("hsdp", "hsdp"),
-)}
+# The named points that split the model: one replica over every process, by layer or by stage, and FSDP over
+# tensor-parallel groups; the study's other named strategies are its methods (config.methods), each by its own name
+NAMED_SPLITS = (
+    Split("tp", NONE, tp=ALL_PROCESSES, listed=5, papers={PATWARDHAN: "tensor parallelism"},
+          summary="tensor parallelism (DTensor): every layer split over all --nproc ranks, one replica"),
+    Split("pp", NONE, pp=ALL_PROCESSES, listed=6, papers={PATWARDHAN: "pipeline parallelism"},
+          summary="pipeline parallelism (torch.distributed.pipelining): consecutive blocks per stage, one replica"),
+    Split("fsdp-tp", "fsdp", tp=TENSOR_PARALLEL_SETTING, listed=7,
+          summary="FSDP over tensor-parallel groups of train.tensor_parallel_size ranks (2-D mesh)"),
+)
+# The study's named strategies, in the order of every table and figure
+NAMED: dict[str, Split] = {split.name: split for split in sorted(
+    [Split(name, name, summary=method.summary, papers=dict(method.papers), listed=method.listed)
+     for name, method in METHODS.items() if method.listed is not None] + list(NAMED_SPLITS),
+    key=lambda split: split.listed)}
 # Any name's shape, the named points included: the run-id pattern and the params schema's (split_name checks more)
 NAME_PATTERN = r"[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)*"
 _WORD = r"(?!(?:tp|pp)\d)[a-z][a-z0-9]*"  # a method's word: anything but a degree
@@ -92,9 +94,9 @@ def parse_split(name: str, said: str = "--strategy") -> Split:
         raise UsageError(f"unknown {said} {name!r} (allowed: {', '.join(NAMED)}, or a data-parallel method with "
                          f"degrees such as {EXAMPLES})")
     method = match["method"] or NONE
-    if method in ONE_DIMENSIONAL:
+    if method in METHODS and not METHODS[method].composes:
         raise UsageError(f"{said} {name}: {method} takes no tensor- or pipeline-parallel degree: "
-                         f"{ONE_DIMENSIONAL[method]}")
+                         f"{METHODS[method].no_degrees}")
     if method in NAMED and method not in COMPOSING:
         raise UsageError(f"{said} {name}: {method} is a strategy, not a data-parallel method; give the degrees as "
                          f"numbers after a method, as in {EXAMPLES}")

@@ -1,2 +1,3 @@
-"""Results: tidy tables and statistics from run records, figures and the report (`collect`, `plot`, `report`).
-May import training (FLOP counts), system, data, pipeline and the shared ground; never launch."""
+"""The study's results: the runs read into tidy tables, summarised with intervals, their traces, the ranking in
+tiers, the papers' claims judged, figures, the report and the bundle (`collect`, `plot`, `report`, `bundle`).
+Forecasts it sets beside the measurements come from gpt2dist.forecast."""

@@ -19,7 +19,7 @@ from gpt2dist.pipeline.duration import finished_runs
 from gpt2dist.pipeline.layout import added_round_file
 from gpt2dist.pipeline.study import run_of, Study
 from gpt2dist.results.collect import collect
-from gpt2dist.results.inputs import read_json
+from gpt2dist.inputs import read_json
 
 OPEN_GAPS = {"too few repeats", "only disturbed runs"}  # no ratio to judge yet
 NOISE_GAPS = {"not distinguishable", "faster"}  # a ratio whose interval includes 1

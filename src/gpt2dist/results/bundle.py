@@ -47,7 +47,9 @@ def sha256(data: bytes) -> str:
 def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[dict[str, bytes], dict]:
     """The bundle's files by archive path, and its description (what is in it, what is not)."""
     read_meta(data_dir)  # a missing or foreign shard description is refused here, not at rebuild
-    from gpt2dist.results.collect import code_of, kept_traces, read_run  # once the cheap checks passed: no scipy
+    from gpt2dist.results.per_run import code_of  # once the cheap checks passed: no scipy
+    from gpt2dist.results.run_table import read_run
+    from gpt2dist.results.traces import kept_traces
     from gpt2dist.system.environment import capture  # nor torch for a refusal
 
     files = {"params.yaml": params.read_bytes(), "data/meta.json": (data_dir / "meta.json").read_bytes()}

@@ -19,8 +19,9 @@ import pandas as pd
 from gpt2dist.config.configuration import config_id
 from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.sizes import size_words
-from gpt2dist.config.strategies import BAI, PATWARDHAN, REFERENCE, called, describe
-from gpt2dist.results.link_model import worst_error
+from gpt2dist.config.methods import BAI, PATWARDHAN
+from gpt2dist.config.strategies import called, describe, REFERENCE
+from gpt2dist.forecast.link_model import worst_error
 from gpt2dist.results.statistics import log_interval, paired_ratio, ratio_text, verdict
 
 SUPPORTED, CONTRADICTED = "supported", "contradicted"

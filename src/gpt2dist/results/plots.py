@@ -37,10 +37,10 @@ from gpt2dist.config.strategies import REFERENCE  # noqa: E402
 from gpt2dist.errors import UsageError  # noqa: E402
 from gpt2dist.io import atomic_open  # noqa: E402
 from gpt2dist.pipeline.layout import LINK_FIGURE  # noqa: E402
-from gpt2dist.results.collect import in_study_order  # noqa: E402
+from gpt2dist.results.summarise import in_study_order  # noqa: E402
 from gpt2dist.results.findings import SAME_LOSS_TOLERANCE  # noqa: E402
-from gpt2dist.results.inputs import read_csv, read_summary  # noqa: E402
-from gpt2dist.results.link_model import predicted_vs_measured  # noqa: E402
+from gpt2dist.inputs import read_csv, read_summary  # noqa: E402
+from gpt2dist.forecast.link_model import predicted_vs_measured  # noqa: E402
 from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns  # noqa: E402
 
 EXACT_FLOOR = 1e-9  # where the deviation figure draws an exact match (a log axis has no zero)

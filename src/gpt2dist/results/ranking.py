@@ -14,7 +14,7 @@ import pandas as pd
 from gpt2dist.config.configuration import configuration_name
 from gpt2dist.config.placement import Placement
 from gpt2dist.config.sizes import size_words
-from gpt2dist.config.strategies import REFERENCE, describe
+from gpt2dist.config.strategies import describe, REFERENCE
 from gpt2dist.results.statistics import LEVEL, paired_ratio, ratio_text, verdict
 from gpt2dist.results.time_ledger import why_slower, why_text
 

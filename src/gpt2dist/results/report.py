@@ -15,11 +15,11 @@ from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.io import atomic_write_text
 from gpt2dist.pipeline.layout import FIGURES, LINK_FIGURE
 from gpt2dist.results.added_repeats import undecided
-from gpt2dist.results.collect import in_study_order
+from gpt2dist.results.summarise import in_study_order
 from gpt2dist.results.findings import UNTESTABLE
-from gpt2dist.results.inputs import read_summary
-from gpt2dist.results.link_model import worst_error
-from gpt2dist.results.prediction import STEP_TARGET, prediction_errors
+from gpt2dist.inputs import read_summary
+from gpt2dist.forecast.link_model import worst_error
+from gpt2dist.forecast.prediction import STEP_TARGET, prediction_errors
 from gpt2dist.results.ranking import answer_markdown
 from gpt2dist.results.time_ledger import LEDGER, PART_WORDS, ledger_columns
 

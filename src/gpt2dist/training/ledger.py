@@ -15,7 +15,7 @@ Which trace events count as what:
   hidden part reads 0 and its waits count as exposed).
 - data: building the next batch on the host, where nothing else runs.
 Collectives issued through torch.distributed are also counted with their payload bytes, beside the
-traffic model's estimate of what the strategy sends (config/strategies.py).
+traffic model's estimate of what the strategy sends (config/traffic.py).
 
 Every rank keeps its last traced step as a Chrome trace (the profiler's export, cut to that step's window,
 gzipped), which Perfetto, chrome://tracing and Holistic Trace Analysis open: the ledger's numbers, and what is

@@ -5,7 +5,6 @@ difference between strategies in the results comes from those two choices alone.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import sys
@@ -17,15 +16,13 @@ from tqdm import tqdm
 
 from gpt2dist.config.schema import RunSpec, TrainConfig
 from gpt2dist.config.sizes import weight_decayed
-from gpt2dist.config.strategies import gradient_bytes, traffic
+from gpt2dist.config.units import gradient_bytes
 from gpt2dist.data.shards import open_shards
 from gpt2dist.errors import Interrupted, UsageError
-from gpt2dist.system import environment
 from gpt2dist.system.gpu_telemetry import GpuTelemetry
 from gpt2dist.training import stops
 from gpt2dist.training.batches import BatchSampler
 from gpt2dist.training.checkpoint import load_checkpoint, load_other_runs_checkpoint, save_checkpoint
-from gpt2dist.training.interconnect import nodes_of, probe_bandwidth, this_node
 from gpt2dist.training.ledger import StepTracer, building_batch, timed_step
 from gpt2dist.training.matmul_precision import pin_fp32_arithmetic
 from gpt2dist.training.metrics import (
@@ -38,7 +35,7 @@ from gpt2dist.training.model import (build_model, checkpoint_blocks, compile_blo
                                      deterministic_algorithms, head_loss_of)
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
-from gpt2dist.training.run_record import METRICS, RankReport, now_iso, trace_file
+from gpt2dist.training.run_record import METRICS, RankReport, now_iso, probe_placement, run_facts, trace_file
 from gpt2dist.training.strategies import REGISTRY, Strategy
 
 log = logging.getLogger(__name__)
@@ -74,25 +71,40 @@ def step_seed(seed: int, step: int, replica: int) -> int:
 
 
 class Trainer:
+    """One rank's run: its placement and the record's probes, its data, its model as the strategy wraps it, then
+    the steps (run)."""
+
     def __init__(self, spec: RunSpec, strategy: Strategy):
         self.spec, self.strategy = spec, strategy
         self.place = strategy.setup()
         self.matmul = pin_fp32_arithmetic(spec.precision, self.place.device)  # before any matmul runs
         # where the ranks run and how fast they reach each other, measured before anything else uses the links
-        self.node_hardware = nodes_of(strategy.gather(this_node(self.place.device)))
-        self.interconnect = probe_bandwidth(strategy.all_reduce_sum, strategy.barrier, self.place.device,
-                                            self.place.world_size) if self.place.world_size > 1 else None
+        self.node_hardware, self.interconnect = probe_placement(strategy, self.place)
         self.rank0 = self.place.rank == 0
         self.out = Path(spec.out_dir)
+        self._open_data()
+        self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=strategy.sharded_grads)
+        self._build_model()
+        self.rows = self.strategy.degrees.rows_per_pass
+        self.tokens_per_step = spec.train.global_batch_size * spec.model.n_positions
+        self.telemetry = GpuTelemetry(self.place.device) if self.rank0 else None
+        self.state_bytes: dict | None = None  # measured once, at the first step this process runs
+        self.saved_at, self.save_due = time.monotonic(), False  # train.checkpoint_minutes' clock
+
+    def _open_data(self) -> None:
+        spec, t = self.spec, self.spec.train
         shards = open_shards(Path(spec.data_dir), check_hash=False)  # the launcher verified hashes
         check_vocabulary(shards.meta, spec)
-        t = spec.train
         pin = self.place.device.type == "cuda"
         self.train_batches = BatchSampler(shards.train, "train", spec.model.n_positions, t.global_batch_size, t.seed,
                                           pin_memory=pin)
         self.val_batches = BatchSampler(shards.val, "val", spec.model.n_positions, t.global_batch_size, t.seed,
                                         pin_memory=pin)
-        self.precision: Precision = make_precision(spec.precision, self.place.device, sharded=strategy.sharded_grads)
+
+    def _build_model(self) -> None:
+        """Single's model (from published weights where asked), checkpointed and compiled per block as train.* says,
+        then placed and wrapped by the strategy with its optimizer, and the loss the loop calls."""
+        spec, strategy, t = self.spec, self.strategy, self.spec.train
         model = build_model(spec.model, seed=t.seed)
         if spec.init_from is not None:  # into single's layout, which every strategy places from here
             from gpt2dist.training.hf_format import load_init  # here: safetensors only where a run starts from weights
@@ -121,11 +133,6 @@ class Trainer:
         self.determinism = deterministic_algorithms if whole else contextlib.nullcontext
         if whole:  # the model's own state (what a checkpoint keeps) stays unwrapped
             self.loss = compile_whole(self.loss, t.cuda_graphs)
-        self.rows = self.strategy.degrees.rows_per_pass
-        self.tokens_per_step = t.global_batch_size * spec.model.n_positions
-        self.telemetry = GpuTelemetry(self.place.device) if self.rank0 else None
-        self.state_bytes: dict | None = None  # measured once, at the first step this process runs
-        self.saved_at, self.save_due = time.monotonic(), False  # train.checkpoint_minutes' clock
 
     def _save_due(self) -> bool:
         minutes = self.spec.train.checkpoint_minutes
@@ -262,7 +269,7 @@ class Trainer:
         start, history = self.resume()
         report = RankReport(self.out, self.spec.attempt) if self.rank0 else None
         if report is not None:  # capture() runs git, mpirun, nvidia-smi
-            report.update(status="running", **self._run_facts(start))
+            report.update(status="running", **run_facts(self, start))
         self.metrics = metrics = MetricsLog(self.out / METRICS, enabled=self.rank0, history=history)
         # A bar at a terminal; in a log file (every pipeline job) one readable line per 5% of the run,
         # not a carriage-return bar that `less` shows as one endless line.
@@ -314,36 +321,6 @@ class Trainer:
             return None
         return {"step": tracer.kept_step,
                 "files": [trace_file(rank) for rank in range(self.place.world_size)]}
-
-    def _run_facts(self, resumed_from: int) -> dict:
-        spec = self.spec
-        return {
-            "run_id": self.out.name,
-            "strategy": spec.strategy,
-            "precision": spec.precision,
-            "nproc": spec.nproc,
-            "seed": spec.train.seed,
-            "preset": spec.preset,
-            "grad_accum_steps": self.strategy.degrees.grad_accum_steps,
-            "compiled": self.compiled,
-            "compile_skipped": self.compile_skipped,
-            "tokens_per_step": self.tokens_per_step,
-            "placement": self.strategy.placement_record(),
-            "node_hardware": self.node_hardware,
-            "interconnect": self.interconnect,
-            "wrapping": self.strategy.wrapping,
-            "communication": dataclasses.asdict(traffic(spec)),  # modelled bytes per step, not measured
-            "matmul": self.matmul,
-            "config": spec.model_dump(),
-            "fingerprint": spec.fingerprint(),
-            "resumed_from_step": resumed_from,
-            "continued_from": self.continued,  # another run's checkpoint (--resume-from), its strategy and step
-            "checkpoint_step": resumed_from,
-            "started_at": now_iso(),
-            "threads": environment.threads(),
-            "gpu_telemetry": self.telemetry.unavailable or "nvml",
-            **environment.capture(),
-        }
 
 
 def _report_the_end(report: RankReport, done: int) -> None:

@@ -1,5 +1,5 @@
 """The optional dependencies (Horovod, NVIDIA Apex): import one, or stop with one line saying where to
-get it (config.strategies.EXTRAS). Light on purpose: the launching process checks them before any rank
+get it (config.extras.EXTRAS). Light on purpose: the launching process checks them before any rank
 starts, without loading the strategies that use them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from gpt2dist.config.strategies import EXTRAS, Extra
+from gpt2dist.config.extras import Extra, EXTRAS
 from gpt2dist.errors import UsageError
 
 

@@ -6,11 +6,14 @@ Rank 0 reports what training did through rank0.json, which only rank 0 writes (a
 change, replaced atomically). The record's writer writes run.json once when the launch starts, and once
 when the ranks have ended: the report, if it belongs to this launch (the attempt id in the spec), with
 what the launcher saw around it (the command, the machine's load, the exit status, a stop signal).
-Nothing reads, merges and rewrites run.json.
+Nothing reads, merges and rewrites run.json. What rank 0 says of its run when it starts (run_facts: the
+placement, the probes of the nodes and their links, the wrapping, the modelled traffic, the environment) is made
+here too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import uuid
@@ -19,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpt2dist.config.schema import RunSpec
+from gpt2dist.config.traffic import traffic
 from gpt2dist.io import atomic_write_json, atomic_write_text
 
 RECORD, REPORT, METRICS = "run.json", "rank0.json", "metrics.jsonl"
@@ -31,6 +35,52 @@ def trace_file(rank: int) -> str:
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def probe_placement(strategy, place) -> tuple[list[dict], dict | None]:
+    """Where a run's ranks run, node by node, and how fast their process group moves data (training.interconnect):
+    every rank takes part, before anything else uses the links."""
+    # here: the launcher, which writes the record, never loads torch
+    from gpt2dist.training.interconnect import nodes_of, probe_bandwidth, this_node
+
+    nodes = nodes_of(strategy.gather(this_node(place.device)))
+    if place.world_size == 1:
+        return nodes, None
+    return nodes, probe_bandwidth(strategy.all_reduce_sum, strategy.barrier, place.device, place.world_size)
+
+
+def run_facts(trainer, resumed_from: int) -> dict:
+    """What rank 0 reports of a training.loop.Trainer's run as it starts (from step `resumed_from`)."""
+    from gpt2dist.system import environment  # here too: it asks torch for the devices
+
+    spec, strategy = trainer.spec, trainer.strategy
+    return {
+        "run_id": trainer.out.name,
+        "strategy": spec.strategy,
+        "precision": spec.precision,
+        "nproc": spec.nproc,
+        "seed": spec.train.seed,
+        "preset": spec.preset,
+        "grad_accum_steps": strategy.degrees.grad_accum_steps,
+        "compiled": trainer.compiled,
+        "compile_skipped": trainer.compile_skipped,
+        "tokens_per_step": trainer.tokens_per_step,
+        "placement": strategy.placement_record(),
+        "node_hardware": trainer.node_hardware,
+        "interconnect": trainer.interconnect,
+        "wrapping": strategy.wrapping,
+        "communication": dataclasses.asdict(traffic(spec)),  # modelled bytes per step, not measured
+        "matmul": trainer.matmul,
+        "config": spec.model_dump(),
+        "fingerprint": spec.fingerprint(),
+        "resumed_from_step": resumed_from,
+        "continued_from": trainer.continued,  # another run's checkpoint (--resume-from), its strategy and step
+        "checkpoint_step": resumed_from,
+        "started_at": now_iso(),
+        "threads": environment.threads(),
+        "gpu_telemetry": trainer.telemetry.unavailable or "nvml",
+        **environment.capture(),
+    }
 
 
 def new_attempt() -> str:

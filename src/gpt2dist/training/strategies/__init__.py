@@ -1,8 +1,9 @@
-"""Strategy registry: a strategy's name -> the runtime class of its data-parallel method (config.strategies says
-which); tensor and pipeline parallelism are applied by their base class from the run's degrees. Importing a
-strategy never imports Horovod or Apex, and looking one up imports only its own module: torch's pipelining and
-tensor-parallel modules cost a second or two of start-up that every run of the other strategies would pay (a cpu
-study starts about a hundred processes), so only a split that uses them imports them."""
+"""Strategy registry: a strategy's name -> the runtime class of the engine that runs it (config.methods' records
+name it: torch's one path, or an engine of its own); tensor and pipeline parallelism are applied by the torch path
+from the run's degrees. Importing a strategy never imports Horovod or Apex, and looking one up imports only its
+own module: torch's pipelining and tensor-parallel modules cost a second or two of start-up that every run of the
+other strategies would pay (a cpu study starts about a hundred processes), so only a split that uses them imports
+them."""
 
 from collections.abc import Iterator, Mapping
 from importlib import import_module
@@ -11,27 +12,18 @@ from gpt2dist.config.schema import STRATEGY_NAMES
 from gpt2dist.config.strategies import describe
 from gpt2dist.training.strategies.base import Placement, Strategy
 
-# data-parallel method -> (module in this package, class)
-_WHERE = {
-    "single": ("single", "Single"),
-    "dp": ("dp", "DataParallel"),
-    "ddp": ("ddp", "DDP"),
-    "fsdp": ("fsdp", "FSDP"),
-    "horovod": ("horovod", "Horovod"),
-    "apex-ddp": ("apex_ddp", "ApexDDP"),
-    "none": ("torch_distributed", "OneReplica"),
-    "zero1": ("zero", "ZeRO1"),
-    "hsdp": ("fsdp", "HSDP"),
-    "zero2": ("fsdp", "ZeRO2"),
-}
+
+def runtime_class(runtime: str) -> type[Strategy]:
+    """An engine record's runtime ("module:Class" in this package), imported."""
+    module, cls = runtime.split(":")
+    return getattr(import_module(f"{__name__}.{module}"), cls)
 
 
 class _Registry(Mapping[str, type[Strategy]]):
-    """Any strategy's name (ddp, tp, ddp-tp2-pp2) looks up its method's class; it lists the named strategies."""
+    """Any strategy's name (ddp, tp, ddp-tp2-pp2) looks up its engine's class; it lists the named strategies."""
 
     def __getitem__(self, name: str) -> type[Strategy]:
-        module, cls = _WHERE[describe(name).method.name]
-        return getattr(import_module(f"{__name__}.{module}"), cls)
+        return runtime_class(describe(name).engine.runtime)
 
     def __iter__(self) -> Iterator[str]:
         return iter(STRATEGY_NAMES)
@@ -42,4 +34,4 @@ class _Registry(Mapping[str, type[Strategy]]):
 
 REGISTRY: Mapping[str, type[Strategy]] = _Registry()
 
-__all__ = ["REGISTRY", "Placement", "Strategy"]
+__all__ = ["REGISTRY", "Placement", "Strategy", "runtime_class"]

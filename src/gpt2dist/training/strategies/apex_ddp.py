@@ -16,7 +16,6 @@ from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
 
 class ApexDDP(TorchDistributed):
-    name = "apex-ddp"
     compile_conflict = ("Apex's wrapper hooks the gradient accumulators of the parameters it sees at wrap time "
                         "and rebuilds its buckets from hook order, which a compiled block's backward changes")
 

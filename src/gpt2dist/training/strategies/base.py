@@ -37,7 +37,6 @@ class Placement:
 class Strategy:
     """Defaults describe one process with one replica; subclasses override what differs."""
 
-    name: str = ""
     compile_conflict: str | None = None  # why train.compile cannot apply under this wrapping; None: it can
     # DCP keys optimizer state by parameter name by driving the optimizer through torch's API
     # (zero_grad(set_to_none=True), step()); a strategy whose optimizer rejects that (Horovod's) takes

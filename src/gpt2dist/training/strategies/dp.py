@@ -14,7 +14,6 @@ from gpt2dist.training.strategies.base import Strategy, log_wrapping
 
 
 class DataParallel(Strategy):
-    name = "dp"
     compile_conflict = ("DataParallel copies the module onto each device at every forward, and a block compiled "
                         "in place would still call the original's compiled code on GPU 0")
 

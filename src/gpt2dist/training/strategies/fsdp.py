@@ -1,16 +1,17 @@
-"""Fully Sharded Data Parallel (FSDP2, `fully_shard`): parameters, gradients and optimizer state sharded over the
-data-parallel ranks; each transformer block and then the root are sharded, so a block's parameters are gathered
-only while it runs. Its two variants: HSDP (a 2-D mesh) and ZeRO-2 (gathered parameters kept from forward to
-backward). In a split, what is sharded is each rank's local state: every tensor-parallel slice (FSDP x TP, as
-torchtitan's 2-D), and each pipeline stage, a root of its own whose blocks stay gathered through the stage's
-micro-batches (torchtitan's FSDP under a pipeline: gathering them again for every micro-batch would multiply the
-all-gathers by their number).
+"""FSDP2 (`fully_shard`) as the torch path's data-parallel wrapper, set by the method's record (config.methods):
+over the shard ranks (fsdp, zero2), over a replicate x shard mesh (hsdp), or over a replicate-only mesh with a
+shard group of one (ddp's replicas inside a split, as torchtitan replicates in more than one dimension). Each
+transformer block and then the root are wrapped, so a block's parameters are gathered only while it runs; ZeRO-2
+keeps them gathered from forward to backward. In a split, what is wrapped is each rank's local state: every
+tensor-parallel slice (FSDP x TP, as torchtitan's 2-D), and each pipeline stage, a root of its own whose blocks
+stay gathered through the stage's micro-batches (torchtitan's FSDP under a pipeline: gathering them again for
+every micro-batch would multiply the all-gathers by their number).
 
-Communication stays fp32 by default, as under DDP, so the two differ only in sharding;
-train.fsdp_mixed_precision opts into FSDP2's MixedPrecisionPolicy (parameters gathered and
-computed in the autocast dtype, gradients reduced in fp32)."""
+Communication stays fp32 by default, as under DDP, so the two differ only in sharding; train.fsdp_mixed_precision
+opts into FSDP2's MixedPrecisionPolicy (parameters gathered and computed in the autocast dtype, gradients reduced
+in fp32)."""
 
-import contextlib
+from __future__ import annotations
 
 import torch
 import torch.distributed as dist
@@ -18,9 +19,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from gpt2dist.config.methods import HYBRID, REPLICATE, SHARD, Method
 from gpt2dist.training.model import transformer_blocks
-from gpt2dist.training.strategies.base import log_wrapping
-from gpt2dist.training.strategies.torch_distributed import TorchDistributed
+
+# The data-parallel mesh dimensions each way of holding the state wraps over, even those of size 1
+MESH_DIMS = {REPLICATE: ("dp_replicate", "dp_shard"), SHARD: ("dp_shard",), HYBRID: ("dp_replicate", "dp_shard")}
 
 
 def shard_fully(model: nn.Module, mesh: DeviceMesh | None, policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
@@ -41,65 +44,26 @@ def shard_fully(model: nn.Module, mesh: DeviceMesh | None, policy: MixedPrecisio
     return len(modules)
 
 
-class FSDP(TorchDistributed):
-    name = "fsdp"
-    reshard_after_forward = True
-    dp_dims = ("dp_shard",)
-
-    def mesh_of_replicas(self) -> DeviceMesh | None:
-        """The ranks the state is sharded over (None: all of them)."""
-        return None if self.mesh is None else self.mesh["dp_shard"]
-
-    def data_parallel(self, part, stages, make_optimizer, precision):
-        # Shard first: the optimizer must be built over the sharded (DTensor) parameters.
-        policy = self._mixed_precision_policy(precision)
-        mesh = self.mesh_of_replicas()
-        reshard = self.reshard_after_forward and self.pipeline is None
-        self.wrapping |= {
-            "fully_shard_modules": sum(shard_fully(stage, mesh=mesh, policy=policy, reshard_after_forward=reshard)
-                                       for stage in stages),
-            "param_dtype": str(policy.param_dtype or torch.float32).removeprefix("torch."),
-            "reduce_dtype": str(policy.reduce_dtype or policy.param_dtype or torch.float32).removeprefix("torch."),
-        }
-        if mesh is not None:
-            self.wrapping["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))
-        log_wrapping(self, f"fully_shard on {self.wrapping['fully_shard_modules'] - len(stages)} blocks + "
-                           f"{len(stages)} root(s), world {self.placement.world_size}, mesh "
-                           f"{self.wrapping.get('mesh', 'flat')}, reshard after forward {reshard}, params "
-                           f"{self.wrapping['param_dtype']}, reduce {self.wrapping['reduce_dtype']}")
-        return stages, make_optimizer(part)
-
-    def _mixed_precision_policy(self, precision) -> MixedPrecisionPolicy:
-        if not self.spec.train.fsdp_mixed_precision:
-            return MixedPrecisionPolicy()  # no casts: fp32 all-gather and reduce-scatter
-        return MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=torch.float32)
-
-    def accumulate(self, model, last):
-        if self.pipeline is None:  # a pipeline's stages decide that themselves
-            model.set_requires_gradient_sync(last)
-        return super().accumulate(model, last)
-
-
-class HSDP(FSDP):
-    """Hybrid sharding: the state sharded within groups of train.data_parallel_shard_size consecutive
-    data-parallel ranks (one node's, on a cluster) and replicated across the groups; gradients are reduce-scattered
-    within a group, then all-reduced across groups."""
-
-    name = "hsdp"
-    dp_dims = ("dp_replicate", "dp_shard")
-
-    def mesh_of_replicas(self):
-        return self.mesh["dp_replicate", "dp_shard"]
-
-
-class ZeRO2(FSDP):
-    """DeepSpeed's stage 2 on FSDP2: each block's parameters are gathered once per forward and kept until its
-    backward, gradients are reduce-scattered after every micro-step (so no rank holds whole gradients) and
-    the optimizer steps its shard. Stage 2 also keeps the whole parameters between steps; FSDP2 frees them
-    after backward, which changes neither the traffic nor the peak."""
-
-    name = "zero2"
-    reshard_after_forward = False
-
-    def accumulate(self, model, last):
-        return contextlib.nullcontext()  # every micro-step reduces: no rank ever holds whole gradients
+def wrap_stages(stages: list[nn.Module], method: Method, mesh: DeviceMesh | None, pipelined: bool,
+                param_dtype: torch.dtype | None) -> tuple[dict, str]:
+    """FSDP2 on each stage as the method's settings say (`mesh`: its data-parallel dimensions, None for every rank;
+    `param_dtype`: train.fsdp_mixed_precision's, None for fp32 throughout); what run.json records of it and the
+    log line."""
+    reshard = method.reshard_after_forward and not pipelined
+    if method.state == REPLICATE:  # the whole local state on each replica: its all-gathers run over a group of one
+        modules = sum(shard_fully(stage, mesh, reshard_after_forward=reshard) for stage in stages)
+        return ({"data_parallel": "replicate: FSDP2 over the data-parallel ranks x 1", "fully_shard_modules": modules},
+                f"replicas as FSDP2 over a mesh of {mesh.size()} x 1, {modules} modules")
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else \
+        MixedPrecisionPolicy()  # no casts: fp32 all-gather and reduce-scatter
+    wrapping = {
+        "fully_shard_modules": sum(shard_fully(stage, mesh=mesh, policy=policy, reshard_after_forward=reshard)
+                                   for stage in stages),
+        "param_dtype": str(policy.param_dtype or torch.float32).removeprefix("torch."),
+        "reduce_dtype": str(policy.reduce_dtype or policy.param_dtype or torch.float32).removeprefix("torch."),
+    }
+    if mesh is not None:
+        wrapping["mesh"] = dict(zip(mesh.mesh_dim_names, mesh.shape))
+    return wrapping, (f"fully_shard on {wrapping['fully_shard_modules'] - len(stages)} blocks + {len(stages)} root(s), "
+                      f"mesh {wrapping.get('mesh', 'flat')}, reshard after forward {reshard}, params "
+                      f"{wrapping['param_dtype']}, reduce {wrapping['reduce_dtype']}")

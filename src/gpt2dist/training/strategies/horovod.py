@@ -29,7 +29,6 @@ from gpt2dist.training.strategies.base import (
 
 
 class Horovod(Strategy):
-    name = "horovod"
     # DCP's loader calls optimizer.zero_grad(set_to_none=True), which Horovod's zero_grad() rejects; every rank
     # holds the whole optimizer, so torch's positional state dict is exact, and checkpoints key it by parameter
     # name through the model's own names (as every other strategy's), so another strategy may continue it.

@@ -34,7 +34,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from gpt2dist.config.degrees import Degrees
 from gpt2dist.config.schema import RunSpec
-from gpt2dist.config.strategies import HEAD, pipeline_stage_blocks, rank_blocks
+from gpt2dist.config.geometry import HEAD, pipeline_stage_blocks, rank_blocks
 from gpt2dist.training.model import head_loss
 from gpt2dist.training.strategies.base import Placement
 

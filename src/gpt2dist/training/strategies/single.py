@@ -4,7 +4,6 @@ from gpt2dist.training.strategies.base import Strategy, log_wrapping
 
 
 class Single(Strategy):
-    name = "single"
 
     def prepare(self, model, make_optimizer, precision):
         log_wrapping(self, f"one replica on {self.placement.device}")

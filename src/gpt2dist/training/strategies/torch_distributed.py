@@ -1,7 +1,8 @@
 """One process per device in one torch process group, for every torchrun-launched strategy, and the one path that
 composes a split (config.split): on each rank, in torchtitan's order, the pipeline split at the rank's pp
-coordinate, tensor parallelism on the stage's blocks, then the data-parallel method's wrapper on each stage and the
-pipeline's schedule over the wrapped stages. Activation checkpointing and compile are the loop's per-block
+coordinate, tensor parallelism on the stage's blocks, then the data-parallel method's wrapper on each stage (FSDP2
+as its record's settings say: training/strategies/fsdp.py) and the pipeline's schedule over the wrapped stages.
+Engines of their own (torch's DDP, Apex's) take this path's process group and override the wrapper. Activation checkpointing and compile are the loop's per-block
 switches, set on the whole model before this and kept by every step of it (compile is refused under tp and pp).
 
 The device mesh is the run's degrees (config.degrees), pp outermost, tp innermost: a tensor-parallel group is
@@ -47,16 +48,26 @@ def _env_from_slurm_tasks() -> None:
 
 
 class TorchDistributed(Strategy):
-    """One process per device, started by torchrun or as SLURM tasks, in one torch process group. Subclasses are
-    data-parallel methods: each says how a stage is wrapped (`data_parallel`) and which mesh dimensions its
-    wrapper needs (`dp_dims`)."""
-
-    dp_dims: tuple[str, ...] = ()  # the data-parallel mesh dimensions the method's wrapper takes, even of size 1
+    """One process per device, started by torchrun or as SLURM tasks, in one torch process group; the torch path's
+    engine, whose data-parallel wrapper is FSDP2 set by the method. An engine of its own overrides the wrapper
+    (`data_parallel`) and takes no data-parallel mesh dimension."""
 
     def __init__(self, spec):
         super().__init__(spec)
+        self.method = describe(spec.strategy).method
+        self.fsdp2 = describe(spec.strategy).engine.gathers and self.method.data_parallel  # FSDP2 wraps the stages
         self.mesh: DeviceMesh | None = None
         self.pipeline = None  # training.strategies.pipeline_parallel.Pipeline, where the run has stages
+
+    @property
+    def dp_dims(self) -> tuple[str, ...]:
+        """The data-parallel mesh dimensions the method's FSDP2 wrapper takes, even of size 1 (none where another
+        engine wraps, or no method does)."""
+        if not self.fsdp2:
+            return ()
+        from gpt2dist.training.strategies.fsdp import MESH_DIMS
+
+        return MESH_DIMS[self.method.state]
 
     @property
     def compile_conflict(self) -> str | None:
@@ -137,9 +148,26 @@ class TorchDistributed(Strategy):
         return (part if self.pipeline else wrapped[0]), optimizer
 
     def data_parallel(self, part: nn.Module, stages: list[nn.Module], make_optimizer, precision):
-        """Wrap each stage for the data-parallel method and build the optimizer over the rank's part; here, no data
-        parallelism: one replica, split."""
+        """Wrap each stage for the data-parallel method and build the optimizer over the rank's part (after the
+        wrapping: FSDP2's parameters are DTensors); without a method, one replica, split, unwrapped."""
+        if not self.fsdp2:
+            return stages, make_optimizer(part)
+        from gpt2dist.training.strategies.fsdp import wrap_stages
+
+        dims = self.dp_dims
+        mesh = None if self.mesh is None else self.mesh[dims if len(dims) > 1 else dims[0]]
+        param_dtype = precision.dtype if self.spec.train.fsdp_mixed_precision else None
+        wrapping, said = wrap_stages(stages, self.method, mesh, self.pipeline is not None, param_dtype)
+        self.wrapping |= wrapping
+        log_wrapping(self, f"{said}, world {self.placement.world_size}")
         return stages, make_optimizer(part)
+
+    def accumulate(self, model, last):
+        """FSDP2 reduces at the last micro-step only, but under ZeRO-2 at every one (no rank ever holds whole
+        gradients); a pipeline's stages decide that themselves."""
+        if self.pipeline is None and self.fsdp2 and not self.method.reduce_every_micro_step:
+            model.set_requires_gradient_sync(last)
+        return super().accumulate(model, last)
 
     def loss_module(self, model, precision, loss):
         return self.pipeline.loss_module(loss) if self.pipeline else super().loss_module(model, precision, loss)
@@ -245,12 +273,6 @@ class TorchDistributed(Strategy):
     def teardown(self):
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-class OneReplica(TorchDistributed):
-    """No data parallelism: one replica split over every process by layer (tp), by stage (pp) or both."""
-
-    name = "none"
 
 
 def _on_cpu(state: dict) -> dict:

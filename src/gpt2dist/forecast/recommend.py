@@ -1,12 +1,12 @@
 """`gpt2dist recommend`: for a described GPU cluster and a preset's model, every split of its GPUs
-(config.strategies.splits_of: each factorisation into data x tensor x pipeline parallel degrees with each
+(forecast.splits.splits_of: each factorisation into data x tensor x pipeline parallel degrees with each
 data-parallel method, and the named strategies), each as it is and with activation checkpointing, ranked by
 predicted time to train a number of tokens, each with whether it fits in memory, the GPU step model's terms that
 decide it (computation, the pipeline's bubble, each group's exposed communication), an interval from the model's
 measured error, and what the prediction extrapolates beyond.
 
 The interval spans the 5th to 95th percentile of the GPU step model's out-of-source error on the published GPU
-runs (results.published: each source predicted with constants fitted to the others), or with --mfu that of the
+runs (forecast.published: each source predicted with constants fitted to the others), or with --mfu that of the
 constant-MFU model on them. Stored studies of ours on GPUs (collected results directories) also correct each
 strategy by the median of its measured / predicted steps there, and their leave-one-out error is stated: each
 configuration predicted with the correction learned from the other configurations of its strategy. Studies on
@@ -24,13 +24,15 @@ import pandas as pd
 from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
 from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.schema import Preset
-from gpt2dist.config.strategies import GROUP_DIMS, REFERENCE, check_run, splits_of
+from gpt2dist.forecast.splits import splits_of
+from gpt2dist.config.strategies import check_run, REFERENCE
+from gpt2dist.config.traffic import GROUP_DIMS
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.run import Run
 from gpt2dist.pipeline.study import model_of, planned_spec
-from gpt2dist.results.inputs import read_csv, read_summary
-from gpt2dist.results.plan import gpu_step_terms
-from gpt2dist.results.published import published_summary
+from gpt2dist.inputs import read_csv, read_summary
+from gpt2dist.forecast.plan import gpu_step_terms
+from gpt2dist.forecast.published import published_summary
 from gpt2dist.system.hardware import COMPUTE_DTYPE
 from gpt2dist.system.links import Links
 

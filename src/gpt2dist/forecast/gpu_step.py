@@ -8,17 +8,17 @@ where its shape makes it move more than it computes (attention's QK^T, 64 deep);
 of the peak; every elementwise and reduction operation (layer norms, GELU, softmax, dropout, residual adds, casts,
 the loss) at the memory bandwidth from the bytes it moves; activation checkpointing's forward again in backward. Once
 per step: the optimizer's update, gradient clipping, the loss scaler. What the elementwise work, the kernels and the
-host's syncs come to depends on the program that trains (results.implementations: counted from its code, never
+host's syncs come to depends on the program that trains (forecast.implementations: counted from its code, never
 fitted).
 
-A handful of constants (Constants) turn that work into seconds. They are few and named; results/published.py fits
+A handful of constants (Constants) turn that work into seconds. They are few and named; forecast/published.py fits
 them to published measurements, each source's own rows left out of the fit that predicts them, and says what error
 that leaves.
 
 The step: the host runs ahead of the GPU between syncs, so a step's computation is the larger of the GPU's work and
 the host's dispatch, plus what each sync costs (the GPU waits for the host's next launch); a pipeline waits its
 bubble; each group's collectives take their latency and bytes over the link they cross, and the data-parallel part a
-strategy sends under its computation costs only what that computation cannot cover (results.prediction.StepTerms)."""
+strategy sends under its computation costs only what that computation cannot cover (forecast.prediction.StepTerms)."""
 
 from __future__ import annotations
 
@@ -27,13 +27,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpt2dist.config.memory import Kept
+from gpt2dist.config.memory import Kept, busiest_rank, held_shapes, optimizer_shapes
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import flops_per_token
-from gpt2dist.config.strategies import (DATA_PARALLEL_GROUP, FP32, HALF, compute_bytes, degrees_of, describe,
-                                        link_streams, local_parameters, overlap, rank_blocks, spans_nodes, traffic)
+from gpt2dist.config.geometry import local_parameters, rank_blocks
+from gpt2dist.config.strategies import degrees_of
+from gpt2dist.config.traffic import DATA_PARALLEL_GROUP, link_streams, overlap, spans_nodes, traffic
+from gpt2dist.config.units import compute_bytes, FP32, HALF
 from gpt2dist.errors import UsageError
-from gpt2dist.results.prediction import StepTerms, step_terms
+from gpt2dist.forecast.prediction import StepTerms, step_terms
 from gpt2dist.system.hardware import COMPUTE_DTYPE, GPUS, gpu_of
 from gpt2dist.system.links import Links, collective_seconds
 
@@ -76,7 +78,7 @@ class Implementation:
 
 @dataclass(frozen=True)
 class Constants:
-    """What turns counted work into seconds; results/published.py fits them (docs/planning.md: what each changes)."""
+    """What turns counted work into seconds; forecast/published.py fits them (docs/planning.md: what each changes)."""
 
     gemm_efficiency: float  # share of the dense peak a GEMM reaches where it computes more than it moves
     memory_efficiency: float  # share of the memory bandwidth an elementwise kernel reaches
@@ -262,9 +264,9 @@ def _head(micro: Work, implementation: Implementation, spec: RunSpec, tokens: in
 def _step(implementation: Implementation, spec: RunSpec, tensors: int, local_elements: int, bandwidth: float) -> Work:
     """Once per step: zeroing the gradients, the 16-bit gradients' copy to fp32 masters, the loss scaler, gradient
     clipping and AdamW's update over the optimizer's share of the state."""
-    step, description = Work(), describe(spec.strategy)
-    held = sum(math.prod(shape) for shape in description.held_shapes(spec))
-    stepped_shapes = description.optimizer_shapes(spec, description.busiest_rank(spec))
+    step = Work()
+    held = sum(math.prod(shape) for shape in held_shapes(spec))
+    stepped_shapes = optimizer_shapes(spec, busiest_rank(spec))
     stepped = sum(math.prod(shape) for shape in stepped_shapes)
     stepped_tensors = implementation.optimizer_tensors or len(stepped_shapes)
     launches = max(1, stepped_tensors // 32)  # a multi-tensor kernel takes a few dozen tensors per launch
@@ -288,7 +290,7 @@ def _step(implementation: Implementation, spec: RunSpec, tensors: int, local_ele
 
 def group_bus_bytes_per_s(spec: RunSpec, group: str, links: Links) -> float:
     """The bus bandwidth one group of a kind gets: the link inside a node where its ranks stay on one, else the
-    node's NICs shared by the groups that cross them at once (config.strategies.link_streams), never more than the
+    node's NICs shared by the groups that cross them at once (config.traffic.link_streams), never more than the
     link inside."""
     if not spans_nodes(spec, group):
         return links.bus_bytes_per_s(1)

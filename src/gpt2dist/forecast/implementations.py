@@ -1,4 +1,4 @@
-"""How each training program the GPU step model prices computes GPT-2's step (results.gpu_step.Implementation):
+"""How each training program the GPU step model prices computes GPT-2's step (forecast.gpu_step.Implementation):
 this engine's own, and those behind the published measurements (published_gpt2.csv's `implementation` column).
 
 Every number is counted from the program's code at the version its measurement ran (the `read_from` of each), at the
@@ -12,8 +12,8 @@ from __future__ import annotations
 from gpt2dist.config.memory import Kept
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.errors import UsageError
-from gpt2dist.config.strategies import FP32, HALF, compute_bytes
-from gpt2dist.results.gpu_step import Implementation
+from gpt2dist.config.units import compute_bytes, FP32, HALF
+from gpt2dist.forecast.gpu_step import Implementation
 
 ENGINE_NAME = "gpt2dist"  # the table's name for this engine's own runs
 # Dropout on a tensor: read and written, and a one-byte mask kept for backward, which reads both and writes one

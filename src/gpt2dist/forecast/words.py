@@ -16,10 +16,10 @@ from gpt2dist.config.schema import Preset
 from gpt2dist.config.sizes import parameter_count
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.pipeline.study import model_of, Study
-from gpt2dist.results.plan import duration_words, fit_lines, plan_text
-from gpt2dist.results.link_model import projection
-from gpt2dist.results.published import HIGH, LOW, TIE, published_summary, summary_words
-from gpt2dist.results.recommend import extrapolations, recommend, verdict_line
+from gpt2dist.forecast.plan import duration_words, fit_lines, plan_text
+from gpt2dist.forecast.link_model import projection
+from gpt2dist.forecast.published import HIGH, LOW, TIE, published_summary, summary_words
+from gpt2dist.forecast.recommend import extrapolations, recommend, verdict_line
 from gpt2dist.system.links import Links
 
 
@@ -210,5 +210,5 @@ def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, summary: d
                                   for name, value in summary["constants"].items()) + "."))
     said.append(("prose", f"\nIn all: {summary_words(summary, mfu)}. Pairs whose published throughputs are within "
                           f"{TIE:.0%} of each other are ties, not counted. The table, with each row's source and what "
-                          f"is unclear about it: {table or 'src/gpt2dist/results/published_gpt2.csv'}."))
+                          f"is unclear about it: {table or 'src/gpt2dist/forecast/published_gpt2.csv'}."))
     return said

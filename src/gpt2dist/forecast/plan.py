@@ -1,9 +1,9 @@
 """`gpt2dist plan`: before anything launches, each configuration's memory per rank and step time, the study's
 duration, and what will not fit a GPU's memory.
 
-The model state is counted as collect checks it, to the byte, on every run (results/prediction.py);
-activations, buffers and GPU step times are estimates (config/memory.py; the GPU step model, results/gpu_step.py)
-that few GPU runs of ours have checked yet: results/published.py holds them to others' measurements, out of
+The model state is counted as collect checks it, to the byte, on every run (forecast/prediction.py);
+activations, buffers and GPU step times are estimates (config/memory.py; the GPU step model, forecast/gpu_step.py)
+that few GPU runs of ours have checked yet: forecast/published.py holds them to others' measurements, out of
 source, and the plan quotes that error.
 """
 
@@ -21,15 +21,15 @@ from tabulate import tabulate
 from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
 from gpt2dist.config.schema import PRECISIONS, Preset, RunSpec
 from gpt2dist.config.sizes import parameter_count
-from gpt2dist.config.strategies import REFERENCE, check_run
+from gpt2dist.config.strategies import check_run, REFERENCE
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.run import Run
 from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, planned_spec, selftested, Study
-from gpt2dist.results.gpu_step import mfu_step_terms, step_work
-from gpt2dist.results.implementations import engine_implementation
-from gpt2dist.results.inputs import read_json
-from gpt2dist.results.prediction import StepTerms
-from gpt2dist.results.published import shipped_constants
+from gpt2dist.forecast.gpu_step import mfu_step_terms, step_work
+from gpt2dist.forecast.implementations import engine_implementation
+from gpt2dist.inputs import read_json
+from gpt2dist.forecast.prediction import StepTerms
+from gpt2dist.forecast.published import shipped_constants
 from gpt2dist.system.hardware import GPUS, named_in
 from gpt2dist.system.links import Links, links_of
 
@@ -120,7 +120,7 @@ def gpu_step_terms(spec: RunSpec, gpu: str, links: Links, mfu: float | None = No
                    calibration: dict[str, GpuCalibration] | None = None) -> StepTerms:
     """A GPU cluster's step of this engine, term by term: its computation, a pipeline's bubble, and each group's
     communication over the cluster's `links`, less what the strategy sends under its computation. By the GPU step
-    model (results.gpu_step) with the constants fitted to the published runs (results.published), its computation
+    model (forecast.gpu_step) with the constants fitted to the published runs (forecast.published), its computation
     corrected where `calibration` (by precision) timed it on this GPU; or, with `mfu`, at that assumed MFU."""
     if mfu is not None:
         return mfu_step_terms(spec, gpu, mfu, links)

@@ -4,7 +4,7 @@ a node send nothing over it) over the node's link.
 
 On the emulated links the model has no overlap of communication with compute (gloo's threads share
 the cores that compute), no latency and no protocol overhead: the simplest model that can be wrong,
-and `predicted_vs_measured` says by how much. The planner's GPU step (results.plan: the GPU step model, with the
+and `predicted_vs_measured` says by how much. The planner's GPU step (forecast.plan: the GPU step model, with the
 part a strategy overlaps with its computation hidden) projects the papers' presets to GPU clusters (`projection`):
 a prediction instead of a measurement, labelled as one wherever it is shown.
 """
@@ -18,11 +18,11 @@ import pandas as pd
 
 from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.schema import Preset
-from gpt2dist.config.strategies import STRATEGIES, check_run, describe
+from gpt2dist.config.strategies import check_run, describe, STRATEGIES
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.run import Run
 from gpt2dist.pipeline.study import planned_spec
-from gpt2dist.results.plan import gpu_step_terms
+from gpt2dist.forecast.plan import gpu_step_terms
 from gpt2dist.system.hardware import COMPUTE_DTYPE
 from gpt2dist.system.links import Links
 
@@ -67,7 +67,7 @@ def projection(preset_name: str, preset: Preset, *, gpu: str, precision: str, gp
                calibration: dict | None = None) -> pd.DataFrame:
     """Projected tokens/s of `strategies` (default: the data-parallel ones; any split, ddp-tp2 say) at
     `gpus_per_node` x each node count and each model size (config.sizes; None: the preset's), weak scaling (each
-    GPU keeps the preset's micro-batch, no accumulation): results.plan's GPU step (the GPU step model, or compute at
+    GPU keeps the preset's micro-batch, no accumulation): forecast.plan's GPU step (the GPU step model, or compute at
     `mfu` of the GPU's peak), each group's collectives over the link it takes in the cluster's `links`, less what the
     strategy overlaps with its computation."""
     if precision not in COMPUTE_DTYPE:

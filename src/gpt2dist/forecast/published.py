@@ -1,8 +1,8 @@
 """The GPU step model held to GPT-2-family training that others measured on GPUs and published (published_gpt2.csv:
-each row's source, its setup as the planner's input, the program that trained (results.implementations), its result
+each row's source, its setup as the planner's input, the program that trained (forecast.implementations), its result
 as published and as seconds per optimizer step).
 
-The model's constants (results.gpu_step.Constants) are fitted to the table, and judged only out of source: each
+The model's constants (forecast.gpu_step.Constants) are fitted to the table, and judged only out of source: each
 source's rows are predicted with the constants fitted to every other source's, so no source ever tunes its own
 prediction. What the planner quotes is that error: of each row's throughput, and within a group (one source, one
 machine) of the ratio of two rows' throughputs, which its rankings rest on; a pair is ordered right when the
@@ -31,8 +31,8 @@ from gpt2dist.config.schema import ModelConfig, RunSpec, TrainConfig
 from gpt2dist.config.strategies import check_placement
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_write_json, cannot_be_read
-from gpt2dist.results.gpu_step import Constants, Implementation, StepWork, mfu_step_terms, step_work
-from gpt2dist.results.implementations import ENGINE_NAME, PUBLISHED, engine_implementation
+from gpt2dist.forecast.gpu_step import Constants, Implementation, StepWork, mfu_step_terms, step_work
+from gpt2dist.forecast.implementations import ENGINE_NAME, PUBLISHED, engine_implementation
 from gpt2dist.system.links import Links
 
 TABLE = Path(__file__).with_name("published_gpt2.csv")
@@ -91,7 +91,7 @@ def row_spec(row: pd.Series) -> RunSpec:
 
 
 def implementation_of(row: pd.Series, spec: RunSpec) -> Implementation:
-    """The program that trained a row: this engine, or one of results.implementations'."""
+    """The program that trained a row: this engine, or one of forecast.implementations'."""
     return engine_implementation(spec) if row.implementation == ENGINE_NAME else PUBLISHED[row.implementation]
 
 

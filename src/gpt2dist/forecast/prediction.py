@@ -20,7 +20,8 @@ import pandas as pd
 
 from gpt2dist.config.placement import Kind, Placement
 from gpt2dist.config.schema import TrainConfig
-from gpt2dist.config.strategies import DATA_PARALLEL_GROUP, REFERENCE, describe
+from gpt2dist.config.strategies import describe, REFERENCE
+from gpt2dist.config.traffic import DATA_PARALLEL_GROUP
 
 STATE_TOLERANCE = 0.001  # the state is counted, not estimated: any miss beyond rounding is a fault
 STEP_TARGET = 0.20  # issue 31's target for the step-time model's error
