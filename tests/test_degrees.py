@@ -1,5 +1,7 @@
 """The one place a run's degrees are checked (config.degrees): every refusal names the setting to change, and
-the same run with that setting changed as the message says passes (the control beside each refusal)."""
+the same run with that setting changed as the message says passes (the control beside each refusal). What torch's
+pipeline schedules cannot run is refused apart (validate_schedule): other engines run it, and the planner prices
+it."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ TRAIN = TrainConfig(**TINY_PRESET["train"])  # a global batch of 8 in micro-batc
 
 def validate(strategy: str, nproc: int, model: dict | None = None, **train) -> None:
     m, t = MODEL.model_copy(update=model or {}), TRAIN.model_copy(update=train)
-    describe(strategy).degrees(nproc, t).validate(m, t)
+    degrees = describe(strategy).degrees(nproc, t)
+    degrees.validate(m, t)
+    degrees.validate_schedule(t)
 
 
 # (strategy, nproc, model, train) refused, the message, and the same run fixed as the message says

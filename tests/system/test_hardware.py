@@ -105,3 +105,13 @@ def test_cuda_gpus_are_the_visible_ones_only_with_a_cuda_build_of_torch(cuda_bui
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONPATH": str(tmp_path), "CUDA_VISIBLE_DEVICES": "0,1"})
     assert shown.stdout.strip() == ("2" if cuda_build else "0")
+
+
+def test_every_measured_share_of_a_gpu_is_a_share():
+    """The best matmul's share of the 16-bit peak and the memory bandwidth's a STREAM-like kernel sustains are
+    measurements below the datasheet's (system.hardware names each); the GPUs without one take the median of those
+    with one (forecast.gpu_step)."""
+    measured = [(name, gpu.best_matmul_share, gpu.memory_share) for name, gpu in GPUS.items()]
+    assert all(0.5 < share < 1 for _, *shares in measured for share in shares if share is not None)
+    assert {name for name, matmul, _ in measured if matmul} >= {"A100", "H100", "H200"}
+    assert {name for name, _, memory in measured if memory} >= {"V100", "A100", "A100-SXM4-40GB", "H100", "H200"}

@@ -69,3 +69,24 @@ def test_collectives_pay_ncclls_latency_and_their_bytes_at_the_bus_bandwidth():
     assert collective_seconds("all-gather", 0.0, 10, 8, 1, "pcie4", 32e9) == 0
     with pytest.raises(ValueError, match="collective kind 'broadcast'"):
         collective_seconds("broadcast", 1.0, 1, 2, 1, "pcie4", 32e9)
+
+
+def test_nccl_reaches_the_share_of_each_link_it_was_measured_to_reach():
+    """The step model moves bytes at what NCCL was measured to reach over each link, not at its datasheet rate:
+    NVLink 3's and 4's measured shares inside a node, the NICs' across nodes (capped by the link inside), a rate
+    measured through host memory as it is, and an unmeasured link at the median of the measured shares. The control:
+    the datasheet's bus bandwidth is above each."""
+    import statistics
+
+    from gpt2dist.system.links import NCCL_SHARE
+
+    a100, h100 = links_of("A100"), links_of("H100")
+    assert a100.nccl_bytes_per_s(1) == pytest.approx(230e9) and 230e9 < a100.bus_bytes_per_s(1)
+    assert h100.nccl_bytes_per_s(1) == pytest.approx(370e9) and 370e9 < h100.bus_bytes_per_s(1)
+    four_nics = links_of("H100", nics=4)
+    assert four_nics.nccl_bytes_per_s(2) == pytest.approx(4 * 50e9 * 0.95) and 190e9 < four_nics.bus_bytes_per_s(2)
+    assert h100.nccl_bytes_per_s(2) == h100.nccl_bytes_per_s(1)  # 8 NICs' 380 GB/s: NVLink's 370 is the cap
+    host = links_of("TITAN RTX", inside="pcie3-host")
+    assert host.nccl_bytes_per_s(1) == host.bus_bytes_per_s(1) == 3.9e9
+    pcie = links_of("A100-PCIE-40GB")
+    assert pcie.nccl_bytes_per_s(1) == pytest.approx(32e9 * statistics.median(NCCL_SHARE.values()))

@@ -205,7 +205,7 @@ def test_hta_splits_a_kept_trace_as_the_ledger_split_that_step(shards, params_fi
 def test_estimate_on_a_gpu_calibrates_the_step_model_and_plan_applies_it(params_file, tmp_path):
     """On a GPU node `gpt2dist estimate` times single's step at two micro-batches in each precision of the study and
     writes the GPU step model's correction beside its estimate; plan --calibration prints it and corrects by it
-    (the same path tests/results/test_plan.py runs on a CPU)."""
+    (the same path tests/forecast/test_plan.py runs on a CPU)."""
     out = tmp_path / "estimate.json"
     said = gpt2dist("estimate", "--params", params_file, "--gpus", "1", "--runs", tmp_path / "runs", "--out", out).stdout
     timed = json.loads(out.read_text())["gpu_calibration"]["fp32"]

@@ -244,14 +244,14 @@ def validate_published(
     held = dict(_held(item) for item in hold or [])
     check_held(held)
     measurements = read_table(table or TABLE)
-    predicted, ordered, summary = validation(measurements, mfu, held)
+    predicted, ordered, searched, summary = validation(measurements, mfu, held)
     if write_fit:
         write(write_fit, summary)
     if output_format != "table":
         typer.echo(predicted.to_csv(index=False) if output_format == "csv" else predicted.to_json(orient="records",
                                                                                                   indent=1))
         return
-    for kind, text in validation_report(predicted, ordered, summary, mfu, table):
+    for kind, text in validation_report(predicted, ordered, searched, summary, mfu, table):
         say(text) if kind == "prose" else typer.echo(text)
     if write_fit:
         typer.echo(f"ok: {write_fit}")

@@ -188,7 +188,12 @@ class Degrees:
             raise UsageError(f"strategy '{self.strategy}' with '{schedule}' puts at least one block on each of its "
                              f"{self.pp} x {self.pp_virtual} stages (train.pipeline_virtual_stages), but the model has "
                              f"{model.n_layer} (model.n_layer); use {fewer}, or fewer virtual stages")
-        micro_batches = self.pipeline_micro_batches
+
+    def validate_schedule(self, train: TrainConfig) -> None:
+        """Refuse what torch's pipeline schedules cannot run, though other engines run it (Megatron-LM runs fewer
+        micro-batches than stages, a larger bubble, and the planner prices it): 1F1B needs a micro-batch per stage
+        before its first backward, and the interleaved schedules their micro-batches in equal rounds."""
+        micro_batches, schedule = self.pipeline_micro_batches, train.pipeline_schedule
         if self.pp > 1 and schedule != ALL_FORWARDS_FIRST and micro_batches < self.pp:
             # torch's 1F1B schedules fill the pipeline with one micro-batch per rank before their first backward
             raise UsageError(f"train.pipeline_schedule '{schedule}' needs at least one micro-batch per stage, but "

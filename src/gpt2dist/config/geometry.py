@@ -5,6 +5,7 @@ strategies/pipeline_parallel.py) all cut the model this way."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 from gpt2dist.config.methods import Part
@@ -46,26 +47,35 @@ def pipeline_stage_blocks(n_layer: int, ranks: int, virtual: int) -> list[range]
 def rank_blocks(spec: RunSpec, stage_rank: int) -> list[int]:
     """The blocks a pipeline rank (its coordinate along pp) holds: those of stages stage_rank, stage_rank + pp, ..."""
     degrees = degrees_of(spec)
-    stages = pipeline_stage_blocks(spec.model.n_layer, degrees.pp, degrees.pp_virtual)
-    return [block for blocks in stages[stage_rank::degrees.pp] for block in blocks]
+    return _rank_blocks(spec.model.n_layer, degrees.pp, degrees.pp_virtual, stage_rank)
+
+
+def _rank_blocks(n_layer: int, pp: int, virtual: int, stage_rank: int) -> list[int]:
+    return [block for blocks in pipeline_stage_blocks(n_layer, pp, virtual)[stage_rank::pp] for block in blocks]
 
 
 def stage_parameters(spec: RunSpec, rank: int = 0) -> dict[str, tuple[int, ...]]:
     """The parameter tensors `rank`'s pipeline stages hold, whole, by name: every one without a pipeline; else the
     blocks of its stages, the embeddings on the first and ln_f with the head's copy of the tied embedding on the
     last (training/strategies/pipeline_parallel.py's RankPart)."""
-    shapes, degrees = parameter_shapes(spec.model), degrees_of(spec)
-    if degrees.pp == 1:
-        return shapes
-    stage = degrees.coordinates(rank)["pp"]
-    first, last = stage == 0, stage == degrees.pp - 1
-    blocks = tuple(f"transformer.h.{block}." for block in rank_blocks(spec, stage))
+    degrees = degrees_of(spec)
+    return dict(_stage_parameters(spec.model, degrees.pp, degrees.pp_virtual, degrees.coordinates(rank)["pp"]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _stage_parameters(model: ModelConfig, pp: int, virtual: int, stage: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """stage_parameters' of a pipeline coordinate, once per model and pipeline: a planner asks for thousands."""
+    shapes = parameter_shapes(model)
+    if pp == 1:
+        return tuple(shapes.items())
+    first, last = stage == 0, stage == pp - 1
+    blocks = tuple(f"transformer.h.{block}." for block in _rank_blocks(model.n_layer, pp, virtual, stage))
     held = {name: shape for name, shape in shapes.items()
             if name.startswith(blocks) or (first and name.startswith(("transformer.wte.", "transformer.wpe.")))
             or (last and name.startswith("transformer.ln_f."))}
     if last and not first:
         held[HEAD] = shapes["transformer.wte.weight"]
-    return held
+    return tuple(held.items())
 
 
 def tensor_parallel_slice(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
@@ -82,8 +92,16 @@ def tensor_parallel_slice(name: str, shape: tuple[int, ...], tp: int) -> tuple[i
 def local_parameters(spec: RunSpec, rank: int = 0) -> dict[str, tuple[int, ...]]:
     """What `rank` computes with: its stages' parameters, tensor-parallel slices of them (before any sharding of
     the data-parallel method)."""
-    tp = degrees_of(spec).tp
-    return {name: tensor_parallel_slice(name, shape, tp) for name, shape in stage_parameters(spec, rank).items()}
+    degrees = degrees_of(spec)
+    return dict(_local_parameters(spec.model, degrees.pp, degrees.pp_virtual, degrees.tp,
+                                  degrees.coordinates(rank)["pp"]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _local_parameters(model: ModelConfig, pp: int, virtual: int, tp: int,
+                      stage: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple((name, tensor_parallel_slice(name, shape, tp)) for name, shape in _stage_parameters(model, pp,
+                                                                                                   virtual, stage))
 
 
 def local_elements(spec: RunSpec) -> int:

@@ -3,6 +3,7 @@ traffic model, MFU and planning, without building the model."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -67,6 +68,11 @@ def parameter_count(m: ModelConfig) -> int:
 def parameter_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter tensor of training/gpt2.py by name, Linear weights out x in, the head tied to wte (listed
     once): what a memory prediction divides over ranks tensor by tensor, as FSDP2 and DTensor do."""
+    return dict(_parameter_shapes(m))
+
+
+@functools.lru_cache(maxsize=256)  # a planner asks for the same few models' thousands of times
+def _parameter_shapes(m: ModelConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
     d = m.n_embd
     block = {"ln_1.weight": (d,), "ln_1.bias": (d,), "attn.c_attn.weight": (3 * d, d), "attn.c_attn.bias": (3 * d,),
              "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,), "ln_2.weight": (d,), "ln_2.bias": (d,),
@@ -75,7 +81,7 @@ def parameter_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes = {"transformer.wte.weight": (m.vocab_size, d), "transformer.wpe.weight": (m.n_positions, d)}
     for layer in range(m.n_layer):
         shapes |= {f"transformer.h.{layer}.{name}": shape for name, shape in block.items()}
-    return shapes | {"transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}
+    return tuple((shapes | {"transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}).items())
 
 
 def weight_decayed(dims: int) -> bool:

@@ -199,12 +199,15 @@ def check_run(spec: RunSpec, visible_gpus: int) -> None:
         if spec.device != "cuda":
             raise UsageError(f"precision '{spec.precision}' needs CUDA; on CPU use bf16 or fp16 (torch.amp)")
     check_placement(spec, visible_gpus)
+    degrees_of(spec).validate_schedule(spec.train)
+    if spec.nodes > 1:
+        check_tensor_parallel_inside_nodes(spec, spec.nodes)
 
 
 def check_placement(spec: RunSpec, visible_gpus: int) -> None:
-    """Refuse degrees that do not divide the model, the batch or the cluster (a tensor-parallel group inside a
-    node): what any run of the split needs, whatever this engine's runtime can run of it (check_run refuses that
-    too). The planner holds published runs of other frameworks to this alone."""
+    """Refuse degrees that do not divide the model, the batch or the cluster: what any run of the split needs,
+    whatever this engine's runtime can run of it (check_run refuses that too: fewer micro-batches than stages, a
+    tensor-parallel group across nodes). The planner holds published runs of other frameworks to this alone."""
     description, degrees = describe(spec.strategy), degrees_of(spec)
     degrees.validate(spec.model, spec.train)
     if spec.nodes > 1:
@@ -214,7 +217,6 @@ def check_placement(spec: RunSpec, visible_gpus: int) -> None:
         if spec.nproc % spec.nodes:
             raise UsageError(f"--nproc {spec.nproc} does not divide over {spec.nodes} nodes; give each node as many "
                              f"processes (e.g. --nproc {spec.nodes * max(1, spec.nproc // spec.nodes)})")
-        check_tensor_parallel_inside_nodes(spec, spec.nodes)
     per_node = spec.nproc // spec.nodes
     if spec.device == "cuda" and per_node > visible_gpus:
         where = f" on each of {spec.nodes} nodes" if spec.nodes > 1 else ""

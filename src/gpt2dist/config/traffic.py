@@ -15,8 +15,8 @@ from gpt2dist.config.strategies import degrees_of, describe
 from gpt2dist.config.units import FP32, ring_all_reduce
 
 # The mesh dimensions a collective group spans; the data-parallel group's is the part that can hide under compute
-DATA_PARALLEL_GROUP = "dp"
-GROUP_DIMS = {DATA_PARALLEL_GROUP: ("dp_replicate", "dp_shard"), "tp": ("tp",), "pp": ("pp",)}
+DATA_PARALLEL_GROUP, TENSOR_PARALLEL_GROUP, PIPELINE_GROUP = "dp", "tp", "pp"
+GROUP_DIMS = {DATA_PARALLEL_GROUP: ("dp_replicate", "dp_shard"), TENSOR_PARALLEL_GROUP: ("tp",), PIPELINE_GROUP: ("pp",)}
 
 
 @dataclass(frozen=True)
@@ -55,13 +55,13 @@ def traffic(spec: RunSpec) -> Traffic:
         rows = degrees.global_batch_size // degrees.dp  # the rows this rank's replica computes per step
         # two in forward, two in backward, and forward's two again where backward recomputes each block
         per_block = 4 + 2 * (spec.train.activation_checkpointing == "block")
-        parts.append(Collective("tp", degrees.tp, per_block * blocks * ring_all_reduce(activation_bytes(spec, rows),
+        parts.append(Collective(TENSOR_PARALLEL_GROUP, degrees.tp, per_block * blocks * ring_all_reduce(activation_bytes(spec, rows),
                                                                                      degrees.tp),
                                 "activation all-reduce after each block's two row-parallel projections (again where "
                                 "backward recomputes the block), and of their input gradients in backward",
                                 "all-reduce", per_block * blocks * degrees.passes))
     if degrees.pp > 1:
-        parts.append(Collective("pp", degrees.pp, pipeline_bytes(spec, degrees),
+        parts.append(Collective(PIPELINE_GROUP, degrees.pp, pipeline_bytes(spec, degrees),
                                 "activations forward and their gradients backward at each stage boundary per "
                                 "micro-batch, tied embedding gradients summed between the first and last stage",
                                 "send", 2 * degrees.pp_virtual * degrees.pipeline_micro_batches + 1))

@@ -32,11 +32,13 @@ from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.sizes import flops_per_token
 from gpt2dist.config.geometry import local_parameters, rank_blocks
 from gpt2dist.config.strategies import degrees_of
-from gpt2dist.config.traffic import DATA_PARALLEL_GROUP, link_streams, overlap, spans_nodes, traffic
+from gpt2dist.config.traffic import (DATA_PARALLEL_GROUP, GROUP_DIMS, TENSOR_PARALLEL_GROUP, link_streams, overlap,
+                                    spans_nodes, traffic)
 from gpt2dist.config.units import compute_bytes, FP32, HALF
 from gpt2dist.errors import UsageError
 from gpt2dist.forecast.prediction import StepTerms, step_terms
-from gpt2dist.system.hardware import COMPUTE_DTYPE, GPUS, gpu_of
+from gpt2dist.forecast.gemm import Shape, efficiency
+from gpt2dist.system.hardware import COMPUTE_DTYPE, GPU, GPUS, gpu_of
 from gpt2dist.system.links import Links, collective_seconds
 
 
@@ -69,6 +71,8 @@ class Implementation:
     # replicated and where it is sharded (DeepSpeed's overflow and norm checks, tensor by tensor)
     syncs_per_layer: float = 0.0  # per block and forward (transformers 4.21's scalar tensors)
     launch: str = "python"  # "python": the host dispatches every kernel; "native": C launches only
+    checkpoint_host_ops: int = 0  # per checkpointed block and micro-step, beyond its kernels: the RNG states saved
+    # in forward and restored around the recompute, the inputs detached, backward called again
     overlaps_backward: bool = True  # the data-parallel collectives run while backward computes
     wire_bytes: int | None = None  # bytes per element the data-parallel collectives move where they move 16 bits
     vocab_parallel: bool = False  # tensor parallelism splits the head over the vocabulary (Megatron), else each
@@ -80,15 +84,31 @@ class Implementation:
 class Constants:
     """What turns counted work into seconds; forecast/published.py fits them (docs/planning.md: what each changes)."""
 
-    gemm_efficiency: float  # share of the dense peak a GEMM reaches where it computes more than it moves
-    memory_efficiency: float  # share of the memory bandwidth an elementwise kernel reaches
+    gemm_efficiency: float  # the program's GEMMs' share of the best-shaped matmul's measured rate
     flash_efficiency: float  # share of the dense peak a fused attention kernel reaches on causal attention's FLOPs
-    link_efficiency: float  # share of a link's rate NCCL's bus bandwidth reaches
     kernel_s: float  # a kernel's fixed cost on the GPU: its launch and its tail
     host_op_s: float  # the host's cost of dispatching one operator from Python
 
-    NAMES = ("gemm_efficiency", "memory_efficiency", "flash_efficiency", "link_efficiency",
-             "kernel_s", "host_op_s")
+    NAMES = ("gemm_efficiency", "flash_efficiency", "kernel_s", "host_op_s")
+
+
+# Where no measurement of a GPU's best matmul or of its sustained memory bandwidth was published: the median of those
+# that were (system.hardware)
+UNMEASURED_MATMUL_SHARE = float(np.median([gpu.best_matmul_share for gpu in GPUS.values() if gpu.best_matmul_share]))
+UNMEASURED_MEMORY_SHARE = float(np.median([gpu.memory_share for gpu in GPUS.values() if gpu.memory_share]))
+
+
+def sustained_bandwidth(gpu: GPU) -> float:
+    """The memory bandwidth a memory-bound kernel sustains: the datasheet's at its measured share."""
+    return gpu.memory_bytes_per_s * (gpu.memory_share or UNMEASURED_MEMORY_SHARE)
+
+
+def best_matmul_share(gpu: GPU, precision: str) -> float:
+    """The share of the peak the best-shaped matmul reaches in the precision's arithmetic: measured for 16-bit
+    tensor cores (system.hardware), none known for fp32 and tf32, whose GEMMs the fitted efficiency alone prices."""
+    if COMPUTE_DTYPE[precision] not in ("bf16", "fp16"):
+        return 1.0
+    return gpu.best_matmul_share or UNMEASURED_MATMUL_SHARE
 
 
 @dataclass
@@ -105,9 +125,12 @@ class Work:
     host_ops: float = 0.0
     syncs: float = 0.0
 
-    def gemm(self, flops: float, moved: float, peak: float, bandwidth: float, count: float = 1.0) -> None:
-        """`count` GEMMs of `flops` each, moving `moved` bytes each."""
-        self.gemm_peak_s.append(count * flops / peak)
+    def gemm(self, shape: Shape, moved: float, gpu: GPU, rate: float, bandwidth: float, count: float = 1.0) -> None:
+        """`count` GEMMs of `shape` each, moving `moved` bytes each: at the share of the best matmul's `rate` its
+        shape reaches (forecast.gemm), or at the sustained memory `bandwidth` where it moves more than it
+        computes."""
+        flops = 2 * shape.m * shape.n * shape.k * shape.batch
+        self.gemm_peak_s.append(count * flops / (rate * efficiency(shape, gpu.sms)))
         self.gemm_memory_s.append(count * moved / bandwidth)
         self.kernels += count
 
@@ -127,24 +150,22 @@ class Work:
 
     def seconds(self, c: Constants) -> tuple[float, float]:
         """The GPU's seconds and the host's."""
-        gemms = float(np.maximum(np.array(self.gemm_peak_s) / c.gemm_efficiency,
-                                 np.array(self.gemm_memory_s) / c.memory_efficiency).sum())
-        gpu = gemms + self.flash_peak_s / c.flash_efficiency + self.memory_s / c.memory_efficiency
+        gemms = float(np.maximum(np.array(self.gemm_peak_s) / c.gemm_efficiency, np.array(self.gemm_memory_s)).sum())
+        gpu = gemms + self.flash_peak_s / c.flash_efficiency + self.memory_s
         return gpu + self.kernels * c.kernel_s, self.host_ops * c.host_op_s
 
 
 @dataclass(frozen=True)
 class Communication:
-    """One group's collectives per step: NCCL's latency, and the bytes as seconds at the link's rate: a datasheet's,
-    of which NCCL reaches a share, or one NCCL measured (through host memory), which it reaches."""
+    """One group's collectives per step: NCCL's latency, and the bytes as seconds at the bus bandwidth NCCL was
+    measured to reach over its link (system.links)."""
 
     group: str
     latency_s: float
     bytes_s: float
-    measured_rate: bool = False
 
     def seconds(self, c: Constants) -> float:
-        return self.latency_s + self.bytes_s / (1.0 if self.measured_rate else c.link_efficiency)
+        return self.latency_s + self.bytes_s
 
 
 @dataclass(frozen=True)
@@ -159,17 +180,85 @@ class StepWork:
     communication: tuple[Communication, ...]
     hideable_bytes_s: float  # the data-parallel bytes sent under computation, as seconds at the link's rate
     hidden_under: float  # the share of the step's computation they can run under
+    filling: Work = field(default_factory=Work)  # a micro-step of the pipeline's other stages (empty without)
 
     def terms(self, c: Constants) -> StepTerms:
+        """The step's terms. Tensor parallelism's all-reduces sit between a block's GEMMs on the GPU's one stream:
+        they lengthen the GPU's micro-step, and cost the step only what the host's dispatch does not already wait
+        for; the other groups' collectives come after the computation they follow."""
         micro_gpu, micro_host = self.micro.seconds(c)
         step_gpu, step_host = self.step.seconds(c)
         stall = c.host_op_s + c.kernel_s  # after a sync the GPU waits for the host's next launch
-        compute = (max(self.passes * micro_gpu + step_gpu, self.passes * micro_host + step_host)
-                   + (self.passes * self.micro.syncs + self.step.syncs) * stall)
+        syncs = (self.passes * self.micro.syncs + self.step.syncs) * stall
+
+        def computing(in_micro_step: float) -> float:
+            return (max(self.passes * (micro_gpu + in_micro_step) + step_gpu, self.passes * micro_host + step_host)
+                    + syncs)
+
         comm = {part.group: part.seconds(c) for part in self.communication}
-        hidden = min(self.hideable_bytes_s / c.link_efficiency, self.hidden_under * compute,
+        compute = computing(0.0)
+        if TENSOR_PARALLEL_GROUP in comm:  # what the all-reduces add to the computation, the rest in the host's slack
+            comm[TENSOR_PARALLEL_GROUP] = computing(comm[TENSOR_PARALLEL_GROUP] / self.passes) - compute
+        hidden = min(self.hideable_bytes_s, self.hidden_under * compute,
                      comm.get(DATA_PARALLEL_GROUP, 0.0))
-        return StepTerms(compute, self.bubble_micro_steps * max(micro_gpu, micro_host), comm, hidden)
+        fill_gpu, fill_host = self.filling.seconds(c)
+        # the tensor-parallel share of a micro-step is this stage's too
+        other_stage = max(fill_gpu + comm.get(TENSOR_PARALLEL_GROUP, 0.0) / self.passes, fill_host)
+        return StepTerms(compute, self.bubble_micro_steps * other_stage, comm, hidden)
+
+
+class StepWorks:
+    """Many rows' steps as arrays, priced at once with StepWork.terms' arithmetic: a fit prices every row of the
+    published table at each of its trials."""
+
+    GROUPS = tuple(GROUP_DIMS)
+
+    def __init__(self, works: list[StepWork]):
+        self.rows = len(works)
+        self.passes = np.array([w.passes for w in works], dtype=float)
+        self.bubble = np.array([w.bubble_micro_steps for w in works])
+        self.hideable = np.array([w.hideable_bytes_s for w in works])
+        self.under = np.array([w.hidden_under for w in works])
+        self.parts = {part: self._work([getattr(w, part) for w in works]) for part in ("micro", "step", "filling")}
+        self.comm = {}
+        for group in self.GROUPS:
+            found = [next((p for p in w.communication if p.group == group), None) for w in works]
+            self.comm[group] = (np.array([p.latency_s if p else 0.0 for p in found]),
+                                np.array([p.bytes_s if p else 0.0 for p in found]))
+        if any(p.group not in self.GROUPS for w in works for p in w.communication):
+            raise ValueError(f"a group other than {', '.join(self.GROUPS)}")
+
+    @staticmethod
+    def _work(works: list[Work]) -> dict[str, np.ndarray]:
+        owner = np.concatenate([np.full(len(w.gemm_peak_s), row) for row, w in enumerate(works)]).astype(int)
+        return {"owner": owner, "gemm_peak_s": np.concatenate([w.gemm_peak_s for w in works]),
+                "gemm_memory_s": np.concatenate([w.gemm_memory_s for w in works]),
+                **{name: np.array([getattr(w, name) for w in works], dtype=float)
+                   for name in ("flash_peak_s", "memory_s", "kernels", "host_ops", "syncs")}}
+
+    def _seconds(self, part: str, c: Constants) -> tuple[np.ndarray, np.ndarray]:
+        w = self.parts[part]
+        gemms = np.bincount(w["owner"], np.maximum(w["gemm_peak_s"] / c.gemm_efficiency, w["gemm_memory_s"]),
+                            minlength=self.rows)
+        gpu = gemms + w["flash_peak_s"] / c.flash_efficiency + w["memory_s"]
+        return gpu + w["kernels"] * c.kernel_s, w["host_ops"] * c.host_op_s
+
+    def totals(self, c: Constants) -> np.ndarray:
+        """Every row's predicted step, seconds (StepWork.terms(c).total_s)."""
+        (micro_gpu, micro_host), (step_gpu, step_host) = self._seconds("micro", c), self._seconds("step", c)
+        syncs = (self.passes * self.parts["micro"]["syncs"] + self.parts["step"]["syncs"]) * (c.host_op_s + c.kernel_s)
+
+        def computing(in_micro_step):
+            return np.maximum(self.passes * (micro_gpu + in_micro_step) + step_gpu,
+                              self.passes * micro_host + step_host) + syncs
+
+        comm = {group: latency + bytes_s for group, (latency, bytes_s) in self.comm.items()}
+        compute = computing(0.0)
+        comm[TENSOR_PARALLEL_GROUP] = computing(comm[TENSOR_PARALLEL_GROUP] / self.passes) - compute
+        hidden = np.minimum.reduce([self.hideable, self.under * compute, comm[DATA_PARALLEL_GROUP]])
+        fill_gpu, fill_host = self._seconds("filling", c)
+        bubble = self.bubble * np.maximum(fill_gpu + comm[TENSOR_PARALLEL_GROUP] / self.passes, fill_host)
+        return compute + bubble + sum(comm.values()) - hidden
 
 
 def peak_of(gpu: str, precision: str) -> float:
@@ -187,7 +276,8 @@ def peak_of(gpu: str, precision: str) -> float:
 def step_work(spec: RunSpec, gpu: str, implementation: Implementation, links: Links) -> StepWork:
     """A GPU rank's step of `spec` on `gpu` (the busiest rank: a pipeline's last stage, which holds the head), as
     `implementation` computes it, its collectives over `links`."""
-    peak, bandwidth = peak_of(gpu, spec.precision), gpu_of(gpu).memory_bytes_per_s
+    peak, device = peak_of(gpu, spec.precision), gpu_of(gpu)
+    bandwidth, rate = sustained_bandwidth(device), peak * best_matmul_share(device, spec.precision)
     degrees, m, t = degrees_of(spec), spec.model, spec.train
     a = compute_bytes(spec.precision)  # a GEMM's operands and outputs
     tp, rows, context, d = degrees.tp, t.micro_batch_size, m.n_positions, m.n_embd
@@ -197,10 +287,11 @@ def step_work(spec: RunSpec, gpu: str, implementation: Implementation, links: Li
 
     forward, backward = Work(), Work()
     for n_out, n_in in ((3 * d // tp, d), (d, d // tp), (4 * d // tp, d), (d, 4 * d // tp)):
-        flops = 2 * tokens * n_out * n_in
-        forward.gemm(flops, (tokens * n_in + n_out * n_in + tokens * n_out) * a, peak, bandwidth)
-        backward.gemm(flops, (tokens * n_out + n_out * n_in + tokens * n_in) * a, peak, bandwidth)
-        backward.gemm(flops, (tokens * n_out + tokens * n_in) * a + n_out * n_in * FP32, peak, bandwidth)
+        # y = x W^T forward; the input's gradient, dy W; the weight's, dy^T x, reduced over the tokens
+        forward.gemm(Shape(tokens, n_out, n_in), (tokens * n_in + n_out * n_in + tokens * n_out) * a, device, rate, bandwidth)
+        backward.gemm(Shape(tokens, n_in, n_out), (tokens * n_out + n_out * n_in + tokens * n_in) * a, device, rate, bandwidth)
+        backward.gemm(Shape(n_out, n_in, tokens), (tokens * n_out + tokens * n_in) * a + n_out * n_in * FP32, device,
+                      rate, bandwidth)
     scores = rows * heads * context * context  # every head's full square
     square_flops = 2 * scores * head_dim  # one of QK^T and PV over the full square
     if implementation.attention == "flash":  # the causal half; backward's five matmuls to forward's two
@@ -208,10 +299,12 @@ def step_work(spec: RunSpec, gpu: str, implementation: Implementation, links: Li
         forward.kernels, backward.kernels = 1, 3
     else:
         per_head_row = tokens * d // tp * a  # q, k, v or the output, all heads of this rank
-        forward.gemm(square_flops, 2 * per_head_row + scores * a, peak, bandwidth)  # QK^T
-        forward.gemm(square_flops, scores * a + 2 * per_head_row, peak, bandwidth)  # PV
-        backward.gemm(square_flops, 2 * per_head_row + scores * a, peak, bandwidth)  # the scores' gradient
-        backward.gemm(square_flops, scores * a + 2 * per_head_row, peak, bandwidth, 3)  # V's, Q's and K's
+        each = rows * heads  # one GEMM per sequence and head, batched
+        square, deep = Shape(context, context, head_dim, each), Shape(context, head_dim, context, each)
+        forward.gemm(square, 2 * per_head_row + scores * a, device, rate, bandwidth)  # QK^T
+        forward.gemm(deep, scores * a + 2 * per_head_row, device, rate, bandwidth)  # PV
+        backward.gemm(square, 2 * per_head_row + scores * a, device, rate, bandwidth)  # the scores' gradient, dO V^T
+        backward.gemm(deep, scores * a + 2 * per_head_row, device, rate, bandwidth, 3)  # V's, Q's and K's
         forward.moves(0, scores * implementation.score_bytes[0], bandwidth)
         backward.moves(0, scores * implementation.score_bytes[1], bandwidth)
     for work, direction in ((forward, 0), (backward, 1)):
@@ -221,15 +314,26 @@ def step_work(spec: RunSpec, gpu: str, implementation: Implementation, links: Li
         work.host_ops = work.kernels if python else 0.0
     forward.syncs = implementation.syncs_per_layer
 
+    checkpointed = t.activation_checkpointing == "block"
+    forwards = 2 if checkpointed else 1
+    if checkpointed and python:
+        backward.host_ops += implementation.checkpoint_host_ops
     micro = Work()
-    micro.add(forward, blocks * (2 if t.activation_checkpointing == "block" else 1))
+    micro.add(forward, blocks * forwards)
     micro.add(backward, blocks)
-    _head(micro, implementation, spec, tokens, a, peak, bandwidth, degrees.pp)
+    _head(micro, implementation, spec, tokens, a, device, rate, degrees.pp)
+    # the pipeline's other stages: their blocks (the first's has the embeddings, not the head), which its bubble waits
+    # for while the pipeline fills and drains
+    filling = Work()
+    if degrees.pp > 1:
+        filling.add(forward, len(rank_blocks(spec, 0)) * forwards)
+        filling.add(backward, len(rank_blocks(spec, 0)))
+        _embeddings(filling, spec, tokens, a, bandwidth)
     local = local_parameters(spec, degrees.pp - 1)
     local_elements = sum(math.prod(shape) for shape in local.values())
     matrices = sum(len(shape) == 2 for shape in local.values())
     if implementation.weight_casts and a == HALF:  # per forward (and recompute), and back
-        casts = matrices * (2 + (t.activation_checkpointing == "block"))
+        casts = matrices * (2 + checkpointed)
         micro.moves(casts, local_elements * (FP32 + HALF) * casts / matrices, bandwidth)
         micro.host_ops += casts if python else 0
     if implementation.accumulate_grads:  # every backward adds its gradients into the zeroed ones
@@ -240,25 +344,30 @@ def step_work(spec: RunSpec, gpu: str, implementation: Implementation, links: Li
         micro.host_ops = micro.host_ops * devices + 2 * len(local) * devices  # it replicates the module each pass
     step = _step(implementation, spec, len(local), local_elements, bandwidth)
     return StepWork(micro, step, degrees.passes, (degrees.pp - 1) / degrees.pp_virtual if degrees.pp > 1 else 0.0,
-                    *_communication(spec, implementation, links))
+                    *_communication(spec, implementation, links), filling=filling)
 
 
-def _head(micro: Work, implementation: Implementation, spec: RunSpec, tokens: int, a: int, peak: float,
-          bandwidth: float, stages: int) -> None:
+def _head(micro: Work, implementation: Implementation, spec: RunSpec, tokens: int, a: int, device: GPU, rate: float,
+          stages: int) -> None:
     """The busiest stage's ends: the embeddings (without a pipeline), the final norm, the head and its loss."""
-    m, d = spec.model, spec.model.n_embd
+    m, d, bandwidth = spec.model, spec.model.n_embd, sustained_bandwidth(device)
     vocab = m.vocab_size // degrees_of(spec).tp if implementation.vocab_parallel else m.vocab_size
     python = implementation.launch == "python"
-    if stages == 1:  # token and position embeddings summed; backward scatters into the token embedding's gradient
-        micro.moves(3, tokens * d * 5 * a, bandwidth)
-        micro.moves(4, tokens * d * 2 * a + vocab * d * 2 * FP32, bandwidth)
+    if stages == 1:
+        _embeddings(micro, spec, tokens, a, bandwidth)
     micro.moves(3, tokens * d * 5 * a, bandwidth)  # the final norm, and back
-    flops = 2 * tokens * vocab * d
-    micro.gemm(flops, (tokens * d + vocab * d + tokens * vocab) * a, peak, bandwidth)
-    micro.gemm(flops, (tokens * vocab + vocab * d + tokens * d) * a, peak, bandwidth)
-    micro.gemm(flops, (tokens * vocab + tokens * d) * a + vocab * d * FP32, peak, bandwidth)
+    micro.gemm(Shape(tokens, vocab, d), (tokens * d + vocab * d + tokens * vocab) * a, device, rate, bandwidth)
+    micro.gemm(Shape(tokens, d, vocab), (tokens * vocab + vocab * d + tokens * d) * a, device, rate, bandwidth)
+    micro.gemm(Shape(vocab, d, tokens), (tokens * vocab + tokens * d) * a + vocab * d * FP32, device, rate, bandwidth)
     micro.moves(sum(implementation.head_kernels), tokens * vocab * sum(implementation.head_bytes), bandwidth)
     micro.host_ops += 3 + sum(implementation.head_kernels) + 10 if python else 0  # and backward's start
+
+
+def _embeddings(micro: Work, spec: RunSpec, tokens: int, a: int, bandwidth: float) -> None:
+    """Token and position embeddings summed; backward scatters into the token embedding's gradient."""
+    m, d = spec.model, spec.model.n_embd
+    micro.moves(3, tokens * d * 5 * a, bandwidth)
+    micro.moves(4, tokens * d * 2 * a + m.vocab_size * d * 2 * FP32, bandwidth)
 
 
 def _step(implementation: Implementation, spec: RunSpec, tensors: int, local_elements: int, bandwidth: float) -> Work:
@@ -293,8 +402,8 @@ def group_bus_bytes_per_s(spec: RunSpec, group: str, links: Links) -> float:
     node's NICs shared by the groups that cross them at once (config.traffic.link_streams), never more than the
     link inside."""
     if not spans_nodes(spec, group):
-        return links.bus_bytes_per_s(1)
-    return min(links.bus_bytes_per_s(1), links.bus_bytes_per_s(spec.nodes) / link_streams(spec, group))
+        return links.nccl_bytes_per_s(1)
+    return min(links.nccl_bytes_per_s(1), links.nccl_bytes_per_s(spec.nodes) / link_streams(spec, group))
 
 
 def _communication(spec: RunSpec, implementation: Implementation,
@@ -318,7 +427,7 @@ def _communication(spec: RunSpec, implementation: Implementation,
         bus = group_bus_bytes_per_s(spec, part.group, links)
         nodes = spec.nodes if spans_nodes(spec, part.group) else 1
         total = collective_seconds(part.kind, sent, part.calls, part.ranks, nodes, links.inside, bus)
-        parts.append(Communication(part.group, total - sent / bus, sent / bus, links.through_host and nodes == 1))
+        parts.append(Communication(part.group, total - sent / bus, sent / bus))
         # through host memory (peer-to-peer off) NCCL's proxy threads copy every byte on the CPUs the ranks dispatch
         # from: none of it hides (Hugging Face's three pairs with and without peer-to-peer, docs/planning.md)
         if part.group == DATA_PARALLEL_GROUP and implementation.overlaps_backward and not links.through_host:

@@ -18,6 +18,10 @@ from gpt2dist.forecast.gpu_step import Implementation
 ENGINE_NAME = "gpt2dist"  # the table's name for this engine's own runs
 # Dropout on a tensor: read and written, and a one-byte mask kept for backward, which reads both and writes one
 DROPOUT_SITE = 3
+# Megatron's CheckpointFunction (mpu/random.py) per block: forward saves the CPU, CUDA and model-parallel tracker's RNG
+# states (3); backward detaches the input, sets the three states, recomputes (its kernels counted apart), sets them
+# back (3) and calls autograd's backward on the outputs (1)
+MEGATRON_CHECKPOINT_OPS = 11
 PUBLISHED = {implementation.name: implementation for implementation in (
     Implementation(
         "transformers-4.3", "transformers 4.3.0 models/gpt2/modeling_gpt2.py, trainer.py and optimization.py (AdamW); "
@@ -56,7 +60,25 @@ PUBLISHED = {implementation.name: implementation for implementation in (
         width_bytes=(12 * HALF + 2, 20 * HALF + 2), inner_bytes=(16 * HALF, 44 * HALF),
         score_bytes=(5 * HALF + 2, 8 * HALF + 1), head_bytes=(38, 12), head_kernels=(7, 3),
         accumulate_grads=True, master_copies=True, clip="multi-tensor", syncs_per_step=3, overlaps_backward=False,
-        vocab_parallel=True, kept=Kept(width=12, split=24, checkpointed=HALF, scores=5, head=10, vocab_split=True)),
+        vocab_parallel=True, checkpoint_host_ops=MEGATRON_CHECKPOINT_OPS,
+        kept=Kept(width=12, split=24, checkpointed=HALF, scores=5, head=10, vocab_split=True)),
+    Implementation(
+        "megatron-deepspeed-2023", "microsoft/Megatron-DeepSpeed's GPT as vTrain profiles it (VIA-Research/vTrain "
+        "f8dda84 src/model/gpt_modeling.py, layers.py, fused_softmax.py, fused_bias_gelu.py, fused_adam.py: fp16, "
+        "FusedScaleMaskSoftmax, attention dropout 0.1, jit-fused bias-dropout-add and bias-GELU, vocabulary-parallel "
+        "head, FusedAdam over fp32 masters, gradients all-reduced after backward)", attention="materialized",
+        kernels=(8, 17),
+        # forward: two norms (read, write) and two bias-dropout-adds (x and the residual read, the sum and its mask
+        # written) on the width; the heads merged by a copy and the fused bias-GELU on the split widths; backward:
+        # each of those by autograd's formulas, the norms' weight gradients, the bias gradients' reductions and the
+        # residual stream's two gradient sums
+        width_bytes=(11 * HALF, 23 * HALF), inner_bytes=(10 * HALF, 21 * HALF),
+        # the fused scale-mask-softmax read and written, dropout read and written with its one-byte mask; backward
+        # dropout's (the mask read) and softmax's (its output and the gradient read, one written)
+        score_bytes=(4 * HALF + 1, 5 * HALF + 1), head_bytes=(38, 12), head_kernels=(7, 3),
+        accumulate_grads=True, master_copies=True, clip="multi-tensor", syncs_per_step=3, overlaps_backward=True,
+        vocab_parallel=True, checkpoint_host_ops=MEGATRON_CHECKPOINT_OPS,
+        kept=Kept(width=12, split=24, checkpointed=HALF, scores=5, head=10, vocab_split=True)),
     Implementation(
         "deepspeed-megatron-0.3", "DeepSpeedExamples Megatron-LM a79272c with DeepSpeed 0.3.0 (fp16 model, apex "
         "FusedLayerNorm, scripted GELU, mask arithmetic on the scores, FusedAdam; a sync per gradient tensor to check "

@@ -16,7 +16,6 @@ fp16 under tensor parallelism or a pipeline, which Megatron's own loss scaler ru
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import math
 from dataclasses import asdict
@@ -28,12 +27,14 @@ from pydantic import ValidationError
 
 from gpt2dist.config.memory import GIB, predict
 from gpt2dist.config.schema import ModelConfig, RunSpec, TrainConfig
+from gpt2dist.config.split import parse_split
 from gpt2dist.config.strategies import check_placement
 from gpt2dist.errors import UsageError
-from gpt2dist.io import atomic_write_json, cannot_be_read
-from gpt2dist.forecast.gpu_step import Constants, Implementation, StepWork, mfu_step_terms, step_work
+from gpt2dist.forecast.gpu_step import Constants, Implementation, StepWork, StepWorks, mfu_step_terms, step_work
 from gpt2dist.forecast.implementations import ENGINE_NAME, PUBLISHED, engine_implementation
-from gpt2dist.system.links import Links
+from gpt2dist.io import atomic_write_json, cannot_be_read
+from gpt2dist.system.hardware import COMPUTE_DTYPE, GPUS, gpu_of
+from gpt2dist.system.links import ACROSS_NODES, INSIDE_NODE, Links
 
 TABLE = Path(__file__).with_name("published_gpt2.csv")
 FIT = Path(__file__).with_name("gpu_fit.json")
@@ -47,14 +48,14 @@ ALLOCATED, DEVICE = "allocated", "device"
 # Two rows whose published throughputs are closer than this are a tie, not an ordering to get right
 TIE = 0.03
 # Where a fit may take each constant: the physical range, so that a constant cannot stand in for another's work.
-# A GEMM reaches at most its peak; NCCL's bus bandwidth reaches 65-100% of a link's rate (nccl-tests' all-reduce:
-# about 200 of NVLink 3's 300 GB/s on 8 A100s, NVIDIA/nccl-tests#149; up to 96 of 4 HDR NICs' 100, #119); a kernel
-# costs its GPU 1-8 microseconds beyond its work (launch latency and tail), a Python-dispatched operator its host
-# 5-100.
-BOUNDS = {"gemm_efficiency": (0.2, 1.0), "memory_efficiency": (0.2, 1.0),
-          "flash_efficiency": (0.05, 1.0), "link_efficiency": (0.65, 1.0), "kernel_s": (1e-6, 8e-6),
+# A program's GEMMs reach at most the best matmul measured on the GPU (system.hardware); a kernel costs its GPU 1-8
+# microseconds beyond its work (launch latency and tail), a Python-dispatched operator its host 5-100. The memory
+# bandwidth a kernel sustains and the bus bandwidth NCCL reaches are measured, not fitted (system.hardware,
+# system.links): fitted, they stood in for work the model leaves out, and the picks of the published searches
+# followed them (docs/planning.md).
+BOUNDS = {"gemm_efficiency": (0.2, 1.0), "flash_efficiency": (0.05, 1.0), "kernel_s": (1e-6, 8e-6),
           "host_op_s": (5e-6, 100e-6)}
-START = Constants(0.8, 0.8, 0.4, 0.8, 4e-6, 15e-6)  # where each fit starts
+START = Constants(0.8, 0.4, 4e-6, 15e-6)  # where each fit starts
 # The fit weighs each row by 1 / sqrt(rows of its source): a source of thirty rows counts more than one of one,
 # not thirty times as much; errors are of log(predicted / published) under a soft L1 loss, so that a row far off
 # (a setup the table describes wrongly) pulls the constants less than a square would
@@ -65,18 +66,80 @@ LOW, HIGH = 0.05, 0.95  # the percentiles of the out-of-source errors a GPU pred
 
 
 def read_table(path: Path = TABLE) -> pd.DataFrame:
-    """The table, its columns checked: a missing one is a table of another layout."""
+    """The table, every cell checked (cells): a missing column is a table of another layout, a cell outside what its
+    column allows is one error naming the row, the column and what is allowed."""
     if not path.is_file():
         raise UsageError(f"--table {path}: no such file")
     try:
-        table = pd.read_csv(path, dtype={"strategy": str, "outside": str, "implementation": str},
-                            keep_default_na=False, na_values={"memory_gib": [""], "step_s": [""]})
+        table = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError):
         raise UsageError(f"--table {path}: not a CSV table; write it in the columns of {TABLE.name}") from None
     missing = [column for column in COLUMNS if column not in table]
     if missing:
         raise UsageError(f"--table {path}: no column {', '.join(missing)}; write it in the columns of {TABLE.name}")
-    return table
+    if table.empty:
+        raise UsageError(f"--table {path}: no rows under its header; add a measurement in the columns of {TABLE.name}")
+    return cells(table, path)
+
+
+COUNTS = ("gpus", "gpus_per_node", "nodes", "nics", "n_layer", "n_head", "n_embd", "seq_len", "vocab", "micro_batch",
+          "global_batch")  # whole numbers, 1 or more
+NAMED = ("row", "source", "where", "group", "conversion")  # said for every row
+CHOICES = {"link_inside": tuple(INSIDE_NODE), "link_across": tuple(ACROSS_NODES), "precision": tuple(COMPUTE_DTYPE),
+           "checkpointing": ("none", "block"), "memory_measure": ("", ALLOCATED, DEVICE)}
+
+
+def cells(table: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """The table with its numbers read, or the first cell (by row, then by column in the table's order) its column
+    does not allow, refused in one line."""
+    faults: list[tuple[int, int, str]] = []  # (row's index, column's position, what is wrong)
+
+    def check(column: str, bad: pd.Series, problem: str) -> None:
+        if bad.any():
+            faults.append((int(bad.to_numpy().argmax()), list(table.columns).index(column), problem))
+
+    def number(column: str) -> pd.Series:
+        return pd.to_numeric(table[column].str.strip().replace("", "nan"), errors="coerce")
+
+    for column in NAMED:
+        check(column, table[column].str.strip() == "", "is empty; say it for every row")
+    counts = {column: number(column) for column in COUNTS}
+    for column, values in counts.items():
+        check(column, ~(np.isfinite(values) & (values >= 1) & (values == values.round())),
+              "is not a whole number of 1 or more")
+    for column, allowed in CHOICES.items():
+        check(column, ~table[column].isin(allowed), f"is not one of {', '.join(repr(a) for a in allowed)}")
+    check("gpu", table["gpu"].map(lambda name: gpu_of(name) is None),
+          f"names no GPU with a datasheet here (known: {', '.join(GPUS)})")
+    inside = table["outside"] == ""  # a row outside the registry says why instead of naming its strategy and program
+    check("strategy", inside & table["strategy"].map(lambda name: _split_refusal(name) is not None),
+          "is no strategy of the grammar (config/split.py: a named one, or a method with degrees such as ddp-tp2-pp2); "
+          "or say in column outside why the registry has none for it")
+    check("implementation", inside & ~table["implementation"].isin([ENGINE_NAME, *PUBLISHED]),
+          f"is no program the step model counts (known: {ENGINE_NAME}, {', '.join(PUBLISHED)})")
+    step_s, memory = number("step_s"), number("memory_gib")
+    check("step_s", ~(np.isfinite(step_s) & (step_s > 0)), "is not a number of seconds above 0")
+    given = table["memory_gib"].str.strip() != ""
+    check("memory_gib", given & ~(np.isfinite(memory) & (memory > 0)),
+          "is not a number of GiB above 0 (or empty where none was published)")
+    check("memory_measure", given != (table["memory_measure"] != ""),
+          f"does not go with column memory_gib: give both ({ALLOCATED} or {DEVICE}) or neither")
+    check("row", table["row"].duplicated(), "names a row twice; give each row its own name")
+    if faults:
+        index, position, problem = min(faults)
+        column = table.columns[position]
+        raise UsageError(f"--table {path}: row {table.at[index, 'row'] or index + 1} (line {index + 2}), column "
+                         f"{column}: {table.at[index, column]!r} {problem}")
+    return table.assign(**{column: values.astype(int) for column, values in counts.items()}, step_s=step_s,
+                        memory_gib=memory)
+
+
+def _split_refusal(name: str) -> str | None:
+    try:
+        parse_split(name, said="strategy")
+    except UsageError as exc:
+        return str(exc)
+    return None
 
 
 def row_spec(row: pd.Series) -> RunSpec:
@@ -101,10 +164,6 @@ def row_works(table: pd.DataFrame) -> list[StepWork | str]:
     for _, row in table.iterrows():
         if row.outside:
             works.append(f"outside the registry: {row.outside}")
-            continue
-        if row.implementation != ENGINE_NAME and row.implementation not in PUBLISHED:
-            works.append(f"implementation {row.implementation!r} unknown (known: {ENGINE_NAME}, "
-                         f"{', '.join(PUBLISHED)})")
             continue
         try:
             spec = row_spec(row)
@@ -131,9 +190,10 @@ def fit(works: list[StepWork], step_s: np.ndarray, sources: np.ndarray, held: di
     bounds = BOUNDS | {name: (value, value * (1 + 1e-9)) for name, value in (held or {}).items()}
     low, high = (np.log([bounds[name][side] for name in Constants.NAMES]) for side in (0, 1))
 
+    priced = StepWorks(works)
+
     def residuals(log_constants: np.ndarray) -> np.ndarray:
-        constants = Constants(*np.exp(log_constants))
-        return weights * np.log([work.terms(constants).total_s for work in works] / step_s)
+        return weights * np.log(priced.totals(Constants(*np.exp(log_constants))) / step_s)
 
     from scipy.optimize import least_squares  # here: plan and recommend read the shipped fit, and start 0.5 s sooner
 
@@ -191,30 +251,67 @@ def predictions(table: pd.DataFrame, mfu: float | None = None,
                       memory_error=lambda t: t["predicted_memory_gib"] / t["memory_gib"] - 1), fits
 
 
+# What a search holds fixed: one source's machine, the model, the GPUs and the tokens per step, in one program and
+# precision; its rows differ in the split, the data-parallel method, the micro-batch or activation checkpointing:
+# what a user choosing a configuration for their GPUs chooses between
+SEARCH_KEYS = ["group", "gpus", "nodes", "n_layer", "n_head", "n_embd", "seq_len", "global_batch", "precision",
+               "implementation"]
+SEARCH_TIE = 0.02  # a pick measured within this of the best is the best: runs of one setup vary by as much
+WITHIN = 0.05
+
+
 def pairs(predicted: pd.DataFrame) -> pd.DataFrame:
     """Every two predicted rows of one group whose published throughputs differ by more than TIE: the published
     ratio (first over second), the predicted one, whether the prediction orders them as published, its ratio's error
-    (predicted / published ratio - 1), and whether both ran on as many GPUs (then only the strategy, the precision,
-    the micro-batch or the link differs: the harder pairs, where more GPUs alone do not tell the order)."""
-    rows = []
+    (predicted / published ratio - 1), whether both ran on as many GPUs (then only the strategy, the precision,
+    the micro-batch or the link differs: the harder pairs, where more GPUs alone do not tell the order), and whether
+    both are of one search (what a user picking a configuration for their GPUs weighs)."""
+    frames = []
     usable = predicted[predicted["predicted_tokens_per_s"].notna() & predicted["published_tokens_per_s"].notna()]
     for group, members in usable.groupby("group", sort=False):
-        for a, b in itertools.combinations(members.itertuples(index=False), 2):
-            published = a.published_tokens_per_s / b.published_tokens_per_s
-            if abs(published - 1) <= TIE:
-                continue
-            modelled = a.predicted_tokens_per_s / b.predicted_tokens_per_s
-            rows.append({"group": group, "first": a.row, "second": b.row, "published_ratio": published,
-                         "predicted_ratio": modelled, "ordered": (published > 1) == (modelled > 1),
-                         "ratio_error": modelled / published - 1, "same_gpus": a.gpus == b.gpus})
-    return pd.DataFrame(rows, columns=["group", "first", "second", "published_ratio", "predicted_ratio", "ordered",
-                                       "ratio_error", "same_gpus"])
+        first, second = np.triu_indices(len(members), k=1)  # a group of 1,440 rows has a million pairs
+        published = members["published_tokens_per_s"].to_numpy()
+        modelled = members["predicted_tokens_per_s"].to_numpy()
+        gpus, rows = members["gpus"].to_numpy(), members["row"].to_numpy()
+        search = members.groupby(SEARCH_KEYS, sort=False).ngroup().to_numpy()
+        ratio, guess = published[first] / published[second], modelled[first] / modelled[second]
+        kept = np.abs(ratio - 1) > TIE
+        first, second, ratio, guess = first[kept], second[kept], ratio[kept], guess[kept]
+        frames.append(pd.DataFrame({"group": group, "first": rows[first], "second": rows[second],
+                                    "published_ratio": ratio, "predicted_ratio": guess,
+                                    "ordered": (ratio > 1) == (guess > 1), "ratio_error": guess / ratio - 1,
+                                    "same_gpus": gpus[first] == gpus[second],
+                                    "same_search": search[first] == search[second]}))
+    columns = ["group", "first", "second", "published_ratio", "predicted_ratio", "ordered", "ratio_error", "same_gpus",
+               "same_search"]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
-def error_summary(predicted: pd.DataFrame, ordered: pd.DataFrame) -> dict[str, float | int]:
-    """The numbers the planner quotes: rows and sources predicted, pairs ordered as published, the throughput's
-    median, worst and 5th to 95th percentile error, the ratio's median |error| within groups, the memory's where the
-    peak allocated was published, and how many of the devices' published use the prediction stays below."""
+def searches(predicted: pd.DataFrame) -> pd.DataFrame:
+    """Each search (SEARCH_KEYS; two predicted rows at least): its rows, the measured fastest, the predicted fastest
+    (the pick), whether the pick is the fastest (measured within SEARCH_TIE of it) or within WITHIN of it, and its
+    regret (the pick's measured step over the fastest's)."""
+    usable = predicted[predicted["predicted_step_s"].notna()]
+    found = []
+    for keys, members in usable.groupby(SEARCH_KEYS, sort=False):
+        if len(members) < 2:
+            continue
+        best, pick = members.loc[members["step_s"].idxmin()], members.loc[members["predicted_step_s"].idxmin()]
+        regret = pick["step_s"] / best["step_s"]
+        found.append({**dict(zip(SEARCH_KEYS, keys)), "rows": len(members), "fastest": best["row"],
+                      "fastest_strategy": best["strategy"], "fastest_micro_batch": best["micro_batch"],
+                      "pick": pick["row"], "pick_strategy": pick["strategy"], "pick_micro_batch": pick["micro_batch"],
+                      "regret": regret, "top1": regret <= 1 + SEARCH_TIE, "within": regret <= 1 + WITHIN})
+    columns = [*SEARCH_KEYS, "rows", "fastest", "fastest_strategy", "fastest_micro_batch", "pick", "pick_strategy",
+               "pick_micro_batch", "regret", "top1", "within"]
+    return pd.DataFrame(found, columns=columns)
+
+
+def error_summary(predicted: pd.DataFrame, ordered: pd.DataFrame, searched: pd.DataFrame) -> dict[str, float | int]:
+    """The numbers the planner quotes: rows and sources predicted, pairs ordered as published, the searches whose
+    pick is the fastest or near it and the regret, the throughput's median, worst and 5th to 95th percentile error,
+    the ratio's median |error| within groups, the memory's where the peak allocated was published, and how many of
+    the devices' published use the prediction stays below."""
     throughput = predicted["throughput_error"].dropna()
     memory = predicted.loc[predicted["memory_measure"] == ALLOCATED, "memory_error"].dropna()
     device = predicted.loc[predicted["memory_measure"] == DEVICE, "memory_error"].dropna()
@@ -232,8 +329,14 @@ def error_summary(predicted: pd.DataFrame, ordered: pd.DataFrame) -> dict[str, f
             "pairs": len(ordered), "pairs_ordered": int(ordered["ordered"].sum()),
             "same_gpus_pairs": int(ordered["same_gpus"].sum()),
             "same_gpus_pairs_ordered": int((ordered["same_gpus"] & ordered["ordered"]).sum()),
+            "searches": len(searched), "searches_top1": int(searched["top1"].sum()),
+            "searches_within": int(searched["within"].sum()),
+            "regret_median": float(searched["regret"].median()) if len(searched) else math.nan,
+            "regret_worst": float(searched["regret"].max()) if len(searched) else math.nan,
             "ratio_median_abs_error": median(ordered["ratio_error"]),
             "ratio_high_abs_error": float(ordered["ratio_error"].abs().quantile(HIGH)) if len(ordered) else math.nan,
+            "search_ratio_high_abs_error": float(ordered.loc[ordered["same_search"], "ratio_error"].abs().quantile(HIGH))
+            if ordered["same_search"].any() else math.nan,
             "throughput_median_abs_error": median(throughput), "throughput_worst_error": worst(throughput),
             "throughput_low_error": float(throughput.quantile(LOW)) if len(throughput) else math.nan,
             "throughput_high_error": float(throughput.quantile(HIGH)) if len(throughput) else math.nan,
@@ -242,18 +345,19 @@ def error_summary(predicted: pd.DataFrame, ordered: pd.DataFrame) -> dict[str, f
 
 
 def validation(table: pd.DataFrame, mfu: float | None = None,
-               held: dict[str, float] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """A table's predictions (out of source, or at `mfu`; `held` constants kept at their value), its pairs, and
-    error_summary with (without `mfu`) the constants fitted to every row and to every source but each."""
+               held: dict[str, float] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
+    """A table's predictions (out of source, or at `mfu`; `held` constants kept at their value), its pairs, its
+    searches, and error_summary with (without `mfu`) the constants fitted to every row and to every source but
+    each."""
     predicted, fits = predictions(table, mfu, held)
-    ordered = pairs(predicted)
-    summary = error_summary(predicted, ordered)
+    ordered, searched = pairs(predicted), searches(predicted)
+    summary = error_summary(predicted, ordered, searched)
     if fits:
         summary |= {"constants": asdict(fits.pop("all")),
                     "without_source": {source: asdict(constants) for source, constants in fits.items()}}
     if held:
         summary["held"] = held
-    return predicted, ordered, summary
+    return predicted, ordered, searched, summary
 
 
 def write_fit(path: Path, summary: dict) -> None:
@@ -279,7 +383,7 @@ def shipped_constants() -> Constants:
 def published_summary(mfu: float | None = None) -> dict:
     """The shipped table's error summary: the GPU step model's out of source (gpu_fit.json), or at `mfu`; once a
     process (recommend asks it per model size)."""
-    return shipped_fit() if mfu is None else validation(read_table(), mfu)[2]
+    return shipped_fit() if mfu is None else validation(read_table(), mfu)[3]
 
 
 def summary_words(summary: dict, mfu: float | None = None) -> str:
@@ -297,7 +401,17 @@ def summary_words(summary: dict, mfu: float | None = None) -> str:
             f"sources in {summary['groups']} group(s) (gpt2dist validate-published), {model} is off by "
             f"{summary['throughput_median_abs_error']:.0%} (median; {summary['throughput_low_error']:+.0%} to "
             f"{summary['throughput_high_error']:+.0%}, 5th to 95th percentile; worst "
-            f"{summary['throughput_worst_error']:+.0%}); it orders {summary['pairs_ordered']} of {summary['pairs']} "
-            f"same-machine pairs as published{share}, {summary['same_gpus_pairs_ordered']} of "
-            f"{summary['same_gpus_pairs']} of those on as many GPUs, their ratio off by "
-            f"{summary['ratio_median_abs_error']:.0%} (median)" + memory)
+            f"{summary['throughput_worst_error']:+.0%}); it orders {summary['pairs_ordered']:,} of "
+            f"{summary['pairs']:,} same-machine pairs as published{share}, {summary['same_gpus_pairs_ordered']:,} of "
+            f"{summary['same_gpus_pairs']:,} of those on as many GPUs, their ratio off by "
+            f"{summary['ratio_median_abs_error']:.0%} (median); {search_words(summary)}" + memory)
+
+
+def search_words(summary: dict) -> str:
+    """How the planner's picks fared on the published searches."""
+    if not summary["searches"]:
+        return "no search of configurations to pick from"
+    return (f"its pick is the fastest measured in {summary['searches_top1']} of {summary['searches']} searches "
+            f"(within {SEARCH_TIE:.0%}) and within {WITHIN:.0%} of it in {summary['searches_within']}, the pick's "
+            f"measured step {summary['regret_median']:.2f}x the fastest's (median), {summary['regret_worst']:.2f}x at "
+            "worst")

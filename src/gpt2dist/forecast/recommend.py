@@ -23,16 +23,16 @@ import pandas as pd
 
 from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
 from gpt2dist.config.placement import Kind, Placement
-from gpt2dist.config.schema import Preset
-from gpt2dist.forecast.splits import splits_of
-from gpt2dist.config.strategies import check_run, REFERENCE
+from gpt2dist.config.schema import Preset, RunSpec
+from gpt2dist.config.strategies import check_run, degrees_of, REFERENCE
 from gpt2dist.config.traffic import GROUP_DIMS
 from gpt2dist.errors import UsageError
+from gpt2dist.forecast.plan import gpu_step_terms
+from gpt2dist.forecast.published import WITHIN, published_summary
+from gpt2dist.forecast.splits import splits_of
+from gpt2dist.inputs import read_csv, read_summary
 from gpt2dist.pipeline.run import Run
 from gpt2dist.pipeline.study import model_of, planned_spec
-from gpt2dist.inputs import read_csv, read_summary
-from gpt2dist.forecast.plan import gpu_step_terms
-from gpt2dist.forecast.published import published_summary
 from gpt2dist.system.hardware import COMPUTE_DTYPE
 from gpt2dist.system.links import Links
 
@@ -117,10 +117,11 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
     model = model_of(preset, size)
     rows = []
     for strategy, recompute in itertools.product(splits_of(n, gpus_per_node, model, preset.train), RECOMPUTE):
-        # a micro-batch per GPU per step, with or without activation checkpointing
+        # the preset's micro-batch per GPU sets the global batch; each split runs it at every micro-batch that
+        # divides its replicas' rows, with or without activation checkpointing
         run = Run(strategy, precision, n, 0, nodes, size=size)
-        spec = with_checkpointed_blocks(planned_spec(name, preset, run, "cuda", weak_scaling=True)) if recompute \
-            else planned_spec(name, preset, run, "cuda", weak_scaling=True)
+        spec = planned_spec(name, preset, run, "cuda", weak_scaling=True)
+        spec = with_checkpointed_blocks(spec) if recompute else spec
         tokens_per_step = spec.train.global_batch_size * spec.model.n_positions
         try:
             check_run(spec, gpus_per_node)
@@ -128,29 +129,55 @@ def recommend(name: str, preset: Preset, stored: list[Stored], *, gpu: str, gpus
             if not recompute:  # its checkpointed twin is refused alike
                 rows.append({"strategy": strategy, "recompute": False, "note": f"cannot run here: {exc}"})
             continue
-        terms = gpu_step_terms(spec, gpu, links, mfu, calibration)
-        correction = 1.0
-        if measured is not None:
-            ratios = measured.loc[measured["strategy"] == strategy]
-            correction = (ratios["step_time_s"] / ratios["predicted_step_time_s"]).median() if len(ratios) else 1.0
-        hours = tokens / tokens_per_step * terms.total_s * correction / 3600
-        peak_bytes = predict(spec).peak
-        exposed = terms.exposed_s
-        rows.append({"strategy": strategy, "recompute": recompute, "gpus": n,
-                     "fits": peak_bytes <= usable_bytes(memory_gb), "peak_gib": peak_bytes / GIB,
-                     "step_ms": terms.total_s * correction * 1e3, "compute_ms": terms.compute_s * correction * 1e3,
-                     "bubble_ms": terms.bubble_s * correction * 1e3,
-                     **{f"{group}_ms": exposed.get(group, 0.0) * correction * 1e3 for group in GROUP_DIMS},
-                     # a published run's time over its prediction is 1 + the throughput's error
-                     "hours": hours, "hours_low": hours * (1 + low), "hours_high": hours * (1 + high), "note": ""})
+        for candidate in micro_batches_of(spec, gpus_per_node):
+            terms = gpu_step_terms(candidate, gpu, links, mfu, calibration)
+            correction = 1.0
+            if measured is not None:
+                ratios = measured.loc[measured["strategy"] == strategy]
+                correction = (ratios["step_time_s"] / ratios["predicted_step_time_s"]).median() if len(ratios) \
+                    else 1.0
+            hours = tokens / tokens_per_step * terms.total_s * correction / 3600
+            peak_bytes = predict(candidate).peak
+            exposed, degrees = terms.exposed_s, degrees_of(candidate)
+            rows.append({"strategy": strategy, "recompute": recompute,
+                         "micro_batch": candidate.train.micro_batch_size,
+                         "accumulation": degrees.passes, "gpus": n, "fits": peak_bytes <= usable_bytes(memory_gb),
+                         "peak_gib": peak_bytes / GIB, "step_ms": terms.total_s * correction * 1e3,
+                         "compute_ms": terms.compute_s * correction * 1e3,
+                         "bubble_ms": terms.bubble_s * correction * 1e3,
+                         **{f"{group}_ms": exposed.get(group, 0.0) * correction * 1e3 for group in GROUP_DIMS},
+                         # a published run's time over its prediction is 1 + the throughput's error
+                         "hours": hours, "hours_low": hours * (1 + low), "hours_high": hours * (1 + high),
+                         "note": ""})
     table = pd.DataFrame(rows)
     runnable = table[table["note"] == ""].sort_values(["fits", "hours"], ascending=[False, True])
     return pd.concat([runnable, table[table["note"] != ""]], ignore_index=True), errors
 
 
+def micro_batches_of(spec: RunSpec, visible_gpus: int) -> list[RunSpec]:
+    """The run at every micro-batch this engine can run it at: each power of two that divides its replicas' rows
+    of the global batch, the rest as gradient accumulation (a pipeline's micro-batches): the largest that fits is
+    not always the fastest, as its GEMMs widen while its launches and a pipeline's bubble change."""
+    rows = spec.train.global_batch_size // degrees_of(spec).dp
+    found = []
+    for micro in (2**power for power in range(rows.bit_length())):
+        if rows % micro:
+            continue
+        candidate = spec.model_copy(update={"train": spec.train.model_copy(update={"micro_batch_size": micro})})
+        try:
+            check_run(candidate, visible_gpus)
+        except UsageError:  # fewer micro-batches than a pipeline's stages: torch's schedules refuse it
+            continue
+        found.append(candidate)
+    return found
+
+
 def label(row) -> str:
-    """A candidate's name in prose: its strategy, and whether it recomputes each block's activations."""
-    return f"{row['strategy']}{' with activation checkpointing' if row.get('recompute') else ''}"
+    """A candidate's name in prose: its strategy, its micro-batch and accumulation, and whether it recomputes each
+    block's activations."""
+    batch = (f" at micro-batch {row['micro_batch']:.0f} x {row['accumulation']:.0f}" if "micro_batch" in row
+             and row["micro_batch"] == row["micro_batch"] else "")
+    return f"{row['strategy']}{batch}{' with activation checkpointing' if row.get('recompute') else ''}"
 
 
 def verdict_line(fitting: pd.DataFrame, ratio_error: float) -> str:
@@ -159,7 +186,7 @@ def verdict_line(fitting: pd.DataFrame, ratio_error: float) -> str:
     its 95th percentile: the hours' intervals share the machine's error and say how long, not which is faster);
     otherwise every candidate the model cannot tell from it, as a tie."""
     if fitting.empty:
-        return "No strategy fits this GPU's memory at the preset's micro-batch."
+        return "No strategy fits this GPU's memory at any micro-batch."
     best = fitting.iloc[0]
 
     def hours(row) -> str:
@@ -169,9 +196,21 @@ def verdict_line(fitting: pd.DataFrame, ratio_error: float) -> str:
     tied = others[others["hours"] <= best["hours"] * (1 + ratio_error)]
     if tied.empty:
         return (f"Fastest that fits: {label(best)}, {hours(best)}, every other predicted slower by more than "
-                f"{ratio_error:.0%}, the model's error on the ratio of two runs.")
-    names = [label(row) for _, row in fitting.loc[[best.name, *tied.index]].iterrows()]
-    return (f"Tied for fastest (the model cannot tell them apart: within {ratio_error:.0%} of {label(best)}, its "
-            "error on the ratio of two runs): "
-            + "; ".join(f"{label(row)}, {hours(row)}" for _, row in fitting.loc[[best.name, *tied.index]].iterrows())
-            + f". Choose among {', '.join(names[:-1])} and {names[-1]} by what else matters (memory, tooling).")
+                f"{ratio_error:.0%}, the model's error on the ratio of two runs of one search. {pick_record()}")
+    # each strategy once, at its fastest micro-batch: the others at other micro-batches are the same choice
+    fastest = fitting.loc[[best.name, *tied.index]].drop_duplicates("strategy")
+    names = [label(row) for _, row in fastest.iterrows()]
+    return (f"Tied for fastest (the model cannot tell them apart: {len(tied) + 1} configurations within "
+            f"{ratio_error:.0%} of {label(best)}, its error on the ratio of two runs of one search; each strategy at "
+            "its fastest): " + "; ".join(f"{label(row)}, {hours(row)}" for _, row in fastest.iterrows())
+            + (f". Choose among {', '.join(names[:-1])} and {names[-1]} by what else matters (memory, tooling). "
+               if len(names) > 1 else f". Run {names[0]} at whichever of those micro-batches suits. ")
+            + pick_record())
+
+
+def pick_record() -> str:
+    """How the model's picks fared where others measured every candidate (forecast.published's searches)."""
+    summary = published_summary()
+    return (f"On {summary['searches']} published searches of splits and micro-batches its pick was within "
+            f"{WITHIN:.0%} of the measured fastest in {summary['searches_within']} (the fastest in "
+            f"{summary['searches_top1']}), {summary['regret_worst']:.2f}x the fastest's step at worst.")

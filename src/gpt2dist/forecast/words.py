@@ -18,13 +18,16 @@ from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.pipeline.study import model_of, Study
 from gpt2dist.forecast.plan import duration_words, fit_lines, plan_text
 from gpt2dist.forecast.link_model import projection
-from gpt2dist.forecast.published import HIGH, LOW, TIE, published_summary, summary_words
+from gpt2dist.forecast.published import HIGH, LOW, SEARCH_TIE, TIE, WITHIN, published_summary, summary_words
 from gpt2dist.forecast.recommend import extrapolations, recommend, verdict_line
 from gpt2dist.system.links import Links
 
 
 Part = tuple[str, str]  # ("prose", text to wrap to the terminal) or ("table", text printed as it is)
 TOP = 12  # candidates `recommend` shows per model size, of the dozens it ranks
+
+
+SHOWN = 5  # the wrongly ordered pairs a group names, and the searches missed the report names
 
 
 def compute_words(gpu: str, mfu: float | None, calibration: dict | None = None) -> str:
@@ -106,9 +109,10 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
     said: list[Part] = [("prose", f"Recommendation (a prediction, not a measurement) for {nodes} node(s) of {gpus} "
                                   f"{gpu} ({memory_gb:g} GB) linked by {links.words(nodes)}, preset {name}'s model"
                                   + (f" at {len(sizes)} sizes" if sizes != [None] else "") + f" in {precision}, "
-                                  f"{tokens:,.0f} tokens, each GPU at the preset's micro-batch of "
-                                  f"{chosen.train.micro_batch_size} (a global batch that follows the GPUs: "
-                                  f"{chosen.train.micro_batch_size * gpus * nodes} sequences), "
+                                  f"{tokens:,.0f} tokens, a global batch of the preset's micro-batch "
+                                  f"({chosen.train.micro_batch_size}) per GPU: "
+                                  f"{chosen.train.micro_batch_size * gpus * nodes} sequences, each split at every "
+                                  "micro-batch that divides its replicas' share, the rest accumulated, "
                                   f"{compute_words(gpu, mfu, calibration)}:")]
     for size in sizes:
         table, errors = recommend(name, chosen, stored, gpu=gpu, gpus_per_node=gpus, nodes=nodes, precision=precision,
@@ -119,19 +123,20 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
         runnable, refused = table[table["note"] == ""], table[table["note"] != ""]
         fitting = runnable[runnable["fits"]]
         said.append(("prose", f"{len(runnable)} candidates of {gpus * nodes} GPUs (every split dp x tp x pp with each "
-                              "data-parallel method, as it is and with activation checkpointing): "
+                              "data-parallel method at each micro-batch, as it is and with activation checkpointing): "
                               f"{len(fitting)} fit, {len(runnable) - len(fitting)} do not, and "
                               f"{len(refused)} cannot run. The {min(TOP, len(runnable))} fastest predicted, what fits "
                               "first, with the step's terms (ms: computation, the pipeline's bubble, and the "
                               "communication each group leaves exposed):"))
         shown = runnable.head(TOP).assign(recompute=lambda t: t["recompute"].map({True: "yes", False: ""}))
-        shown = shown[["strategy", "recompute", "fits", "peak_gib", "step_ms", "compute_ms", "bubble_ms", "dp_ms",
-                       "tp_ms", "pp_ms", "hours", "hours_low", "hours_high"]]
+        shown = shown[["strategy", "micro_batch", "accumulation", "recompute", "fits", "peak_gib", "step_ms",
+                       "compute_ms", "bubble_ms", "dp_ms", "tp_ms", "pp_ms", "hours", "hours_low",
+                       "hours_high"]].astype({"micro_batch": int, "accumulation": int})
         said.append(("table", "\n" + tabulate(shown, headers="keys", tablefmt="github", showindex=False,
                                               floatfmt=",.2f")))
         said += [("prose", f"{row.strategy}: {row.note}") for row in refused.itertuples()
                  if row.strategy in STRATEGIES]  # the named ones; the others are the grammar's every split
-        said.append(("prose", "\n" + verdict_line(fitting, published_summary(mfu)["ratio_high_abs_error"])))
+        said.append(("prose", "\n" + verdict_line(fitting, published_summary(mfu)["search_ratio_high_abs_error"])))
 
     summary = published_summary(mfu)
     said.append(("prose", f"The hours' intervals span the {LOW:.0%} to {HIGH:.0%} percentiles of the error on GPU runs "
@@ -169,37 +174,58 @@ def projection_report(name: str, chosen: Preset, sizes: list[str | None], counts
     return said
 
 
-def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, summary: dict, mfu: float | None,
-                      table: Path | None) -> list[Part]:
-    """What `gpt2dist validate-published` prints: each published row beside its prediction (out of source, or at an
-    assumed MFU), which pairs each source's machine orders as published and how far their ratios are off, the rows
-    left out, the constants and the summary."""
-    def shown(values, form: str) -> list[str]:
-        return ["" if pd.isna(value) else format(value, form) for value in values]
-
+def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, searched: pd.DataFrame, summary: dict,
+                      mfu: float | None, table: Path | None) -> list[Part]:
+    """What `gpt2dist validate-published` prints: per group (one source's machine) its rows' error, the pairs it
+    orders as published and its searches' picks; the pairs and picks it gets wrong, by name; the rows left out, the
+    constants and the summary. Each row beside its prediction: --format csv or json."""
     rows = predicted[predicted["left_out"] == ""]
+    by_group = rows.groupby("group", sort=False)
+    pairs_of = ordered.groupby("group", sort=False)
+    searches_of = searched.groupby("group", sort=False)
+
+    def of(counted, group: str, column: str) -> str:
+        if group not in counted.groups:
+            return ""
+        part = counted.get_group(group)
+        return f"{int(part[column].sum())}/{len(part)}"
+
     said: list[Part] = [
         ("prose", "Published GPU measurements of GPT-2-family training against the planner ("
                   + ("the GPU step model, each source's rows predicted with the constants fitted to every other "
                      "source's" if mfu is None else f"compute at an assumed MFU of {mfu:.0%}")
-                  + "; each row's links and program as its source describes them):\n"),
+                  + "; each row's links and program as its source describes them). Per group (one source's machine): "
+                    "its rows' throughput error, the pairs of rows it orders as published, and its searches (rows of "
+                    "one model, GPU count, batch and program that differ in the split or micro-batch): the pick is "
+                    f"the fastest measured (within {SEARCH_TIE:.0%}) or within {WITHIN:.0%} of it, and the worst "
+                    "pick's measured step over the fastest's:\n"),
         ("table", tabulate(
-            {"row": rows["row"], "group": rows["group"], "strategy": rows["strategy"], "precision": rows["precision"],
-             "GPUs": rows["gpus"], "nodes": rows["nodes"],
-             "published ktok/s": shown(rows["published_tokens_per_s"] / 1e3, ",.1f"),
-             "predicted ktok/s": shown(rows["predicted_tokens_per_s"] / 1e3, ",.1f"),
-             "error": shown(rows["throughput_error"], "+.0%"), "published GiB": shown(rows["memory_gib"], ".1f"),
-             "predicted GiB": shown(rows["predicted_memory_gib"], ".1f"),
-             "memory error": shown(rows["memory_error"], "+.0%")},
-            headers="keys", tablefmt="github", disable_numparse=True, colalign=("left",) * 4 + ("right",) * 8)),
+            [{"group": group, "GPU": part["gpu"].iloc[0], "program": part["implementation"].iloc[0], "rows": len(part),
+              "median |error|": f"{part['throughput_error'].abs().median():.0%}",
+              "median error": f"{part['throughput_error'].median():+.0%}", "pairs ordered": of(pairs_of, group, "ordered"),
+              "searches: fastest": of(searches_of, group, "top1"), f"within {WITHIN:.0%}": of(searches_of, group, "within"),
+              "worst regret": (f"{searches_of.get_group(group)['regret'].max():.2f}" if group in searches_of.groups
+                               else "")}
+             for group, part in by_group],
+            headers="keys", tablefmt="github", disable_numparse=True)),
         ("table", "")]
-    for group, part in ordered.groupby("group", sort=False):
-        wrong = part[~part["ordered"]]
-        said.append(("prose", f"{group}: {int(part['ordered'].sum())} of {len(part)} pairs ordered as published, "
-                              f"their ratio off by {part['ratio_error'].abs().median():.0%} (median)"
-                              + ("" if wrong.empty else "; not: " + ", ".join(
-                                  f"{r.first} / {r.second} published {r.published_ratio:.2f}, predicted "
-                                  f"{r.predicted_ratio:.2f}" for r in wrong.itertuples()))))
+    for group, part in pairs_of:
+        wrong = part[~part["ordered"]].sort_values("ratio_error", key=abs, ascending=False)
+        if not wrong.empty:
+            named = ", ".join(f"{r.first} / {r.second} published {r.published_ratio:.2f}, predicted "
+                              f"{r.predicted_ratio:.2f}" for r in wrong.head(SHOWN).itertuples())
+            more = f", and {len(wrong) - SHOWN} more" if len(wrong) > SHOWN else ""
+            said.append(("prose", f"{group}: {int(part['ordered'].sum())} of {len(part)} pairs ordered as published, "
+                                  f"their ratio off by {part['ratio_error'].abs().median():.0%} (median); not: "
+                                  f"{named}{more}"))
+    missed = searched[~searched["within"]].sort_values("regret", ascending=False)
+    if not missed.empty:
+        said.append(("prose", f"\nThe {len(missed)} search(es) whose pick is more than {WITHIN:.0%} from the fastest"
+                              + (f", the {SHOWN} worst" if len(missed) > SHOWN else "") + ":"))
+        said += [("prose", f"- {m.group}, {m.gpus} GPU(s), {m.n_layer} x {m.n_embd}, global batch {m.global_batch}: "
+                           f"picked {m.pick_strategy} at micro-batch {m.pick_micro_batch} ({m.pick}), measured "
+                           f"{m.regret:.2f}x the fastest, {m.fastest_strategy} at {m.fastest_micro_batch} ({m.fastest})")
+                 for m in missed.head(SHOWN).itertuples()]
     said += [("prose", f"{row.row} ({row.group}) left out: {row.left_out}")
              for row in predicted[predicted["left_out"] != ""].itertuples()]
     if "constants" in summary:
@@ -210,5 +236,6 @@ def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, summary: d
                                   for name, value in summary["constants"].items()) + "."))
     said.append(("prose", f"\nIn all: {summary_words(summary, mfu)}. Pairs whose published throughputs are within "
                           f"{TIE:.0%} of each other are ties, not counted. The table, with each row's source and what "
-                          f"is unclear about it: {table or 'src/gpt2dist/forecast/published_gpt2.csv'}."))
+                          f"is unclear about it: {table or 'src/gpt2dist/forecast/published_gpt2.csv'}; each row beside "
+                          "its prediction: --format csv."))
     return said

@@ -9,6 +9,7 @@ NICs together, capped by the link inside the node: 8 NDR NICs give 400 GB/s, one
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from gpt2dist.errors import UsageError
@@ -38,6 +39,16 @@ USUAL_NODE = {"H200": ("nvlink4", "ndr", 8), "H100": ("nvlink4", "ndr", 8), "H10
               "RTX 3090": ("nvlink-bridge-3090", "eth10", 1), "RTX 4090": ("pcie4-host", "eth10", 1)}
 
 
+# The share of a link's rate a ring all-reduce's bus bandwidth was measured to reach at large messages (nccl-tests
+# all_reduce_perf): NVLink 3 228-232 of 300 GB/s on 8 A100s at 1 to 8 GB (Azure's ND A100 v4 results, microsoft/
+# mscclpp's docs, VIA-Research/vTrain trace/a100/AR_GPU8_1M_1024M_LUT: 229 at 1 GiB); NVLink 4's ring about 370 of
+# 450 (NVIDIA/nccl-tests#212, the maintainer's figure, and an H200 run with NVLS off); across nodes about 95% of the
+# node's NICs (NVIDIA's DGX A100 figure, 192 of 200 GB/s over 8 HDR; Azure's A100 pair, 188). A rate measured through
+# host memory (`*-host`) is NCCL's own already. Links without a published measurement take the median of these.
+NCCL_SHARE = {"nvlink3": 230 / 300, "nvlink4": 370 / 450, "across": 0.95}
+MEASURED_INSIDE = {"pcie4-host": 1.0, "pcie3-host": 1.0}
+
+
 @dataclass(frozen=True)
 class Links:
     """A node's link between its GPUs, and its NICs to other nodes."""
@@ -52,9 +63,16 @@ class Links:
         return self.inside.endswith("-host")
 
     def bus_bytes_per_s(self, nodes: int) -> float:
-        """The bus bandwidth of a ring all-reduce over every GPU of `nodes` nodes."""
+        """The bus bandwidth of a ring all-reduce over every GPU of `nodes` nodes, at the links' datasheet rates."""
         inside = INSIDE_NODE[self.inside]
         return inside if nodes == 1 else min(inside, self.nics * ACROSS_NODES[self.across])
+
+    def nccl_bytes_per_s(self, nodes: int) -> float:
+        """The bus bandwidth NCCL reaches over every GPU of `nodes` nodes: each link's rate at its measured share
+        (NCCL_SHARE)."""
+        typical = float(statistics.median(NCCL_SHARE.values()))
+        inside = INSIDE_NODE[self.inside] * MEASURED_INSIDE.get(self.inside, NCCL_SHARE.get(self.inside, typical))
+        return inside if nodes == 1 else min(inside, self.nics * ACROSS_NODES[self.across] * NCCL_SHARE["across"])
 
     def words(self, nodes: int) -> str:
         inside = f"{self.inside} ({INSIDE_NODE[self.inside] / 1e9:g} GB/s) inside a node"

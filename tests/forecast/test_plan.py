@@ -267,7 +267,7 @@ def test_on_gpus_traffic_sent_under_backward_costs_only_what_backward_cannot_cov
         assert terms.total_s == pytest.approx(terms.compute_s + sent - terms.hidden_s)
         if hides:
             assert 0 < terms.hidden_s < sent and exposed == pytest.approx(sent - terms.hidden_s)
-            assert terms.hidden_s == pytest.approx(min(work.hideable_bytes_s / constants.link_efficiency,
+            assert terms.hidden_s == pytest.approx(min(work.hideable_bytes_s,
                                                        work.hidden_under * terms.compute_s))
         else:
             assert terms.hidden_s == 0 and exposed == sent

@@ -1,0 +1,65 @@
+"""A GEMM's share of the peak by its shape (forecast/gemm.py): tile and wave quantization over the SMs, the tiles'
+rates, and what they make of tensor parallelism's narrower GEMMs and a micro-batch of one sequence."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpt2dist.config.presets import load_params
+from gpt2dist.config.schema import RunSpec
+from gpt2dist.forecast.gemm import Shape, efficiency
+from gpt2dist.forecast.gpu_step import step_work
+from gpt2dist.forecast.implementations import PUBLISHED
+from gpt2dist.system.hardware import GPUS
+from gpt2dist.system.links import links_of
+
+from conftest import REPO
+
+A100, H100 = GPUS["A100"].sms, GPUS["H100"].sms
+
+
+def test_a_full_wave_of_large_tiles_reaches_the_best_rate_and_one_tile_more_costs_a_wave():
+    """216 tiles of 128 x 128 on the A100's 108 SMs, two to an SM, fill one wave exactly; one tile's rows more add a
+    wave that does little (wave quantization), and half a tile's more pad every tile of that row (tile
+    quantization)."""
+    full = Shape(128 * 12, 128 * 18, 4096)  # 216 tiles
+    assert efficiency(full, A100) == pytest.approx(1.0)
+    one_more = Shape(128 * 12 + 1, 128 * 18, 4096)
+    assert efficiency(one_more, A100) < 0.95
+    assert efficiency(Shape(128 * 96, 128 * 18, 4096), A100) > efficiency(Shape(128 * 96 + 64, 128 * 18, 4096), A100)
+    # the control: a shape whose tiles fill whole waves on one GPU need not on another, of 132 SMs
+    assert efficiency(full, H100) < efficiency(full, A100)
+
+
+def test_a_narrower_tensor_parallel_gemm_reaches_less_of_the_peak():
+    """GPT-2 large's MLP over 1, 2, 4 and 8 tensor-parallel ranks at a micro-batch of 4 sequences: each rank's GEMM
+    is that many times narrower and reaches a smaller share of the peak."""
+    tokens, width = 4 * 1024, 1280
+    shares = [efficiency(Shape(tokens, 4 * width // tp, width), H100) for tp in (1, 2, 4, 8)]
+    assert shares == sorted(shares, reverse=True) and shares[-1] < 0.9 * shares[0]
+
+
+def test_a_micro_batch_of_one_sequence_makes_short_gemms():
+    """An attention projection of width 1024 over 1 to 8 sequences of 1024 tokens on an A100: one sequence's 64
+    tiles of 128 x 128 fill under a third of the 216 slots, and smaller tiles run below full rate."""
+    shares = [efficiency(Shape(rows * 1024, 1024, 1024), A100) for rows in (1, 2, 4, 8)]
+    assert shares == sorted(shares) and shares[0] < 0.5 < 0.75 < shares[-1]
+
+
+def test_a_tensor_parallel_ranks_gemms_cost_more_than_their_share_of_the_flops(monkeypatch):
+    """In the step model: over 4 ranks each rank's GEMMs (the blocks' and Megatron's vocabulary-parallel head) count
+    a quarter of single's FLOPs and take more than a quarter of its time at the peak. The control: the model before
+    (one efficiency for every shape) prices them at exactly a quarter."""
+    name, preset = load_params(REPO / "params.yaml").preset("paper")
+    large = preset.model.model_copy(update={"n_layer": 36, "n_head": 20, "n_embd": 1280})
+
+    def block_gemms_s(strategy: str, nproc: int) -> float:
+        spec = RunSpec(data_dir="", out_dir="", preset=name, strategy=strategy, precision="bf16", nproc=nproc,
+                       device="cuda", model=large, train=preset.train.model_copy(
+                           update={"micro_batch_size": 4, "global_batch_size": 4}))
+        return sum(step_work(spec, "H100", PUBLISHED["megatron-lm-2021"], links_of("H100")).micro.gemm_peak_s)
+
+    alone, split = block_gemms_s("single", 1), block_gemms_s("tp", 4)
+    assert split > alone / 4 * 1.05
+    monkeypatch.setattr("gpt2dist.forecast.gpu_step.efficiency", lambda shape, sms: 1.0)
+    assert block_gemms_s("tp", 4) == pytest.approx(block_gemms_s("single", 1) / 4, rel=1e-4)  # 50,257 / 4 rounds
