@@ -38,6 +38,7 @@ for run_id in gs.unfinished_runs(STUDY):
     Path(layout.retry_marker(run_id)).touch()
 CONFIGS = {run.config_id: run for run in gs.configurations(STUDY)}
 OUTPUTS = jobs.stage_outputs(STUDY)
+RUN_OUTPUTS = layout.run_outputs("{run}")  # a train job's declared files, its run id the wildcard
 
 
 # Runs across a cluster's nodes (rule train_across_nodes in train.smk)
