@@ -48,13 +48,18 @@ rule train:
         **slurm_resources(lambda wildcards: run_of(wildcards.run)),
         tasks_per_gpu=0,
         runtime=STUDY.preset.study.train_runtime_min,  # minutes
+        retries_left=lambda wildcards, attempt: TRAIN_RETRIES + 1 - attempt,
+    # A run whose process crashed (a rank killed, a segfault) is trained again in the same call, resuming from its
+    # checkpoint where it has one (Snakemake deletes the failed attempt's outputs, never checkpoint.pt).
+    retries: TRAIN_RETRIES
     container:
         config["container"]
-    # A run that fails in training does not stop the study: its run.json says so, with the error's line,
-    # collect, plot and report name it, and the next `snakemake` retries it alone. Without a record (bad
-    # input, found before training starts) the job fails. The time left is no reason to drop a run.
+    # A run that fails again does not stop the study: its run.json says so, with the error's line, collect,
+    # plot and report name it, and the next `snakemake` retries it alone. Without a record (bad input, found
+    # before training starts) the job fails. The time left is no reason to drop a run.
     shell:
-        "{params.image}{params.command} > {log} 2>&1 || test -s {output.record}; {params.progress} || true"
+        "{params.image}{params.command} > {log} 2>&1 || {{ test -s {output.record} && test {resources.retries_left} -eq 0; }}; "
+        "{params.progress} || true"
 
 
 # Its software is the image's either way: without --sdm apptainer the directive starts nothing (as for train's);
