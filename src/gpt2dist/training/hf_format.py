@@ -27,8 +27,8 @@ from gpt2dist.data.encoding import EOS
 from gpt2dist.data.shards import sha256_file
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_directory, file_kind
-from gpt2dist.training.gpt2 import INIT_STD, LAYER_NORM_EPS
 from gpt2dist.pipeline.layout import KEPT_DIR
+from gpt2dist.training.gpt2 import INIT_STD, LAYER_NORM_EPS
 from gpt2dist.training.run_record import CHECKPOINT, RECORD, final_checkpoint, now_iso
 
 CONFIG, WEIGHTS, EXPORT_RECORD = "config.json", "model.safetensors", "export.json"

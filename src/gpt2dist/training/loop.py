@@ -19,6 +19,7 @@ from gpt2dist.config.sizes import weight_decayed
 from gpt2dist.config.units import gradient_bytes
 from gpt2dist.data.shards import open_shards
 from gpt2dist.errors import Interrupted, UsageError
+from gpt2dist.pipeline.layout import EVENTS
 from gpt2dist.system.gpu_telemetry import GpuTelemetry
 from gpt2dist.training import stops
 from gpt2dist.training.batches import BatchSampler
@@ -35,7 +36,6 @@ from gpt2dist.training.model import (build_model, checkpoint_blocks, compile_blo
                                      deterministic_algorithms, head_loss_of)
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
-from gpt2dist.pipeline.layout import EVENTS
 from gpt2dist.training.run_record import CHECKPOINT, METRICS, RankReport, now_iso, probe_placement, run_facts, trace_file
 from gpt2dist.training.strategies import REGISTRY, Strategy
 from gpt2dist.training.tensorboard_events import write_events
