@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
+from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
 from tensorboard.util.tensor_util import make_ndarray
 
 from gpt2dist.pipeline.layout import EVENTS
@@ -63,7 +64,8 @@ def test_the_event_file_holds_every_line_of_metrics_jsonl(trained, tmp_path):
 
 def test_the_same_history_writes_the_same_bytes_and_a_longer_one_extends_them(trained, tmp_path):
     """Each checkpoint rewrites the file from the history so far: the earlier file is a prefix of the later one, so
-    a rewrite changes no point already written."""
+    a rewrite changes no point already written, and a TensorBoard reading the run meanwhile (its multiplexer, which
+    reads on from where it stopped) gets the new points."""
     lines = all_lines(trained("ddp", nproc=2))
     halfway = next(i for i, line in enumerate(lines) if line["kind"] == "eval")  # the first checkpoint's history
     write_events(tmp_path / "early", lines[:halfway + 1])
@@ -74,6 +76,15 @@ def test_the_same_history_writes_the_same_bytes_and_a_longer_one_extends_them(tr
     # control: a history that differs in its first step does not extend the other's file
     write_events(tmp_path / "other", [dict(lines[0], loss=lines[0]["loss"] * 2), *lines[1:]])
     assert not (tmp_path / "other").read_bytes().startswith(early)
+    # a TensorBoard open while the run trains
+    write_events(tmp_path / "runs" / "live" / EVENTS, lines[:halfway + 1])
+    watching = EventMultiplexer(tensor_size_guidance={"scalars": 0})
+    watching.AddRunsFromDirectory(str(tmp_path / "runs"))
+    watching.Reload()
+    assert len(watching.Tensors("live", "train/loss")) == 6
+    write_events(tmp_path / "runs" / "live" / EVENTS, lines)
+    watching.Reload()
+    assert len(watching.Tensors("live", "train/loss")) == 12
 
 
 @pytest.mark.slow

@@ -1,13 +1,14 @@
 """A run's curves for TensorBoard: its metrics.jsonl lines as scalars in one event file in the run directory
-(run_record.EVENTS), so that `tensorboard --logdir results/runs` draws every run, one per directory, under the same
-tags (the strategies overlay): `train/<key>` and `eval/val_loss` for the keys of metrics.jsonl's lines (`step` the
-same), and `ledger/<part>` for each traced step's time ledger.
+(pipeline.layout.EVENTS), so that `tensorboard --logdir results/runs` draws every run, one per directory, under the
+same tags (the strategies overlay): `train/<key>` and `eval/val_loss` for the keys of metrics.jsonl's lines (`step`
+the same), and `ledger/<part>` for each traced step's time ledger.
 
-Rank 0 writes the file whole from the run's metrics history at each checkpoint, replaced atomically as every file
-of a run is: a resumed run's file holds its whole curve (the history travels in the checkpoint), a killed run's is
-its last checkpoint's, never half an event. TensorBoard's own protobuf messages, summary helper and record framing
-write it, so its readers read it; each event's wall time is that of the step it belongs to, so the same history
-always gives the same bytes."""
+Rank 0 writes the file whole from the run's metrics history at each checkpoint and at the end, replaced atomically
+as every file of a run is: a resumed run's file holds its whole curve (the history travels in the checkpoint), a
+killed run's is its last checkpoint's, never half an event. TensorBoard's own protobuf messages, summary helper and
+record framing write it, so its readers read it; each event's wall time is that of the step it belongs to, so the
+same history always gives the same bytes and a longer one extends them: a TensorBoard reading the file as the run
+trains reads on from where it stopped."""
 
 from __future__ import annotations
 
