@@ -102,6 +102,8 @@ def test_a_run_killed_after_a_checkpoint_and_resumed_has_its_whole_curve(shards,
     assert read_curves(out)["train/loss"][:6] == killed["train/loss"]  # the points before the kill, as they were
 
 
+@pytest.mark.slow  # a launch of `gpt2dist train`
+@pytest.mark.timeout(300)
 def test_a_run_resumed_past_its_traced_steps_keeps_no_trace_and_says_so(trained, shards, params_file, tmp_path):
     """As a workflow tool leaves a run whose launcher died after its last checkpoint: its declared outputs deleted
     (kept/ with the traces, the record, the metrics), checkpoint.pt kept. The same command trains nothing, keeps no
