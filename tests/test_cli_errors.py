@@ -48,7 +48,7 @@ CASES = {
     "report-foreign-summary": "summary.json is not what `gpt2dist collect` writes (no preset, hardware, device",
     "recommend-foreign-summary": "summary.json is not what `gpt2dist collect` writes (no preset, hardware, device",
     # export: a run it cannot export, or an --out it would overwrite; init: weights that are not there
-    "export-without-checkpoint": "has no checkpoint.pt: export needs a run's checkpoint",
+    "export-without-checkpoint": "has no checkpoint.pt (nor kept/checkpoint.pt): export needs a run's checkpoint",
     "export-without-record": "has no run.json: export reads the run's model settings from its record",
     "export-into-a-full-out": "exists and is not an empty directory; export into a new or empty one",
     "train-init-from-missing": "does not exist: name the directory holding config.json and model.safetensors",

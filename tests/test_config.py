@@ -14,7 +14,7 @@ from gpt2dist.config.schema import InitWeights
 from gpt2dist.config.strategies import check_run, degrees_of, STRATEGIES
 from gpt2dist.errors import UsageError
 from gpt2dist.launch.runner import build_spec
-from gpt2dist.pipeline.jobs import caption_facts
+from gpt2dist.pipeline.jobs import caption_facts, train_command
 from gpt2dist.pipeline.study import plan_study
 
 from conftest import REPO, TINY_PRESET
@@ -108,12 +108,27 @@ def test_set_overrides_one_dotted_key(params_file):
         ("train.lr=fast", "train.lr: Input should be a valid number"),
         ("train.min_lr=1", "min_lr (1.0) must not exceed lr"),
         ("model.n_layer", "not of the form key=value"),
+        ("study.keep_checkpoints=best", "study.keep_checkpoints: Input should be 'none', 'fastest' or 'all'"),
     ],
 )
 def test_bad_values_name_the_key(params_file, override, fragment):
     with pytest.raises(UsageError, match=None) as err:
         load_preset(params_file, "tiny", [override])
     assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("keep, repeats", [("fastest", {0}), ("all", {0, 1}), ("none", set())])
+def test_the_runs_that_keep_their_final_checkpoint_are_the_ones_study_keep_checkpoints_names(keep, repeats, tmp_path):
+    """fastest (the default): each configuration's first repeat, as which is fastest is known only once all have
+    run; all; none. A run that keeps it moves it into kept/, where the tools declare it; every other drops it."""
+    params = {"preset": "tiny", "container": "unused.sif", "presets": {"tiny": copy.deepcopy(TINY_PRESET)}}
+    if keep != "fastest":
+        params["presets"]["tiny"]["study"]["keep_checkpoints"] = keep
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    study = plan_study(load_params(tmp_path / "params.yaml"), "tiny", 0)
+    for run in study.runs:
+        flags = {flag for flag in train_command(study, run).split() if "keep-checkpoint" in flag or "in-kept" in flag}
+        assert flags == ({"--final-checkpoint-in-kept"} if run.repeat in repeats else {"--no-keep-checkpoint"}), run
 
 
 def test_unknown_preset_lists_available(params_file):

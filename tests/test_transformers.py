@@ -5,6 +5,8 @@ and ranks that never import transformers. transformers is a test dependency only
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +142,29 @@ def test_an_exported_run_of_every_strategy_family_is_its_model_in_transformers(s
     assert exported["tokenizer"] is None and "names no tokenizer file" in exported["no_tokenizer"]
     assert json.loads((tmp_path / "hf" / "run.json").read_text()) == run_record(run)
     assert not (tmp_path / "hf" / "tokenizer.json").exists() and exported["strategy"] == strategy
+
+
+@pytest.mark.slow  # a whole pipeline study first (finished_study)
+@pytest.mark.timeout(300)
+def test_the_run_a_study_names_to_export_loads_in_transformers(finished_copy, tmp_path):
+    """summary.md names, at each placement, the top tier's run that kept its final checkpoint, with the command
+    that exports it; run in the study, the command writes what GPT2LMHeadModel.from_pretrained loads: that
+    checkpoint's weights, with the study's trained tokenizer. The control: a later repeat kept none, and is refused
+    in one line."""
+    summary = json.loads((finished_copy / "results" / "summary.json").read_text())
+    commands = re.findall(r"`(gpt2dist export --run (\S+) --out \S+)`",
+                          (finished_copy / "results" / "summary.md").read_text())
+    assert [run for _, run in commands] == [chosen["run_id"] for chosen in summary["export"]]
+    assert {run for _, run in commands} == {"single-fp32-n1-r0", "ddp-fp32-n2-r0"}  # one per placement
+    for command, run in commands:
+        gpt2dist(*shlex.split(command)[1:], cwd=finished_copy)
+        model = from_pretrained(finished_copy / f"{run}-hf")
+        kept = torch.load(finished_copy / "results" / "runs" / run / "kept" / "checkpoint.pt", weights_only=False)
+        assert torch.equal(model.transformer.wte.weight, kept["model"]["transformer.wte.weight"])
+        assert AutoTokenizer.from_pretrained(finished_copy / f"{run}-hf")("Hello")["input_ids"]
+    refused = gpt2dist("export", "--run", "ddp-fp32-n2-r1", "--out", tmp_path / "hf", cwd=finished_copy, check=False)
+    assert refused.returncode == 2 and "has no checkpoint.pt (nor kept/checkpoint.pt)" in refused.stderr
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,10 @@ import pytest
 import yaml
 from matplotlib.collections import PathCollection
 
+from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+
 from gpt2dist.inputs import SUMMARY_KEYS
+from gpt2dist.pipeline.layout import EVENTS
 from gpt2dist.training.ledger import KEPT, read_trace
 
 from reduced_study import REPO, assert_same_training_numbers, copy_workflow, run
@@ -33,12 +36,25 @@ def workdir(tmp_path) -> Path:
     return copy_workflow(tmp_path)
 
 
+RUN_IDS = {f"{config}-r{repeat}" for config in ("single-fp32-n1", "ddp-fp32-n2") for repeat in (0, 1)}
+
+
+def tensorboard_runs(logdir: Path) -> dict[str, list[int]]:
+    """What `tensorboard --logdir` finds there, read by its own multiplexer: each run (a directory with an event
+    file) and the steps of its training loss."""
+    multiplexer = EventMultiplexer(tensor_size_guidance={"scalars": 0})  # every point, not a sample
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    return {run: [event.step for event in multiplexer.Tensors(run, "train/loss")] for run in multiplexer.Runs()}
+
+
 def test_snakemake_produces_everything_then_does_nothing(finished_copy):
     for name in ("throughput", "scaling", "loss_deviation", "loss_vs_time", "memory", "time_ledger"):
         for ext in ("png", "svg"):
             assert (finished_copy / "results" / "figures" / f"{name}.{ext}").stat().st_size > 1000
     summary = json.loads((finished_copy / "results" / "summary.json").read_text())
-    assert set(summary) == set(SUMMARY_KEYS)  # what the readers check a summary.json by
+    # what the readers check a summary.json by, and the runs to export where runs kept their checkpoints
+    assert set(SUMMARY_KEYS) <= set(summary) <= {*SUMMARY_KEYS, "export"} and summary["export"]
     assert summary["preset"] == "cpu" and set(summary["configs"]) == {"single-fp32-n1", "ddp-fp32-n2"}
     assert summary["configs"]["single-fp32-n1"]["speedup"] == pytest.approx(1.0)
     assert "| ddp " in (finished_copy / "results" / "summary.md").read_text()
@@ -59,8 +75,17 @@ def test_snakemake_produces_everything_then_does_nothing(finished_copy):
     log = (finished_copy / "logs" / "train" / "ddp-fp32-n2-r1.log").read_text()
     assert "\r" not in log and "step 8/8" in log  # readable lines in a log file, no progress bar
     assert "profiler_start" not in log  # its traced steps add none of the profiler's own lines
+    # each configuration's first repeat kept its final checkpoint (study.keep_checkpoints' default), no other run
+    runs = finished_copy / "results" / "runs"
+    assert {path.parent.parent.name for path in runs.glob("*/kept/checkpoint.pt")} == {
+        "single-fp32-n1-r0", "ddp-fp32-n2-r0"} and not list(runs.glob("*/checkpoint.pt"))
+    # `tensorboard --logdir results/runs`: every run, every step of its loss, under one tag (the strategies overlay)
+    assert tensorboard_runs(runs) == {run: list(range(8)) for run in RUN_IDS}
     again = run(["snakemake", "--cores", "2"], finished_copy)
     assert "Nothing to be done" in again.stdout + again.stderr
+    # control: a run directory without its event file is no run of TensorBoard's
+    (runs / "ddp-fp32-n2-r1" / EVENTS).unlink()
+    assert set(tensorboard_runs(runs)) == RUN_IDS - {"ddp-fp32-n2-r1"}
 
 
 def test_the_study_prints_its_estimate_first_and_the_time_left_after_each_run(finished_copy):
@@ -218,7 +243,14 @@ def test_repository_schema_is_current(tmp_path):
     assert (tmp_path / "schema.json").read_text() == (REPO / "workflow/schemas/params.schema.json").read_text()
 
 
-TRAINS = {f"train@{config}-r{repeat}" for config in ("single-fp32-n1", "ddp-fp32-n2") for repeat in (0, 1)}
+TRAINS = {f"train@{run}" for run in RUN_IDS}
+
+
+def collect_again(study: Path, runs: Path, out: Path) -> dict:
+    """`gpt2dist collect` of the study's runs in `runs` into `out`: its summary.json."""
+    run(["gpt2dist", "collect", "--runs", str(runs), "--data", "data/tokens", "--out", str(out), "--preset", "cpu",
+         "--gpus", "0", "--nodes", "1"], study)
+    return json.loads((out / "summary.json").read_text())
 
 
 def test_dvc_commit_push_pull_exp_run_and_metrics_diff(finished_copy, tmp_path_factory):
@@ -255,6 +287,19 @@ def test_dvc_commit_push_pull_exp_run_and_metrics_diff(finished_copy, tmp_path_f
     run(["git", "clone", "-q", str(workdir), str(clone)], workdir)
     assert (clone / "results" / "headline" / "single-fp32-n1.json").is_file() and not (clone / "results" / "runs").exists()
     run(["dvc", "pull", "-q"], clone)
+    # the runs' event files, traces and kept checkpoints travelled, and a collect after the pull links the traces
+    pulled = clone / "results" / "runs"
+    assert {path.parent.name for path in pulled.glob(f"*/{EVENTS}")} == RUN_IDS
+    assert {str(path.relative_to(pulled)) for path in pulled.glob("*/kept/[!.]*")} == {  # not Snakemake's timestamp
+        *(f"{run}/kept/trace-rank{rank}.json.gz" for run in RUN_IDS for rank in range(1 + run.startswith("ddp"))),
+        "single-fp32-n1-r0/kept/checkpoint.pt", "ddp-fp32-n2-r0/kept/checkpoint.pt"}
+    assert set(collect_again(clone, pulled, tmp_path_factory.mktemp("recollected"))["traces"]) == {
+        "single-fp32-n1", "ddp-fp32-n2"}
+    # control: runs whose traces did not travel (as before they were the train stage's outputs) link none
+    untraced = Path(shutil.copytree(pulled, tmp_path_factory.mktemp("untraced") / "runs"))
+    for trace in untraced.glob("*/kept/trace-*"):
+        trace.unlink()
+    assert collect_again(clone, untraced, tmp_path_factory.mktemp("recollected"))["traces"] == {}
     assert not re.search(r"^Running stage", run(["dvc", "repro"], clone).stdout, re.M)
     run(["snakemake", "--touch", "--cores", "1"], clone)
     for target in ("figures", "all"):

@@ -74,12 +74,28 @@ def test_the_same_runs_bundle_to_the_same_bytes(finished_study, study_bundle, tm
                                                                        "single-fp32-n1-r0", "single-fp32-n1-r1")
                                       for name in ("metrics.jsonl", "run.json")),
                                     # the traces the report links: each configuration's first repeat, every rank
-                                    "runs/ddp-fp32-n2-r0/trace-rank0.json.gz",
-                                    "runs/ddp-fp32-n2-r0/trace-rank1.json.gz",
-                                    "runs/single-fp32-n1-r0/trace-rank0.json.gz"])
+                                    "runs/ddp-fp32-n2-r0/kept/trace-rank0.json.gz",
+                                    "runs/ddp-fp32-n2-r0/kept/trace-rank1.json.gz",
+                                    "runs/single-fp32-n1-r0/kept/trace-rank0.json.gz"])
 
 
 @pytest.mark.slow  # a whole pipeline study first (finished_study)
+@pytest.mark.slow  # a whole pipeline study first (finished_study)
+def test_the_kept_checkpoints_travel_only_when_asked_for(finished_study, study_bundle, tmp_path):
+    """`gpt2dist bundle --checkpoints` adds the final checkpoints the runs kept (each configuration's first repeat),
+    byte for byte and in the manifest, and a rebuild reads the bundle as it reads one without; the control is the
+    default bundle, which holds none."""
+    with_checkpoints = tmp_path / "with-checkpoints.tar.gz"
+    gpt2dist("bundle", "--checkpoints", "--out", with_checkpoints, cwd=finished_study)
+    plain, added = members(study_bundle), members(with_checkpoints)
+    kept = {f"runs/{run}/kept/checkpoint.pt" for run in ("single-fp32-n1-r0", "ddp-fp32-n2-r0")}
+    assert set(added) - set(plain) == kept and not [name for name in plain if name.endswith(".pt")]
+    for name in kept:
+        assert added[name] == (finished_study / "results" / name).read_bytes()
+    gpt2dist("figures", "--from", with_checkpoints, "--out", tmp_path / "rebuilt")
+    assert (tmp_path / "rebuilt" / "summary.csv").read_bytes() == (finished_study / "results" / "summary.csv").read_bytes()
+
+
 def test_a_run_that_did_not_complete_is_listed_not_packed(study_bundle, tmp_path):
     unpacked = tmp_path / "study"
     for name, data in members(study_bundle).items():

@@ -14,10 +14,30 @@ from matplotlib.collections import PathCollection
 from matplotlib.container import BarContainer
 from matplotlib.text import Text
 
+from gpt2dist.config.machine import SPEED_FLAGS
+from gpt2dist.pipeline.layout import FIGURES as FIGURE_NAMES, LINK_FIGURE
 from gpt2dist.results.findings import SAME_LOSS_TOLERANCE
-from gpt2dist.results.plots import AXIS_ROOM, EXACT_FLOOR, FIGURES, WIDTH, links, ranked, strategy_style, use_theme
+from gpt2dist.results.per_run import hardware_label
+from gpt2dist.results.plots import AXIS_ROOM, EXACT_FLOOR, FIGURES, WIDTH, draw, ranked, strategy_style, use_theme
+from gpt2dist.system.hardware import GPUS
 
 MIN_POINTS = 8  # 8 pt at 150 dpi is 11 px on a figure shown 800 px wide
+
+
+def longest_hardware_lines() -> dict[str, str]:
+    """The hardware lines of the longest CPU and GPU descriptions the project writes (results.per_run's
+    hardware_label): a CPU with every instruction set it names, emulated bf16 and a 3-digit core count; eight of the
+    longest-named GPU of its datasheets over NVLink. And a name without spaces, which no wrapping can break."""
+    cpu = {"devices": {"cpu": "Intel(R) Xeon(R) Platinum 8592+ 64-Core Processor", "cpu_cores": 128,
+                       "cpu_bf16": "emulated", "cpu_identity": {"family": "6", "model": "207", "mhz": 3900,
+                                                                "speed_flags": list(SPEED_FLAGS.values())}},
+           "precision": "bf16"}
+    gpu_name = f"NVIDIA {max(GPUS, key=len)}"
+    gpu = {"devices": {"cpu": "unused", "gpus": [gpu_name] * 8, "gpu_memory_gib": [79.6], "driver": "580.105.08",
+                       "power_limit_w": 700.0, "topology": "GPU0 X NV18"},
+           "node_hardware": [{"devices": {gpu_name: 8}}]}
+    return {"cpu": hardware_label({"r": cpu})[0], "gpu": hardware_label({"r": gpu})[0],
+            "one word": "AMD-EPYC-" + "x" * 150}
 
 
 @pytest.fixture(scope="module", params=["cpu-study", pytest.param("two-node-cpu", marks=pytest.mark.slow)])  # its rebuild
@@ -25,7 +45,7 @@ def study(request, reference_study) -> tuple[list[pd.DataFrame], str]:
     out = reference_study(request.param)
     use_theme()  # as `gpt2dist plot` draws them
     tables = [pd.read_csv(out / name) for name in ("runs.csv", "summary.csv", "metrics.csv")]
-    return tables, f"a hardware line\npreset {request.param}"
+    return tables, f"{longest_hardware_lines()['cpu']}\npreset {request.param}"  # the longest a CPU study writes
 
 
 def drawn_text(fig: plt.Figure) -> list[Text]:
@@ -46,11 +66,10 @@ def off_canvas(fig: plt.Figure) -> list[str]:
 
 
 def figures_of(study) -> dict[str, plt.Figure]:
+    """Every figure of the study, as `gpt2dist plot` draws it."""
     tables, title = study
-    drawn = dict(FIGURES)
-    if tables[1]["link_mbit"].notna().any() if "link_mbit" in tables[1] else False:
-        drawn["links"] = links
-    return {name: figure(*tables, title) for name, figure in drawn.items()}
+    links = tables[1]["link_mbit"].notna().any() if "link_mbit" in tables[1] else False
+    return {name: draw(name, tables, title) for name in (*FIGURE_NAMES, *([LINK_FIGURE] if links else []))}
 
 
 def test_every_figure_fits_its_width_and_keeps_its_text_on_the_canvas(study):
@@ -71,6 +90,24 @@ def test_off_canvas_finds_a_legend_beside_the_axes_and_a_title_too_long():
     assert off_canvas(fig) == []
     ax.set_title("a title " * 30)
     assert "a title " * 30 in off_canvas(fig)
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("kind", ["gpu", pytest.param("one word", marks=pytest.mark.slow)])  # the cpu's: above
+def test_every_title_fits_the_figure_whatever_the_hardware_is_called(kind, study):
+    """The hardware line wraps at spaces, at a legible size (test_every_figure_fits_its_width_and_keeps_its_text_on_
+    the_canvas draws the longest CPU line); a name without spaces shrinks until it fits."""
+    tables, title = study
+    hardware = longest_hardware_lines()[kind]
+    for name in FIGURE_NAMES:
+        fig = draw(name, tables, title.replace(longest_hardware_lines()["cpu"], hardware))
+        assert off_canvas(fig) == [], (name, hardware)
+        if kind != "one word":
+            assert min(t.get_fontsize() for t in drawn_text(fig)) >= MIN_POINTS, name
+        plt.close(fig)
+    # control: drawn as before titles were fitted, the longest CPU line runs past the figure's right edge
+    fig = FIGURES["throughput"](*tables, title)
+    assert any(longest_hardware_lines()["cpu"] in text for text in off_canvas(fig))
     plt.close(fig)
 
 

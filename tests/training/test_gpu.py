@@ -189,7 +189,7 @@ def test_hta_splits_a_kept_trace_as_the_ledger_split_that_step(shards, params_fi
 
     assert hta_compute_s(run) == pytest.approx(device_compute_s, rel=0.15)
     stripped = tmp_path / "stripped"
-    stripped.mkdir()
+    (stripped / "kept").mkdir(parents=True)  # where the run's record names them
     for name in record["trace"]["files"]:
         trace = read_trace(run / name)
         computation = [e for e in trace["traceEvents"]

@@ -185,7 +185,7 @@ def test_every_rank_keeps_its_last_traced_step_as_a_chrome_trace_the_ledger_read
     collectives. The controls: the ledger's other traced step, and the other rank's trace, differ from it."""
     out = trained("ddp", nproc=2)
     record = run_record(out)
-    assert record["trace"] == {"step": 11, "files": ["trace-rank0.json.gz", "trace-rank1.json.gz"]}
+    assert record["trace"] == {"step": 11, "files": ["kept/trace-rank0.json.gz", "kept/trace-rank1.json.gz"]}
     ledger = record["ledger"]
     summaries = []
     for rank, name in enumerate(record["trace"]["files"]):

@@ -16,6 +16,7 @@ from gpt2dist.errors import UsageError
 from gpt2dist.system.hardware import visible_gpus
 
 PARAMS = "params.yaml"
+TRAIN_RETRIES = 1  # a train job whose run failed is tried once more in the same call (train.smk)
 # Snakemake scales a job's threads down to --cores, so this asks for every core of the
 # machine whatever --cores is (and needs no --cores for --report or --lint).
 WHOLE_MACHINE = 1024
@@ -38,6 +39,7 @@ for run_id in gs.unfinished_runs(STUDY):
     Path(layout.retry_marker(run_id)).touch()
 CONFIGS = {run.config_id: run for run in gs.configurations(STUDY)}
 OUTPUTS = jobs.stage_outputs(STUDY)
+RUN_OUTPUTS = layout.run_outputs("{run}")  # a train job's declared files, its run id the wildcard
 
 
 # Runs across a cluster's nodes (rule train_across_nodes in train.smk)

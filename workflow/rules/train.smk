@@ -6,7 +6,8 @@ IN_IMAGE = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment
 
 # One job per run id. checkpoint.pt is deliberately not an output: Snakemake deletes an
 # interrupted job's outputs (--rerun-incomplete, retries), and the re-run must find the
-# checkpoint to resume from; the metrics so far travel inside it. Each job takes every core of the machine so that no two runs share
+# checkpoint to resume from; the metrics so far travel inside it (the final checkpoint the study keeps moves into
+# kept/ once the run has completed). Each job takes every core of the machine so that no two runs share
 # it: throughput numbers from overlapping runs would not be comparable. `gpus` lets
 # `--resources gpus=N` (or the SLURM executor) account for devices.
 rule train:
@@ -21,9 +22,13 @@ rule train:
         # made when the run's last attempt did not complete (common.smk): newer than its outputs, so re-run
         lambda wildcards: [marker] if Path(marker := layout.retry_marker(wildcards.run)).exists() else [],
     output:
-        record=f"{layout.RUNS_DIR}/{{run}}/run.json",
-        metrics=f"{layout.RUNS_DIR}/{{run}}/metrics.jsonl",
-        spec=f"{layout.RUNS_DIR}/{{run}}/spec.json",
+        record=RUN_OUTPUTS["record"],
+        metrics=RUN_OUTPUTS["metrics"],
+        spec=RUN_OUTPUTS["spec"],
+        events=RUN_OUTPUTS["events"],  # TensorBoard's
+        # each rank's trace and, where study.keep_checkpoints keeps it, the final checkpoint: a directory, as a run
+        # resumed past its traced steps keeps no trace (and one that failed, no checkpoint)
+        kept=directory(RUN_OUTPUTS["kept"]),
     wildcard_constraints:
         run=run_pattern(across_nodes=False),
     params:
@@ -43,13 +48,18 @@ rule train:
         **slurm_resources(lambda wildcards: run_of(wildcards.run)),
         tasks_per_gpu=0,
         runtime=STUDY.preset.study.train_runtime_min,  # minutes
+        retries_left=lambda wildcards, attempt: TRAIN_RETRIES + 1 - attempt,
+    # A run whose process crashed (a rank killed, a segfault) is trained again in the same call, resuming from its
+    # checkpoint where it has one (Snakemake deletes the failed attempt's outputs, never checkpoint.pt).
+    retries: TRAIN_RETRIES
     container:
         config["container"]
-    # A run that fails in training does not stop the study: its run.json says so, with the error's line,
-    # collect, plot and report name it, and the next `snakemake` retries it alone. Without a record (bad
-    # input, found before training starts) the job fails. The time left is no reason to drop a run.
+    # A run that fails again does not stop the study: its run.json says so, with the error's line, collect,
+    # plot and report name it, and the next `snakemake` retries it alone. Without a record (bad input, found
+    # before training starts) the job fails. The time left is no reason to drop a run.
     shell:
-        "{params.image}{params.command} > {log} 2>&1 || test -s {output.record}; {params.progress} || true"
+        "{params.image}{params.command} > {log} 2>&1 || {{ test -s {output.record} && test {resources.retries_left} -eq 0; }}; "
+        "{params.progress} || true"
 
 
 # Its software is the image's either way: without --sdm apptainer the directive starts nothing (as for train's);

@@ -22,7 +22,8 @@ def train(
     data: Annotated[Path, typer.Option(help="Token shard directory (train.bin, val.bin, meta.json).")],
     strategy: Annotated[str, typer.Option(help=" | ".join(STRATEGIES) + " (`gpt2dist strategies` says what each is), "
                                           f"or a split: a data-parallel method with degrees, such as {EXAMPLES}")],
-    out: Annotated[Path, typer.Option(help="Run directory: metrics.jsonl, run.json, checkpoint.pt.")],
+    out: Annotated[Path, typer.Option(help="Run directory: metrics.jsonl, run.json, checkpoint.pt, TensorBoard's "
+                                      "event file, kept/ (each rank's trace).")],
     precision: Annotated[str, typer.Option(help=" | ".join(PRECISIONS))] = "fp32",
     nproc: Annotated[Optional[int], typer.Option(help="Processes (devices for dp), on all nodes together "
                                                  "[default: 1; with --hosts, their slots].",
@@ -51,6 +52,9 @@ def train(
                                                        callback=POSITIVE.callback)] = None,
     print_command: Annotated[bool, typer.Option(help="Print the launcher command instead of running it.")] = False,
     keep_checkpoint: Annotated[bool, typer.Option(help="Keep checkpoint.pt once the run completes.")] = True,
+    final_checkpoint_in_kept: Annotated[bool, typer.Option(help="Once the run completes, move checkpoint.pt into "
+                                                           "kept/, which a workflow tool declares as an output (the "
+                                                           "pipeline's).")] = False,
     stale_checkpoint: Annotated[str, typer.Option(help="A checkpoint of other settings in --out: fail, or restart "
                                                   "afresh (for workflow tools re-running a changed job).")] = "fail",
     resume_from: Annotated[Optional[Path], typer.Option(help="Continue another run's checkpoint (its checkpoint.pt or "
@@ -92,7 +96,8 @@ def train(
     spec = runner.build_spec(data=data, out=out, strategy=strategy, precision=precision,
                              nproc=sum(h.slots for h in host_list) if host_list else nproc or 1, params=loaded,
                              preset=preset, overrides=overrides, node_gpus=host_gpus, device=device,
-                             nodes=spread, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
+                             nodes=spread, keep_checkpoint=keep_checkpoint,
+                             final_checkpoint_in_kept=final_checkpoint_in_kept, stale_checkpoint=stale_checkpoint,
                              resume_from=resume_from, size=size, init_from=init_from)
     if host_list:
         typer.echo("\n".join(runner.print_multinode(spec, host_list)))
@@ -108,13 +113,17 @@ def train(
 @app.command()
 @one_line_errors
 def export(
-    run: Annotated[Path, typer.Option(help="Run directory: its checkpoint.pt and run.json.")],
+    run: Annotated[Path, typer.Option(help="Run directory (its checkpoint.pt, or the final one a study kept in kept/, "
+                                      "and run.json), or the id of a run of the study here, in results/runs.")],
     out: Annotated[Path, typer.Option(help="Directory to write (new or empty): config.json, model.safetensors, the "
                                       "tokenizer's files, run.json, export.json.")],
 ) -> None:
     """Write a run's model as a transformers GPT-2 directory that GPT2LMHeadModel.from_pretrained loads offline."""
+    from gpt2dist.pipeline.layout import RUNS_DIR
     from gpt2dist.training.hf_format import export_run
 
+    if not run.exists() and len(run.parts) == 1 and (Path(RUNS_DIR) / run).is_dir():  # a run id (summary.md's)
+        run = Path(RUNS_DIR) / run
     done = export_run(run, out)
     tokenizer = done["tokenizer"]["name"] if done["tokenizer"] else f"none ({done['no_tokenizer']})"
     say(f"ok: {out}: GPT-2 of {done['parameters']:,} parameters ({done['dtype']}) from {run} at step "

@@ -123,11 +123,15 @@ def bundle(
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
+    checkpoints: Annotated[bool, typer.Option(help="Add the final checkpoints the runs kept (study.keep_checkpoints), "
+                                              "for `gpt2dist export` elsewhere; a rebuild does not need them.")
+                           ] = False,
 ) -> None:
     """Pack the study's run records, shard description and parameters into one verifiable archive."""
     from gpt2dist.results.bundle import write_bundle
 
-    description = write_bundle(planned_study(params, preset, gpus, nodes), runs, data, params, out)
+    description = write_bundle(planned_study(params, preset, gpus, nodes), runs, data, params, out,
+                               checkpoints=checkpoints)
     missing = f", {len(description['missing_runs'])} missing (listed in its bundle.json)" if description[
         "missing_runs"] else ""
     typer.echo(f"ok: {out}: {len(description['runs'])} runs of preset {description['preset']}{missing}")

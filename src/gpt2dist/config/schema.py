@@ -279,6 +279,12 @@ class StudyConfig(_Strict):
                          "intervals; at most 1000, a run each).")
     excluded_steps: int = Field(5, ge=0, description="Leading steps of each run left out of throughput statistics "
                                 "(compilation, allocator and cache warm-up).")
+    keep_checkpoints: Literal["none", "fastest", "all"] = Field(
+        "fastest", description="Which runs keep their final checkpoint (in kept/, declared as outputs: pushed and "
+        "pulled with DVC, out of bundles unless asked for), for `gpt2dist export`: fastest, each configuration's "
+        "first repeat, as which configuration is fastest is known only once all have run (summary.md names the top "
+        "tier's to export); all, every run; none. A checkpoint holds the model and AdamW's state: about 11 MiB per "
+        "run in the cpu preset, 1.5 GB at GPT-2 small.")
     selftests: bool = Field(True, description="Check each configuration with `gpt2dist selftest` (a tiny model, a "
                             "few steps) before its runs, so a node that cannot run it fails in minutes. false: the "
                             "runs are their own check, where they take no longer than a selftest.")
@@ -385,6 +391,10 @@ class RunSpec(_Strict):
     train: TrainConfig
     keep_checkpoint: bool = Field(True, description="Keep checkpoint.pt once the run completes (the pipeline "
                                   "drops it: GPT-2 small's is about 1.5 GB per run).")
+    final_checkpoint_in_kept: bool = Field(False, description="Once the run completes, move checkpoint.pt into kept/ "
+                                           "beside its traces, which a workflow tool declares as an output (the "
+                                           "pipeline's study.keep_checkpoints): a tool deletes a failed job's "
+                                           "outputs, and checkpoint.pt, what a re-run resumes from, is never one.")
     stale_checkpoint: Literal["fail", "restart"] = Field(
         "fail", description="A checkpoint of other settings: fail (by hand: the directory is another run's) or "
         "restart (a workflow tool re-runs the job because its settings changed).")
@@ -415,8 +425,9 @@ class RunSpec(_Strict):
         # where the processes run (nodes) changes no number they compute: a checkpoint resumes on other nodes;
         # nor does which checkpoint a run started from, nor the size's name (its shape is in the model); the weights
         # it started from do, by content, and only where there are such (earlier runs' fingerprints stay)
-        identity = self.model_dump(exclude={"out_dir", "data_dir", "keep_checkpoint", "stale_checkpoint", "attempt",
-                                            "nodes", "resume_from", "size", "init_from"})
+        identity = self.model_dump(exclude={"out_dir", "data_dir", "keep_checkpoint", "final_checkpoint_in_kept",
+                                            "stale_checkpoint", "attempt", "nodes", "resume_from", "size",
+                                            "init_from"})
         if self.init_from is not None:
             identity["init_from"] = self.init_from.sha256
         identity["train"].pop("max_steps")  # extending a run is a resume, not a new run

@@ -27,7 +27,9 @@ from gpt2dist.system.conditions import LoadMonitor, wait_for_quiet
 from gpt2dist.system.hardware import cuda_gpus
 from gpt2dist.training import preflight
 from gpt2dist.training.run_record import (
+    CHECKPOINT,
     Outcome,
+    final_checkpoint,
     finish_record,
     new_attempt,
     now_iso,
@@ -45,7 +47,8 @@ def _choice(value: str, allowed: tuple[str, ...], option: str) -> str:
 
 def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: int, params: Params,
                preset: str | None, overrides: list[str], node_gpus: int | None = None, nodes: int = 1,
-               device: str | None = None, keep_checkpoint: bool = True, stale_checkpoint: str = "fail",
+               device: str | None = None, keep_checkpoint: bool = True, final_checkpoint_in_kept: bool = False,
+               stale_checkpoint: str = "fail",
                resume_from: Path | None = None, size: str | None = None, init_from: Path | None = None) -> RunSpec:
     """The validated RunSpec; `device` defaults to what this machine has (cuda when visible), and the run is checked
     against this machine's GPUs, or `node_gpus` per node where it is meant for other machines (--hosts). `size`: the
@@ -64,13 +67,13 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
         raise UsageError(f"--nodes must be at least 1, got {nodes}")
     if resume_from is not None:
         resume_from = Path(resume_from).resolve()
-        resume_from = resume_from / "checkpoint.pt" if resume_from.is_dir() else resume_from
+        resume_from = final_checkpoint(resume_from) if resume_from.is_dir() else resume_from
         kind = file_kind(resume_from)
         if kind != "a torch checkpoint":
             what = "no checkpoint" if kind == "missing" else f"{kind}, not a checkpoint"
             raise UsageError(f"--resume-from {resume_from} is {what}: name another run's checkpoint.pt or its "
                              "directory (a run keeps it unless trained with --no-keep-checkpoint)")
-    own = Path(out) / "checkpoint.pt"  # what a re-run resumes from: refused now, before anything is written
+    own = Path(out) / CHECKPOINT  # what a re-run resumes from: refused now, before anything is written
     if own.exists() and (kind := file_kind(own)) != "a torch checkpoint":
         raise UsageError(f"{own} is {kind}, not a checkpoint (a damaged save, or a file put there by hand); delete "
                          "it to start afresh, or use another --out")
@@ -89,7 +92,8 @@ def build_spec(*, data: Path, out: Path, strategy: str, precision: str, nproc: i
         init = read_source(init_from, chosen.model)
     spec = RunSpec(data_dir=str(Path(data).resolve()), out_dir=str(Path(out).resolve()), preset=name,
                    strategy=strategy, precision=precision, nproc=nproc, nodes=nodes, device=device, model=chosen.model,
-                   size=size, train=chosen.train, keep_checkpoint=keep_checkpoint, stale_checkpoint=stale_checkpoint,
+                   size=size, train=chosen.train, keep_checkpoint=keep_checkpoint,
+                   final_checkpoint_in_kept=final_checkpoint_in_kept, stale_checkpoint=stale_checkpoint,
                    resume_from=str(resume_from) if resume_from else None, init_from=init)
     preflight.check_dependencies(spec)  # "not installed" is the first thing to fix
     check_run(spec, gpus if node_gpus is None else node_gpus)

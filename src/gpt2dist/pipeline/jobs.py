@@ -19,10 +19,11 @@ from gpt2dist.pipeline.layout import (
     RUNS_DIR,
     TRACES_DIR,
     headline_file,
+    run_outputs,
     selftest_file,
 )
 from gpt2dist.pipeline.run import Run
-from gpt2dist.pipeline.study import Study, configurations, pipeline_resume_cases, selftested
+from gpt2dist.pipeline.study import Study, configurations, keeps_checkpoint, pipeline_resume_cases, selftested
 
 # The modules each stage's command runs (ranks start as gpt2dist.launch.worker, forked on CPUs by
 # gpt2dist.launch.forking_torchrun; a selftest runs `gpt2dist train`). A stage's code is every module these can import (pipeline.imports), so a change
@@ -106,8 +107,10 @@ def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
     return _cmd("gpt2dist", "train", "--data", DATA_DIR, "--out", f"{RUNS_DIR}/{run.run_id}", "--params", params,
                 "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
                 "--nproc", run.nproc, "--seed", study.seed(run), *run.size_args(), *run.node_args(),
-                # the tools re-run a job whose settings changed, and would keep every run's checkpoint
-                "--no-keep-checkpoint", "--stale-checkpoint", "restart")
+                # the final checkpoint dropped, or moved where the tools declare it (study.keep_checkpoints); one of
+                # other settings restarts, as the tools re-run a job whose settings changed
+                "--final-checkpoint-in-kept" if keeps_checkpoint(study, run) else "--no-keep-checkpoint",
+                "--stale-checkpoint", "restart")
 
 
 def estimate_command(study: Study, params: str = "params.yaml") -> str:
@@ -164,8 +167,7 @@ def _repeats(study: Study) -> str:
 
 def stage_outputs(study: Study) -> dict[str, list[str]]:
     """The files each stage writes: what Snakemake's rules and DVC's stages must both declare."""
-    runs = {f"train@{run.run_id}": [f"{RUNS_DIR}/{run.run_id}/run.json", f"{RUNS_DIR}/{run.run_id}/metrics.jsonl"]
-            for run in study.runs}
+    runs = {f"train@{run.run_id}": list(run_outputs(run.run_id).values()) for run in study.runs}  # record first
     return {
         "prepare": [f"{DATA_DIR}/{name}" for name in ("train.bin", "val.bin", "tokenizer.json", "meta.json")],
         **{f"selftest@{run.config_id}": [selftest_file(run)] for run in selftested(study)},

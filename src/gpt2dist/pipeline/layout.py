@@ -15,6 +15,13 @@ STORED_STUDIES = "docs/reference"  # the studies the repository keeps, each in a
 TRACES_DIR = "traces"  # in a results directory: each configuration's kept traces, one file per rank (collect)
 ESTIMATE_FILE = f"{RESULTS_DIR}/estimate.json"  # the study's expected duration, run by run (pipeline/duration.py)
 FIGURES = ("throughput", "scaling", "loss_deviation", "loss_vs_time", "memory", "time_ledger")
+# In a run's directory: TensorBoard's event file of its metrics (training.tensorboard_events; TensorBoard finds it by
+# "tfevents"), and what the run keeps once it has ended, in one directory that the workflow tools declare whatever it
+# holds: each rank's trace of the last traced step (none where the run resumed past its traced steps, or traced none)
+# and, where the study keeps it (study.keep_checkpoints), the final checkpoint. Never checkpoint.pt itself, what a
+# re-run resumes from: the tools delete a failed or interrupted job's outputs.
+EVENTS = "events.out.tfevents.gpt2dist"
+KEPT_DIR = "kept"
 LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links
 
 
@@ -32,6 +39,14 @@ def retry_marker(run_id: str) -> str:
     """Made by the Snakefile for a run whose record says it did not complete: an input newer than the run's
     outputs, so Snakemake trains it again (resuming from its checkpoint where it has one)."""
     return f"{RUNS_DIR}/{run_id}/retry"
+
+
+def run_outputs(run_id: str) -> dict[str, str]:
+    """The files of a run that its train job declares (`run_id` may be a workflow tool's placeholder for one): its
+    record, metrics, the spec it ran, TensorBoard's event file, and kept/ (a directory)."""
+    run = f"{RUNS_DIR}/{run_id}"
+    return {"record": f"{run}/run.json", "metrics": f"{run}/metrics.jsonl", "spec": f"{run}/spec.json",
+            "events": f"{run}/{EVENTS}", "kept": f"{run}/{KEPT_DIR}"}
 
 
 def selftest_file(run: Run) -> str:

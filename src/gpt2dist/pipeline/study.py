@@ -143,6 +143,13 @@ def configurations(study: Study) -> list[Run]:
     return [run for run in study.runs if run.repeat == 0]
 
 
+def keeps_checkpoint(study: Study, run: Run) -> bool:
+    """Whether `run` keeps its final checkpoint (study.keep_checkpoints): fastest, each configuration's first repeat
+    (which configuration is fastest is known only once all have run); all, every run; none."""
+    keep = study.preset.study.keep_checkpoints
+    return keep == "all" or (keep == "fastest" and run.repeat == 0)
+
+
 def selftested(study: Study) -> list[Run]:
     """The configurations whose selftest job runs before their runs: all, unless the preset turns them off."""
     return configurations(study) if study.preset.study.selftests else []
@@ -164,8 +171,8 @@ def resume_cases(study: Study) -> list[Run]:
 
 def pipeline_resume_cases(study: Study) -> list[Run]:
     """The resume cases the pipeline's selftests check: none when the study's runs cannot stop between two
-    checkpoints (the only one at the last step, which the pipeline does not keep: `--no-keep-checkpoint`), as
-    an interrupted run then starts again and resuming is nothing the study does."""
+    checkpoints (the only one at the last step, which the pipeline does not resume from: `--no-keep-checkpoint`, or
+    moved into kept/), as an interrupted run then starts again and resuming is nothing the study does."""
     train = study.preset.train
     if train.checkpoint_interval >= train.max_steps and not train.checkpoint_minutes:
         return []

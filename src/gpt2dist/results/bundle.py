@@ -1,6 +1,8 @@
 """Study bundles: a finished study's run records, shard description and parameters, and the
 traces collect keeps of each configuration, in one archive with a sha256 manifest, so anyone can
 verify it and rebuild every table, figure and finding without retraining (`gpt2dist bundle`, `gpt2dist figures --from`).
+The final checkpoints the runs kept (study.keep_checkpoints) travel only when asked for (`--checkpoints`): megabytes
+each on CPUs, gigabytes on GPUs, and nothing a rebuild reads.
 
 The archive is deterministic (sorted members, zeroed times and owners, gzip without a
 timestamp): bundling the same runs twice gives the same bytes, so a bundle kept in git changes
@@ -26,7 +28,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from gpt2dist.config.presets import load_params, upgraded
-from gpt2dist.data.shards import read_meta
+from gpt2dist.data.shards import read_meta, sha256_file
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open
 from gpt2dist.pipeline.study import plan_study, Study
@@ -37,16 +39,20 @@ DESCRIPTION = "bundle.json"
 RUN_FILES = ("run.json", "metrics.jsonl")
 # Everything a bundle may hold; anything else is refused before a byte is written out.
 MEMBER = re.compile(r"(bundle\.json|params\.yaml|data/meta\.json"
-                    r"|runs/[A-Za-z0-9._-]+/(run\.json|metrics\.jsonl|trace-rank[0-9]+\.json\.gz))")
+                    r"|runs/[A-Za-z0-9._-]+/(run\.json|metrics\.jsonl|(kept/)?trace-rank[0-9]+\.json\.gz"
+                    r"|kept/checkpoint\.pt))")  # traces in the run directory itself: runs from before kept/
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[dict[str, bytes], dict]:
-    """The bundle's files by archive path, and its description (what is in it, what is not)."""
+def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path, *,
+           checkpoints: bool = False) -> tuple[dict[str, bytes | Path], dict]:
+    """The bundle's files by archive path (their bytes, or a kept checkpoint's path), and its description (what is
+    in it, what is not); with `checkpoints`, the final checkpoints the runs kept too."""
     read_meta(data_dir)  # a missing or foreign shard description is refused here, not at rebuild
+    from gpt2dist.results.exports import kept_checkpoint
     from gpt2dist.results.per_run import code_of  # once the cheap checks passed: no scipy
     from gpt2dist.results.run_table import read_run
     from gpt2dist.results.traces import kept_traces
@@ -65,6 +71,8 @@ def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[
         finished.append(record.get("finished_at") or "")
         for name in RUN_FILES:
             files[f"runs/{run.run_id}/{name}"] = (runs_dir / run.run_id / name).read_bytes()
+        if checkpoints and kept_checkpoint(record, runs_dir / run.run_id):  # streamed in, not read here: gigabytes
+            files[f"runs/{run.run_id}/{record['kept_checkpoint']}"] = runs_dir / run.run_id / record["kept_checkpoint"]
     for kept in kept_traces(study, records, runs_dir).values():  # those collect picks, so a rebuild has them too
         for name in kept["files"]:
             files[f"runs/{kept['run_id']}/{name}"] = (runs_dir / kept["run_id"] / name).read_bytes()
@@ -85,20 +93,24 @@ def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path) -> tuple[
     return files, description
 
 
-def write_bundle(study: Study, runs_dir: Path, data_dir: Path, params: Path, out: Path) -> dict:
-    files, description = gather(study, Path(runs_dir), Path(data_dir), Path(params))
+def write_bundle(study: Study, runs_dir: Path, data_dir: Path, params: Path, out: Path, *,
+                 checkpoints: bool = False) -> dict:
+    files, description = gather(study, Path(runs_dir), Path(data_dir), Path(params), checkpoints=checkpoints)
     uncommitted = description["code"]["dirty"] or (description["environment"].get("git") or {}).get("dirty")
     if uncommitted and in_reference_studies(Path(out)):
         raise UsageError(f"{out}: the runs or this tree hold uncommitted changes, and docs/reference keeps only "
                          "studies a commit regenerates; commit, re-run the study from the commit, then bundle")
-    manifest = "".join(f"{sha256(data)}  {name}\n" for name, data in sorted(files.items())).encode()
+    manifest = "".join(f"{sha256_file(data) if isinstance(data, Path) else sha256(data)}  {name}\n"
+                       for name, data in sorted(files.items())).encode()
     with atomic_open(out, "wb") as handle:
         with gzip.GzipFile(filename="", mode="wb", fileobj=handle, mtime=0) as packed:
             with tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as archive:
                 for name, data in [(MANIFEST, manifest), *sorted(files.items())]:
                     info = tarfile.TarInfo(name)
-                    info.size, info.mode, info.mtime = len(data), 0o644, 0
-                    archive.addfile(info, io.BytesIO(data))
+                    info.mode, info.mtime = 0o644, 0
+                    info.size = data.stat().st_size if isinstance(data, Path) else len(data)
+                    with open(data, "rb") if isinstance(data, Path) else io.BytesIO(data) as source:
+                        archive.addfile(info, source)
     return description
 
 

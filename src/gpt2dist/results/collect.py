@@ -6,7 +6,8 @@ statistics (results.summarise), the kept traces (results.traces), then what rank
 It writes metrics.csv (one row per run and step), runs.csv (one row per run, with the conditions it was measured
 in and whether it was disturbed), summary.csv/json (one row per configuration; a run that failed or is missing
 does not stop the others from being summarised: summary.json lists it, and the report says so first),
-link_model.csv, headline.json and loss_curves.csv (the compact views DVC shows, results.compact) and traces/."""
+link_model.csv, headline.json and loss_curves.csv (the compact views DVC shows, results.compact) and traces/; where
+runs kept their final checkpoints, summary.json names the run to export at each placement (results.exports)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from gpt2dist.pipeline.study import configurations, Study
 from gpt2dist.results.compact import write_compact_views
 from gpt2dist.results.convergence import target_loss
 from gpt2dist.results.disturbance import outliers
+from gpt2dist.results.exports import runs_to_export
 from gpt2dist.results.findings import check_claims
 from gpt2dist.results.per_run import code_of, hardware_label, per_run, refuse_if_too_disturbed, refuse_mixed_hardware
 from gpt2dist.results.ranking import rank
@@ -82,6 +84,8 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
             frame.to_csv(handle, index=False, float_format=CANONICAL_FLOAT)
     write_compact_views(out_dir, [run.config_id for run in configurations(study)], summary, table)
     traces = copy_traces(kept_traces(study, records, Path(runs_dir)), Path(runs_dir), out_dir)
+    answer = rank(runs, summary)
+    exports = runs_to_export(study, records, Path(runs_dir), answer)
     first = next(iter(records.values()))
     result = {
         "preset": study.preset_name,
@@ -96,12 +100,13 @@ def collect(study: Study, runs_dir: Path, data_dir: Path, out_dir: Path, *, mixe
         "mixed_hardware": sorted(runs["hardware"].unique()) if mixed_hardware else None,
         "missing_runs": missing,
         "disturbed_runs": dict(zip(disturbed["run_id"], disturbed["disturbed"])),
-        "answer": rank(runs, summary),
+        "answer": answer,
         "configs": _json_rows(summary, "config_id"),
         "findings": check_claims(runs, summary, model),
         "link_model": json.loads(model.to_json(orient="records")),
         "added_rounds": added_rounds(study, out_dir),
         "traces": traces,
+        **({"export": exports} if exports else {}),  # only where runs kept their final checkpoints
     }
     atomic_write_json(out_dir / "summary.json", result)
     return result

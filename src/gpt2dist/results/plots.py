@@ -1,9 +1,9 @@
 """`gpt2dist plot`: the study's figures, each one function of the collected tables.
 
 Every figure shares one seaborn theme, says its units on the axes and its hardware and
-preset in the title, and is written as PNG and SVG, at most 8 inches wide with its legend inside
-the canvas, so it reads at 800 pixels. A strategy has one colour and marker in every figure, a
-precision one line style. Per-configuration bars run across, one row each, grouped by placement
+preset in the title (its lines wrapped to the figure's width, whatever the hardware is called), and is written
+as PNG and SVG, at most 8 inches wide with its legend inside the canvas, so it reads at 800 pixels. A strategy
+has one colour and marker in every figure, a precision one line style. Per-configuration bars run across, one row each, grouped by placement
 (processes, nodes, link) and ranked within it, fastest on top: the answer at a glance. Bars and error
 bars show the same statistic as summary.csv (geometric mean over undisturbed repeats, 95% log-scale
 interval); each run is drawn over its bar, disturbed runs as red crosses, so nothing left out of a
@@ -507,6 +507,34 @@ def use_theme() -> None:
                   rc={"axes.titlesize": "medium", "figure.titlesize": "medium", "svg.hashsalt": "gpt2dist"})
 
 
+def fit_titles(fig: plt.Figure) -> plt.Figure:
+    """`fig` with its titles (each axes' and the figure's) inside its width: wrapped at spaces by matplotlib, which
+    its layout then makes room for. A title centred over axes that sit right of the figure's centre (labels on their
+    left) has less room than the figure's width: a hardware line that fitted the figure ran past its right edge there.
+    A title with a word wider than half the figure (a hardware name without spaces) is laid out and shrunk until it
+    fits; only then, as a layout pass more moves everything by a hair and the same runs must draw the same bytes."""
+    # Figure.suptitle keeps its Text there (matplotlib has no public getter of the Text, only of its string)
+    titles = [text for text in (fig._suptitle, *(ax.title for ax in fig.axes)) if text is not None and text.get_text()]
+    renderer = fig.canvas.get_renderer()
+    for text in titles:
+        text.set_wrap(True)
+    widest = max((renderer.get_text_width_height_descent(word, text.get_fontproperties(), ismath=False)[0]
+                  for text in titles for word in text.get_text().split()), default=0.0)
+    for _ in range(3 if widest > fig.bbox.width / 2 else 0):  # each shrink moves the layout a little: measure again
+        fig.draw_without_rendering()
+        width = fig.bbox.width
+        too_wide = [(text, box) for text in titles if (box := text.get_window_extent()).x0 < 0 or box.x1 > width]
+        for text, box in too_wide:
+            centre = (box.x0 + box.x1) / 2
+            text.set_fontsize(text.get_fontsize() * 0.97 * 2 * min(centre, width - centre) / box.width)
+    return fig
+
+
+def draw(name: str, tables: list[pd.DataFrame], title: str) -> plt.Figure:
+    """Figure `name` of the collected tables (runs, summary, metrics), as `gpt2dist plot` writes it."""
+    return fit_titles({**FIGURES, LINK_FIGURE: links}[name](*tables, title))
+
+
 def plot(results: Path) -> list[Path]:
     results = Path(results)
     info = read_summary(results)
@@ -514,12 +542,10 @@ def plot(results: Path) -> list[Path]:
     repeats = int(tables[1]["repeats"].max()) if len(tables[1]) else 0
     title = f"{info['hardware']}\npreset {info['preset']}, up to {repeats} repeats per configuration"
     use_theme()
-    drawn = dict(FIGURES)
-    if len(predicted_vs_measured(tables[1])):
-        drawn[LINK_FIGURE] = links
+    drawn = [*FIGURES, *([LINK_FIGURE] if len(predicted_vs_measured(tables[1])) else [])]
     written = []
-    for name, figure in drawn.items():
-        fig = figure(*tables, title)
+    for name in drawn:
+        fig = draw(name, tables, title)
         for ext in ("png", "svg"):
             path = results / "figures" / f"{name}.{ext}"
             with atomic_open(path, "wb") as handle:

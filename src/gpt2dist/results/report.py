@@ -98,6 +98,18 @@ def warnings_markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def export_markdown(summary: dict) -> str:
+    """Where runs kept their final checkpoints: the command that takes each placement's fastest elsewhere."""
+    if not summary.get("export"):
+        return ""
+    lines = ["", "**To take the weights elsewhere**: at each placement, the top tier's fastest configuration with a kept "
+             "final checkpoint (study.keep_checkpoints), which `gpt2dist export` writes as a transformers GPT-2 "
+             "(`GPT2LMHeadModel.from_pretrained` loads it):", ""]
+    lines += [f"- {chosen['placement']}: `gpt2dist export --run {chosen['run_id']} --out {chosen['run_id']}-hf`"
+              for chosen in summary["export"]]
+    return "\n".join(lines) + "\n"
+
+
 def added_markdown(summary: dict) -> str:
     """What the added rounds trained, where they stopped, and what is still undecided: the answer's limits."""
     plans = summary.get("added_rounds") or []
@@ -352,7 +364,7 @@ def summary_markdown(summary: dict, others: list[dict] = ()) -> str:
 Hardware: {summary['hardware']}. Software: {versions}.
 
 {warnings_markdown(summary)}
-{answer_markdown(summary["answer"]) if summary.get("answer") else ""}{added_markdown(summary)}
+{answer_markdown(summary["answer"]) if summary.get("answer") else ""}{export_markdown(summary)}{added_markdown(summary)}
 ## Every configuration
 
 Each run's throughput is its median after its first {summary['excluded_steps']} steps. The table gives the geometric

@@ -27,8 +27,9 @@ from gpt2dist.data.encoding import EOS
 from gpt2dist.data.shards import sha256_file
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_directory, file_kind
+from gpt2dist.pipeline.layout import KEPT_DIR
 from gpt2dist.training.gpt2 import INIT_STD, LAYER_NORM_EPS
-from gpt2dist.training.run_record import RECORD, now_iso
+from gpt2dist.training.run_record import CHECKPOINT, RECORD, final_checkpoint, now_iso
 
 CONFIG, WEIGHTS, EXPORT_RECORD = "config.json", "model.safetensors", "export.json"
 INDEX = "model.safetensors.index.json"  # save_pretrained's, where it shards the weights
@@ -266,12 +267,14 @@ def export_run(run: Path, out: Path) -> dict:
     run, out = Path(run), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} exists and is not an empty directory; export into a new or empty one")
-    checkpoint = run / "checkpoint.pt"
+    checkpoint = final_checkpoint(run)
     kind = file_kind(checkpoint)
     if kind != "a torch checkpoint":
-        what = "has no checkpoint.pt" if kind == "missing" else f"has a checkpoint.pt that is {kind}, not a checkpoint"
+        what = (f"has no {CHECKPOINT} (nor {KEPT_DIR}/{CHECKPOINT})" if kind == "missing" else
+                f"has a {checkpoint.relative_to(run)} that is {kind}, not a checkpoint")
         raise UsageError(f"--run {run} {what}: export needs a run's checkpoint (a run keeps it unless trained with "
-                         "--no-keep-checkpoint; a run stopped before its first checkpoint has none)")
+                         "--no-keep-checkpoint, a study its configurations' first repeats' unless study."
+                         "keep_checkpoints says otherwise; a run stopped before its first checkpoint has none)")
     record, config, cfg = _run_config(run)
     try:
         payload = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)

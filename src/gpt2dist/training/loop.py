@@ -19,6 +19,7 @@ from gpt2dist.config.sizes import weight_decayed
 from gpt2dist.config.units import gradient_bytes
 from gpt2dist.data.shards import open_shards
 from gpt2dist.errors import Interrupted, UsageError
+from gpt2dist.pipeline.layout import EVENTS
 from gpt2dist.system.gpu_telemetry import GpuTelemetry
 from gpt2dist.training import stops
 from gpt2dist.training.batches import BatchSampler
@@ -35,8 +36,9 @@ from gpt2dist.training.model import (build_model, checkpoint_blocks, compile_blo
                                      deterministic_algorithms, head_loss_of)
 from gpt2dist.training.precision import Precision, make_precision
 from gpt2dist.training.preflight import check_vocabulary
-from gpt2dist.training.run_record import METRICS, RankReport, now_iso, probe_placement, run_facts, trace_file
+from gpt2dist.training.run_record import CHECKPOINT, METRICS, RankReport, now_iso, probe_placement, run_facts, trace_file
 from gpt2dist.training.strategies import REGISTRY, Strategy
+from gpt2dist.training.tensorboard_events import write_events
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +230,7 @@ class Trainer:
         if self.rank0:
             with stops.deferred():
                 save_checkpoint(
-                    self.out / "checkpoint.pt",
+                    self.out / CHECKPOINT,
                     step=step,
                     spec=self.spec,
                     model=model_state,
@@ -237,13 +239,14 @@ class Trainer:
                     precision=self.precision.state_dict(self.optimizer),
                     metrics=self.metrics.history,
                 )
+                write_events(self.out / EVENTS, self.metrics.history)  # TensorBoard's curves, as far as saved
                 report.update(checkpoint_step=step, model_state_bytes=self.state_bytes)
         self.strategy.barrier()
 
     def resume(self) -> tuple[int, list[dict]]:
         """The step to start from and the metrics lines measured before it: from this run's own checkpoint,
         else from the other run's that spec.resume_from names."""
-        path = self.out / "checkpoint.pt"
+        path = self.out / CHECKPOINT
         state = load_checkpoint(path, self.spec.fingerprint(), stale=self.spec.stale_checkpoint)
         if state is None and self.spec.resume_from:
             path = Path(self.spec.resume_from)
@@ -252,7 +255,7 @@ class Trainer:
         if state is None:
             return 0, []
         if state["step"] > self.spec.train.max_steps:  # else it would report "completed" with more steps than asked
-            if self.spec.stale_checkpoint == "restart" and path == self.out / "checkpoint.pt":
+            if self.spec.stale_checkpoint == "restart" and path == self.out / CHECKPOINT:
                 log.warning("%s is at step %d, past train.max_steps; starting afresh", path, state["step"])
                 return 0, []
             raise UsageError(f"{path} is at step {state['step']}, past train.max_steps ({self.spec.train.max_steps}); "
@@ -311,13 +314,15 @@ class Trainer:
         finally:
             progress.close()
             metrics.close()
-        if report is not None:
-            report.update(status="completed", finished_at=now_iso(), ledger=ledger,
-                          trace=self.kept_traces(ledger, tracer))
+        if report is not None:  # the curves again: a run resumed at its last step saved no checkpoint here
+            write_events(self.out / EVENTS, metrics.history)
+            report.update(status="completed", finished_at=now_iso(), ledger=ledger, trace=self.kept_traces(tracer))
 
-    def kept_traces(self, ledger: dict | None, tracer: StepTracer) -> dict | None:
-        """Which step each rank's kept trace holds, and the files, in rank order (none where no step was traced)."""
-        if ledger is None:
+    def kept_traces(self, tracer: StepTracer) -> dict | None:
+        """Which step each rank's kept trace holds, and the files, in rank order: none where this launch traced no
+        step (train.ledger_steps 0, or resumed past its traced steps: a workflow tool deleted the earlier launch's
+        traces with its other outputs)."""
+        if tracer.profiler is None:
             return None
         return {"step": tracer.kept_step,
                 "files": [trace_file(rank) for rank in range(self.place.world_size)]}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import uuid
 from dataclasses import dataclass, field
@@ -24,13 +25,22 @@ from pathlib import Path
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.config.traffic import traffic
 from gpt2dist.io import atomic_write_json, atomic_write_text
+from gpt2dist.pipeline.layout import EVENTS, KEPT_DIR
 
 RECORD, REPORT, METRICS = "run.json", "rank0.json", "metrics.jsonl"
+CHECKPOINT = "checkpoint.pt"  # what a re-run resumes from; never a workflow tool's output (pipeline.layout.KEPT_DIR)
 
 
 def trace_file(rank: int) -> str:
     """A rank's kept trace in its run directory: its last traced step as the profiler exports it, gzipped."""
-    return f"trace-rank{rank}.json.gz"
+    return f"{KEPT_DIR}/trace-rank{rank}.json.gz"
+
+
+def final_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint a run left: its own checkpoint.pt, else the final one moved into kept/ (the pipeline's
+    study.keep_checkpoints); the former's path where neither is there."""
+    own, kept = Path(run_dir) / CHECKPOINT, Path(run_dir) / KEPT_DIR / CHECKPOINT
+    return kept if kept.exists() and not own.exists() else own
 
 
 def now_iso() -> str:
@@ -129,8 +139,8 @@ def start_record(spec: RunSpec, **facts) -> None:
 def finish_record(spec: RunSpec, outcome: Outcome, **facts) -> dict:
     """Write run.json from rank 0's report and the launch's facts once the ranks have ended; return it.
 
-    The checkpoint of a completed run that is not to be kept goes only after run.json says completed:
-    a launcher killed before that leaves it, and the same command resumes at the last step."""
+    The checkpoint of a completed run that is not to be kept goes (or moves into kept/) only after run.json says
+    completed: a launcher killed before that leaves it, and the same command resumes at the last step."""
     out = Path(spec.out_dir)
     report = read_report(out, spec.attempt)
     record = {**(report or {}), "run_id": out.name, "attempt": spec.attempt, **facts, **outcome.facts}
@@ -149,11 +159,17 @@ def finish_record(spec: RunSpec, outcome: Outcome, **facts) -> dict:
             record["error"] = "the ranks exited without reporting a completed run"
     else:
         record["status"] = "completed"
-        if not spec.keep_checkpoint:
+        if spec.final_checkpoint_in_kept:
+            record["kept_checkpoint"] = f"{KEPT_DIR}/{CHECKPOINT}"
+        elif not spec.keep_checkpoint:
             record["checkpoint_step"] = None
     atomic_write_json(out / RECORD, record)
-    if record["status"] == "completed" and not spec.keep_checkpoint:
-        (out / "checkpoint.pt").unlink(missing_ok=True)
-    if not (out / METRICS).exists():  # a run that failed before its first step: the workflow tools' outputs
-        atomic_write_text(out / METRICS, "")  # exist, and run.json says what happened
+    (out / KEPT_DIR).mkdir(exist_ok=True)
+    if record["status"] == "completed" and spec.final_checkpoint_in_kept and (out / CHECKPOINT).exists():
+        os.replace(out / CHECKPOINT, out / KEPT_DIR / CHECKPOINT)
+    elif record["status"] == "completed" and not spec.keep_checkpoint:
+        (out / CHECKPOINT).unlink(missing_ok=True)
+    for name in (METRICS, EVENTS):  # a run that failed before its first step (or checkpoint): the workflow tools'
+        if not (out / name).exists():  # outputs exist, and run.json says what happened
+            atomic_write_text(out / name, "")
     return record
