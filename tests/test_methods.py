@@ -11,8 +11,9 @@ import pytest
 from gpt2dist.config.methods import METHODS, NONE
 from gpt2dist.pipeline.imports import PACKAGE
 
-# The Horovod package (its version, its build), which shares the method's name
-PACKAGE_NAMES = {("system/environment.py", "horovod")}
+# Words that share a method's name: the Horovod package (its version, its build) and the data-parallel process
+# group ("dp", as run records name it), which torch.nn.DataParallel's method shares
+PACKAGE_NAMES = {("system/environment.py", "horovod"), ("config/traffic.py", "dp")}
 
 
 def tables_naming(path: Path, names) -> list[tuple[int, list[str]]]:
