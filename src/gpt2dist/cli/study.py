@@ -234,10 +234,12 @@ def progress(
     runs: RunsDir = Path("results/runs"),
     estimate: Annotated[Path, typer.Option(help="Written by `gpt2dist estimate`.")] = Path("results/estimate.json"),
 ) -> None:
-    """Print how many runs of the study are done and about how long the rest takes."""
+    """Print how many runs of the study are done (those its added rounds decided so far included) and about how long
+    the rest takes."""
     from gpt2dist.pipeline.duration import finished_runs, progress_line
+    from gpt2dist.pipeline.study import with_added_runs
     from gpt2dist.inputs import read_json
 
-    study = planned_study(params, preset, gpus, nodes)
+    study = with_added_runs(planned_study(params, preset, gpus, nodes))
     planned = read_json(estimate, "gpt2dist estimate") if estimate.exists() else None
     typer.echo(progress_line(study, finished_runs(study, runs), planned))
