@@ -123,11 +123,17 @@ def bundle(
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
+    results: Annotated[Path, typer.Option(help="The study's results directory: the repeats its added rounds decided "
+                                          "(rounds/) and a tune's plan (tune.json) are packed from it.")] =
+    Path("results"),
 ) -> None:
-    """Pack the study's run records, shard description and parameters into one verifiable archive."""
+    """Pack the study's run records (its added rounds' too), shard description and parameters into one verifiable
+    archive."""
+    from gpt2dist.pipeline.study import with_added_runs
     from gpt2dist.results.bundle import write_bundle
 
-    description = write_bundle(planned_study(params, preset, gpus, nodes), runs, data, params, out)
+    study = with_added_runs(planned_study(params, preset, gpus, nodes), results)
+    description = write_bundle(study, runs, data, params, out, results)
     missing = f", {len(description['missing_runs'])} missing (listed in its bundle.json)" if description[
         "missing_runs"] else ""
     typer.echo(f"ok: {out}: {len(description['runs'])} runs of preset {description['preset']}{missing}")

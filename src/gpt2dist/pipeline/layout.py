@@ -16,6 +16,13 @@ TRACES_DIR = "traces"  # in a results directory: each configuration's kept trace
 ESTIMATE_FILE = f"{RESULTS_DIR}/estimate.json"  # the study's expected duration, run by run (pipeline/duration.py)
 FIGURES = ("throughput", "scaling", "loss_deviation", "loss_vs_time", "memory", "time_ledger")
 LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links
+# gpt2dist tune: a study of its own in TUNE_DIR (its params.yaml, data/, results/, logs/), its answer and calibration
+# at the top; in a results directory (its study's, or a rebuild's) its plan, and there its answer as TUNE_ANSWER
+TUNE_DIR = f"{RESULTS_DIR}/tune"
+TUNE_PLAN = "tune.json"
+TUNE_ANSWER = "tune.md"
+TUNE_SUMMARY = "summary.md"
+TUNE_CALIBRATION = "calibration.json"
 
 
 def round_marker(repeat: int | str) -> str:
