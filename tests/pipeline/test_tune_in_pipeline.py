@@ -1,6 +1,6 @@
 """`gpt2dist tune` for real, on 2 processes of this machine: the planner's short list measured as a study of its own
 under Snakemake (the repository's rules), in rounds that drop what the study's paired test places slower and repeat
-what it has not decided, within a budget; its answer, its bundle and rebuild.
+what it has not decided, within a budget; its answer, its bundle and rebuild, and the calibration recommend reads.
 
 Three candidates of the tests' tiny model: zero1 and fsdp, whose steps lie within about 10% of each other, and tp,
 several times slower (its all-reduces per block dwarf so small a model's computation). Beside other tests, the
@@ -137,3 +137,36 @@ def test_the_tune_bundles_and_rebuilds_to_the_same_answer(halved, tmp_path):
         (directory / "calibration.json").read_text())
     rebuilt = pd.read_csv(tmp_path / "rebuilt" / "runs.csv")
     assert sorted(rebuilt["run_id"]) == sorted(trained(work)["run_id"])  # the added round's runs too
+
+
+def calibrated_table(text: str) -> pd.DataFrame:
+    """recommend's table for a CPU tune: split, predicted, calibrated and measured ms."""
+    rows = [line.strip("|").split("|") for line in text.splitlines() if line.startswith("| ") and "split" not in line]
+    return pd.DataFrame([[cell.strip() for cell in row] for row in rows],
+                        columns=["split", "predicted", "calibrated", "measured", "correction"]).set_index("split")
+
+
+def test_recommend_for_the_tuned_machine_moves_each_measured_prediction_to_its_measurement(halved, tmp_path):
+    """`recommend --calibration` on the tune's file predicts the machine it ran on (the CPU step model from single's
+    step the tune timed) and says it is calibrated: each measured split's prediction moves to what the tune measured.
+    The control: the same file with each measurement set to its prediction leaves every prediction where it was."""
+    work, _, _ = halved
+    calibration = work / "results" / "tune" / "calibration.json"
+    text = run(["gpt2dist", "recommend", "--calibration", str(calibration)], work).stdout
+    assert "Calibrated by the tune of" in " ".join(text.split())
+    table = calibrated_table(text)
+    measured = json.loads(calibration.read_text())["tune"]["splits"]
+    for name, split in measured.items():
+        row = table.loc[name]
+        moved, was = float(row["calibrated"].replace(",", "")), float(row["predicted"].replace(",", ""))
+        truth = split["measured_step_s"] * 1e3
+        assert abs(moved - truth) <= 0.1 and abs(was - split["predicted_step_s"] * 1e3) <= 0.1, row
+        assert abs(moved - truth) < abs(was - truth) or abs(was - truth) <= 0.1
+    unmeasured = [name for name in table.index if name not in measured]
+    assert unmeasured and all(table.loc[name, "correction"].endswith("typical") for name in unmeasured)
+    said = json.loads(calibration.read_text())
+    for split in said["tune"]["splits"].values():
+        split["measured_step_s"] = split["predicted_step_s"]
+    (tmp_path / "flat.json").write_text(json.dumps(said))
+    flat = calibrated_table(run(["gpt2dist", "recommend", "--calibration", str(tmp_path / "flat.json")], work).stdout)
+    assert (flat["calibrated"] == flat["predicted"]).all(), flat

@@ -14,9 +14,11 @@ them). Torch-free, and blind to any results but the stored studies' summaries.""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 
 import pandas as pd
+from pydantic import TypeAdapter
 
 from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
 from gpt2dist.config.methods import HYBRID, SHARD
@@ -32,12 +34,15 @@ from gpt2dist.forecast.published import HIGH, pairs, published_summary
 from gpt2dist.forecast.splits import splits_of
 from gpt2dist.pipeline.run import Run
 from gpt2dist.pipeline.study import planned_spec
+from gpt2dist.system.hardware import GPUS, named_in
 from gpt2dist.system.links import Links
 
 # The bus bandwidth of gloo's collectives between processes of one machine where no stored study measured one at
 # the tune's process count: the stored CPU studies measured 0.6 to 1.2 GB/s at 2 and 4 processes on 2 cores.
 ASSUMED_CPU_BUSBW_GB_S = 0.8
 LINK = "link"  # the emulated nodes' link, a term of its own beside the groups' (dp, tp, pp)
+COLUMNS = ["strategy", "method", "cannot_run", "computes_as", "shape", "step_s", "compute_s", "bubble_s",
+           "comm_exposed_s", "comm_hidden_s", "peak_gib", "state_gib", "fits", "fits_checkpointed"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,16 @@ class Cluster:
     memory_gb: float | None = None  # one GPU's, or on CPUs one process's share of the machine's
 
     def __post_init__(self):
-        if self.nproc < 1 or self.nodes < 1 or self.nproc % self.nodes:
+        if self.device not in ("cpu", "cuda"):
+            raise UsageError(f"a cluster's device is cpu or cuda, not {self.device!r}")
+        if self.device == "cuda" and named_in(self.gpu or "", GPUS) is None:
+            raise UsageError(f"{self.gpu!r} names no GPU whose peaks are known (known: {', '.join(GPUS)})")
+        if self.device == "cuda" and (self.links is None or not 0 < (self.memory_gb or 0) < math.inf):
+            raise UsageError("a GPU cluster has its links and its GPUs' memory")
+        if self.nproc < 1 or self.nodes < 1 or self.gpus_per_node < 0:
+            raise UsageError(f"a cluster has at least a process and a node, and no fewer than no GPUs: not {self.nproc} "
+                             f"process(es) on {self.nodes} node(s) of {self.gpus_per_node} GPUs")
+        if self.nproc % self.nodes:
             raise UsageError(f"{self.nproc} processes do not spread evenly over {self.nodes} node(s); give a multiple "
                              f"of the nodes (e.g. --nproc {self.nodes * max(1, self.nproc // self.nodes)})")
         if self.device == "cuda" and self.nproc != self.gpus_per_node * self.nodes:
@@ -86,9 +100,8 @@ class Cluster:
 
     @classmethod
     def of(cls, said: dict) -> Cluster:
-        """A cluster as `as_dict` wrote it (a tune's plan and calibration)."""
-        links = said.get("links")
-        return cls(**{**said, "links": Links(**links) if links else None})
+        """A cluster as `as_dict` wrote it (a tune's plan and calibration), its fields' types checked."""
+        return TypeAdapter(cls).validate_python(said)
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,11 @@ class CpuBasis:
     single_step_s: float
     busbw_gb_s: float
     busbw_from: str
+
+    def __post_init__(self):
+        if not (0 < self.single_step_s < math.inf and 0 < self.busbw_gb_s < math.inf):
+            raise UsageError(f"single's step ({self.single_step_s}) and the bus bandwidth ({self.busbw_gb_s}) the CPU "
+                             "step model starts from are positive")
 
 
 def stored_cpu_rows(stored: list) -> pd.DataFrame:
@@ -206,7 +224,7 @@ def predicted(name: str, preset: Preset, cluster: Cluster, precision: str, size:
             "fits": cluster.memory_gb is None or peak <= usable_bytes(cluster.memory_gb),
             "fits_checkpointed": cluster.memory_gb is None
             or predict(with_checkpointed_blocks(spec)).peak <= usable_bytes(cluster.memory_gb)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 @dataclass
