@@ -124,19 +124,18 @@ def planned(request: Request, say: Callable[[str], None], started: float) -> Pla
                  "link_mbit": [cluster.link_mbit] if cluster.link_mbit else []}
     # On GPUs every GPU at the preset's micro-batch, the global batch following them, as recommend predicts them
     train = {"global_batch_size": chosen.train.micro_batch_size * cluster.nproc} if cluster.device == "cuda" else {}
-    rounds = Rounds(request.repeats, request.rounds, 0.0, request.halving, request.resolve)
     workdir = Path.cwd()
 
-    def write(candidates: list[str], where: dict, minutes_: float) -> Path:
-        preset = tune_preset(base, candidates, group | where, request.window,
-                             Rounds(rounds.repeats, rounds.added, minutes_, rounds.halving, rounds.resolve), train)
+    def write(candidates: list[str], where: dict, study_minutes: float) -> Path:
+        rounds = Rounds(request.repeats, request.rounds, study_minutes, request.halving, request.resolve)
+        preset = tune_preset(base, candidates, group | where, request.window, rounds, train)
         return write_params(tune_params(params, base, preset, cluster.gpus_per_node, cluster.nodes, workdir),
                             request.out / "params.yaml")
 
     # first single alone: to time it here (on CPUs), and to price every split as the tune will run it
     single = load_params(write([REFERENCE], {"nproc": [1]}, 1.0))
     _, tuned = single.preset(TUNE_PRESET)
-    basis, launch_s = None, GPU_LAUNCH_S
+    basis, launch_s, ratio_error = None, GPU_LAUNCH_S, gpu_ratio_error()
     if cluster.device == "cpu":
         from gpt2dist.selftest import calibrate  # torch, in its own process
 
@@ -144,15 +143,16 @@ def planned(request: Request, say: Callable[[str], None], started: float) -> Pla
         window = request.window  # single timed as the runs will be: its median after their warm-up
         timed = calibrate(plan_study(single, TUNE_PRESET, 0), steps=window.warmup + window.measured,
                           warmup=window.warmup)
-        busbw, said = cpu_bus_bandwidth(stored_studies(request), cluster.nproc)
+        stored = stored_studies(request)
+        busbw, said = cpu_bus_bandwidth(stored, cluster.nproc)
         basis, launch_s = CpuBasis(timed.step_s[request.precision], busbw, said), timed.launch_s
-    ratio_error = cpu_ratio_error(stored_studies(request))[0] if cluster.device == "cpu" else gpu_ratio_error()
+        ratio_error = cpu_ratio_error(stored)[0]
     table = predicted(TUNE_PRESET, tuned, cluster, request.precision, request.size, basis,
                       named=request.among or [], unavailable=lacking(request, tuned))
     listed = shortlist(table, ratio_error, request.among)
-    processes = cluster.nproc  # on CPUs each rank starts on the shared cores (pipeline.duration.launch_seconds)
-    run_s = {name: (launch_s * processes if cluster.device == "cpu" else launch_s)
-             + request.window.steps * listed.predicted_step_s(name) for name in listed.candidates}
+    # on CPUs each rank starts on the shared cores, as pipeline.duration.launch_seconds counts it
+    launch = launch_s * cluster.nproc if cluster.device == "cpu" else launch_s
+    run_s = {name: launch + request.window.steps * listed.predicted_step_s(name) for name in listed.candidates}
     fixed = FIXED_S + 2 * DECISION_S + (launch_s if cluster.device == "cpu" else 0.0)
 
     budget = request.budget_s or min(CPU_BUDGET_S if cluster.device == "cpu" else GPU_BUDGET_S,
@@ -279,7 +279,8 @@ def run_study(request: Request) -> None:
                          "params.yaml and the Snakefile are)")
     bin_dir = Path(sys.executable).parent
     snakemake = shutil.which("snakemake", path=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}") or "snakemake"
-    command = [snakemake, "--snakefile", str(snakefile), "--directory", str(request.out), "--quiet", "all"]
+    command = [snakemake, "--snakefile", str(snakefile), "--directory", str(request.out), "--quiet", "rules",
+               "progress", "host"]  # its errors still said
     command += ["--profile", str(request.profile.resolve())] if request.profile else ["--cores", "all"]
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     sys.stdout.flush()  # what the tune said comes before what its jobs say
