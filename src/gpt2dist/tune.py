@@ -32,20 +32,21 @@ from gpt2dist.forecast.shortlist import (Cluster, CpuBasis, Shortlist, cpu_bus_b
                                          gpu_ratio_error, predicted, shortlist)
 from gpt2dist.forecast.splits import splits_of
 from gpt2dist.io import atomic_write_json
-from gpt2dist.pipeline.duration import minutes
-from gpt2dist.pipeline.layout import RESULTS_DIR, STORED_STUDIES, TUNE_CALIBRATION, TUNE_PLAN, TUNE_SUMMARY
+from gpt2dist.pipeline.duration import Calibration, minutes, write_estimate
+from gpt2dist.pipeline.layout import (ESTIMATE_FILE, RESULTS_DIR, STORED_STUDIES, TUNE_CALIBRATION, TUNE_PLAN,
+                                      TUNE_SUMMARY)
 from gpt2dist.pipeline.study import plan_study
 from gpt2dist.pipeline.tune import TUNE_PRESET, Rounds, Window, tune_params, tune_preset, write_params
 
 # The default budget: twice what the first round of the short list needs, with the fixed part, at most this
 CPU_BUDGET_S = 600.0
 GPU_BUDGET_S = 1800.0
-# What a tune's Snakemake takes besides its runs, measured on a 2-core AMD EPYC with the cpu preset (tokenizing the
-# stand-in corpus about 7 s; the study's own estimate times single again; collect, the figures and the report about
-# 25 s): rounded up
-FIXED_S = 60.0
-DECISION_S = 8.0  # each added round's decision: collect of the runs so far, then the ranking
-BETWEEN_JOBS_S = 2.0  # Snakemake's own work between two jobs (its DAG, the next job's start)
+# What a tune's Snakemake takes besides its runs, after the planning the tune times itself: its start and the data
+# before the first run, collect, the figures, the report and the answer after the last, 15 to 30 s in two tunes on
+# a 2-core AMD EPYC (the cpu preset on 2 processes, two-node-splits-cpu on 2 emulated nodes): rounded up
+FIXED_S = 40.0
+DECISION_S = 4.0  # an added round's decision (the runs so far collected and ranked), two of them reserved
+BETWEEN_JOBS_S = 1.0  # Snakemake's own work between two jobs: 0.3 to 0.7 s in those two tunes
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def planned(request: Request, say: Callable[[str], None], started: float) -> Pla
     # first single alone: to time it here (on CPUs), and to price every split as the tune will run it
     single = load_params(write([REFERENCE], {"nproc": [1]}, 1.0))
     _, tuned = single.preset(TUNE_PRESET)
-    basis, launch_s, ratio_error = None, GPU_LAUNCH_S, gpu_ratio_error()
+    basis, launch_s, ratio_error, timed = None, GPU_LAUNCH_S, gpu_ratio_error(), None
     if cluster.device == "cpu":
         from gpt2dist.selftest import calibrate  # torch, in its own process
 
@@ -153,7 +154,7 @@ def planned(request: Request, say: Callable[[str], None], started: float) -> Pla
     # on CPUs each rank starts on the shared cores, as pipeline.duration.launch_seconds counts it
     launch = launch_s * cluster.nproc if cluster.device == "cpu" else launch_s
     run_s = {name: launch + request.window.steps * listed.predicted_step_s(name) for name in listed.candidates}
-    fixed = FIXED_S + 2 * DECISION_S + (launch_s if cluster.device == "cpu" else 0.0)
+    fixed = FIXED_S + 2 * DECISION_S
 
     budget = request.budget_s or min(CPU_BUDGET_S if cluster.device == "cpu" else GPU_BUDGET_S,
                                      fixed + 2 * first_round(listed.candidates, run_s, request.repeats))
@@ -165,7 +166,13 @@ def planned(request: Request, say: Callable[[str], None], started: float) -> Pla
                          f"about {need:,.0f} s here ({request.repeats} runs each, {minutes(fixed)} besides the runs, "
                          f"{minutes(spent)} spent planning); give --budget {need * 1.5:,.0f}s or more")
     study_minutes = (budget - spent - fixed) / 60
-    write(candidates, placement, study_minutes)
+    study = plan_study(load_params(write(candidates, placement, study_minutes)), TUNE_PRESET, cluster.gpus_per_node,
+                       cluster.nodes)
+    # the study's estimate, candidate by candidate, which each run's progress line scales (its start times nothing)
+    calibration = timed if basis else Calibration({request.precision: listed.predicted_step_s(listed.pick)}, launch_s)
+    write_estimate(study, calibration, 0, request.out / ESTIMATE_FILE,
+                   seconds={cluster.run(name, request.precision, request.size).config_id: run_s[name]
+                            for name in candidates})
     return Plan(base, listed, candidates, {name: run_s[name] for name in candidates}, budget, fixed, study_minutes,
                 started, basis, launch_s, [name for name in listed.candidates if name not in candidates])
 

@@ -92,6 +92,8 @@ def test_the_estimate_is_said_before_the_first_run_and_the_time_left_after_each(
     after = re.findall(r"^study: (\d+) of (\d+) runs done.*; about .* left", out, re.M)
     assert first < " ".join(out.split()).index("study: 1 of") and len(after) == len(trained(work)), out[-3000:]
     assert [int(done_) for done_, _ in after] == list(range(1, len(after) + 1))
+    # the estimate is the tune's, candidate by candidate: Snakemake's start does not time single again
+    assert "estimate: timing" not in out and (results(work) / "estimate.json").is_file()
 
 
 def test_a_round_repeats_the_top_and_the_undecided_and_drops_what_is_placed(halved, every):

@@ -290,6 +290,10 @@ class StudyConfig(_Strict):
     selftests: bool = Field(True, description="Check each configuration with `gpt2dist selftest` (a tiny model, a "
                             "few steps) before its runs, so a node that cannot run it fails in minutes. false: the "
                             "runs are their own check, where they take no longer than a selftest.")
+    time_at_start: bool = Field(True, description="Snakemake's start times the preset's model in one process "
+                                "(gpt2dist estimate) for the study's expected duration, which each run's progress "
+                                "line scales. false: that estimate is written before (gpt2dist tune writes its own, "
+                                "by candidate).")
     train_runtime_min: int = Field(60, gt=0, description="Time limit of one train job on a cluster (SLURM "
                                    "--time), minutes; a job that hits it is retried and resumes from its checkpoint.")
     max_foreign_cpu_share: float = Field(0.1, ge=0, le=1, description="A run is disturbed when other processes "

@@ -55,15 +55,17 @@ def selftest_seconds(study: Study, calibration: Calibration, cores: int) -> dict
 
 
 def write_estimate(study: Study, calibration: Calibration, cores: int, out: Path | str = ESTIMATE_FILE,
-                   extra: dict | None = None) -> dict:
+                   extra: dict | None = None, seconds: dict[str, float] | None = None) -> dict:
     """The study's expected duration, job by job, for `progress` to scale as the runs finish (and what else was
-    measured here: `extra`, the GPU step model's calibration on a GPU node)."""
+    measured here: `extra`, the GPU step model's calibration on a GPU node); each run at its configuration's
+    `seconds` where given (a tune's, priced candidate by candidate), else from single's step."""
     estimate = (extra or {}) | {
         "preset": study.preset_name,
         "written_at_unix_s": time.time(),
         "calibration": asdict(calibration),
         "selftests": selftest_seconds(study, calibration, cores),
-        "runs": {run.run_id: run_seconds(study, calibration, run) for run in study.runs},
+        "runs": {run.run_id: seconds[run.config_id] if seconds else run_seconds(study, calibration, run)
+                 for run in study.runs},
     }
     atomic_write_json(out, estimate)
     return estimate

@@ -60,7 +60,9 @@ def tune_preset(base: str, candidates: list[str], group: dict, window: Window, r
         "train": {"max_steps": window.steps, "eval_interval": window.steps, "eval_batches": 1,
                   "checkpoint_interval": window.steps, "checkpoint_minutes": 0, "ledger_steps": window.traced,
                   **(train or {})},
+        # the tune writes the study's estimate before Snakemake starts: its start need not time single again
         "study": {"repeats": rounds.repeats, "excluded_steps": window.warmup, "selftests": False,
+                  "time_at_start": False,
                   # the tune checked memory with the cluster's own GPUs; a second check would drop differently
                   "gpu_memory_gb": None, "added_repeats": added, "runs": [{"strategies": candidates, **group}]},
     }
