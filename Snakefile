@@ -35,11 +35,13 @@ localrules:
 report: "workflow/report/workflow.rst"
 
 
-# Before the first job, how long the study should take here (a calibration of a few steps); each
-# finished train job then prints the time left. A failed calibration costs the estimate, not the study.
+# Before the first job, how long the study should take here (a calibration of a few steps), unless the study's
+# estimate was written before (a tune's); each finished train job then prints the time left. A failed calibration
+# costs the estimate, not the study.
 onstart:
     try:
-        shell(jobs.estimate_command(STUDY, PARAMS))
+        if STUDY.preset.study.time_at_start:
+            shell(jobs.estimate_command(STUDY, PARAMS))
     except subprocess.CalledProcessError:
         print("warning: no estimate of the study's duration (the error above); the study goes on", file=sys.stderr)
 

@@ -17,6 +17,9 @@
 #             prediction exceeds what is left of --budget-s). Snakemake resumes it at run granularity, so it
 #             starts whenever a minute is left
 #   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz)
+#   tune      gpt2dist tune on the GPU (preset gpu-1gpu; ddp, fsdp and zero2): the planner's short list measured in
+#             halving rounds within TUNE_BUDGET_S, its answer and calibration in results/tune (the dry run plans it for
+#             an H100 without running it)
 #   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) and beside today's engine, each in the
 #             same rounds, the whole model compiled as one graph (train.compile_whole_model), that graph replayed
 #             as CUDA graphs (train.cuda_graphs) and the chunked head loss (train.head_loss_chunk_tokens=4096); a
@@ -146,6 +149,13 @@ PY
   return "$rc"
 }
 
+step_tune() {
+  # the engines' wrappers of one GPU's step (DataParallel over one device and a one-rank split compute as single)
+  local tune=(tune --gpus 1 --preset gpu-1gpu --among ddp,fsdp,zero2 --budget "${TUNE_BUDGET_S}s" --replace)
+  if ((dry)); then gpt2dist "${tune[@]}" --gpu H100 --out "$state/tune" --dry-run; return; fi
+  gpt2dist "${tune[@]}" --out results/tune
+}
+
 step_mfu() {
   if ((dry)); then "$python" bench/mfu.py --help >/dev/null && echo "dry run: bench/mfu.py parses; it needs a GPU"; return; fi
   "$python" bench/mfu.py --precision bf16 --profile-steps 3 --beside train.compile_whole_model=true \
@@ -199,7 +209,9 @@ step_memory() {
 # name and the seconds a step needs to be worth starting on one H100 or H200: the whole step (install 15 s,
 # selftest 120 s, mfu 75 s on an H200 with one engine; each beside it adds its compile and rounds), except for
 # the study, which resumes (16 runs of 20 steps: about 440 s predicted, step_study)
-STEPS=(install:60 doctor:30 selftest:150 study:60 bundle:60 mfu:240 tests:300 memory:120 mfu_tf32:120)
+STEPS=(install:60 doctor:30 selftest:150 study:60 bundle:60 tune:270 mfu:240 tests:300 memory:120 mfu_tf32:120)
+# the tune's own budget: its planning, prepare, rounds, collect and report within the step's estimate above
+TUNE_BUDGET_S=240
 # what the study leaves the bundle in the same call: bundle and figures of the cpu study's 60 runs take 10-16 s
 BUNDLE_S=30
 
@@ -214,9 +226,9 @@ copy_out() {
 }
 trap copy_out EXIT
 # the steps run in child shells (below), which see these
-export dry state wheels site ompi python repo BUNDLE_S
-export -f gpu_slug study_config step_install step_doctor step_selftest step_mfu step_study step_bundle step_tests \
-  step_memory step_mfu_tf32
+export dry state wheels site ompi python repo BUNDLE_S TUNE_BUDGET_S
+export -f gpu_slug study_config step_install step_doctor step_selftest step_mfu step_study step_bundle step_tune \
+  step_tests step_memory step_mfu_tf32
 
 for entry in "${STEPS[@]}"; do
   step=${entry%%:*} estimate=${entry#*:}

@@ -343,6 +343,48 @@ def test_any_calibration_file_is_a_plan_or_one_error_line(content, tmp_path_fact
     assert code == 0 or "--calibration" in err or str(path) in err, err  # refused for the file, not another reason
 
 
+TUNED = {"made_at": "2026-12-03T12:00:00+00:00", "preset": "paper", "size": None, "precision": "bf16",
+         "hardware": "8x H100", "model": "the GPU step model", "basis": None, "ratio_error": 0.22,
+         "cluster": {"device": "cuda", "nproc": 8, "nodes": 1, "emulated": False, "link_mbit": None, "gpu": "H100",
+                     "gpus_per_node": 8, "links": {"inside": "nvlink4", "across": "ndr", "nics": 8}, "memory_gb": 80},
+         "splits": {"ddp": {"predicted_step_s": 0.05, "measured_step_s": 0.06}}}
+CPU_TUNED = TUNED | {"precision": "fp32", "preset": "cpu", "model": "the CPU step model",
+                     "basis": {"single_step_s": 0.1, "busbw_gb_s": 0.9, "busbw_from": "stored"},
+                     "cluster": {"device": "cpu", "nproc": 2, "nodes": 1, "emulated": False, "link_mbit": None,
+                                 "gpu": None, "gpus_per_node": 0, "links": None, "memory_gb": 6.0}}
+
+
+def _changed(tuned: dict, where: str, value) -> bytes:
+    """A tune's calibration with one field (or a cluster's, or its split's, or its basis's) changed."""
+    section, _, key = where.partition(".")
+    if key:
+        inner = dict(tuned[section] or {}) if section != "splits" else {"ddp": dict(tuned["splits"]["ddp"])}
+        (inner["ddp"] if section == "splits" else inner)[key] = value
+        return json.dumps({"tune": tuned | {section: inner}}, allow_nan=True).encode()
+    return json.dumps({"tune": tuned | {section: value}}, allow_nan=True).encode()
+
+
+FIELDS = sorted([*TUNED, *(f"cluster.{key}" for key in TUNED["cluster"]), "splits.measured_step_s",
+                 "splits.predicted_step_s", "basis.single_step_s", "basis.busbw_gb_s"])
+
+
+@seed(20261203)
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.one_of(
+    st.sampled_from(['{"tune": []}', '{"tune": {}}', '{"tune": {"splits": 1}}']).map(str.encode),
+    st.tuples(st.sampled_from([TUNED, CPU_TUNED]), st.sampled_from(FIELDS), JSON_NUMBERS).map(lambda c: _changed(*c))))
+@example(content=json.dumps({"tune": TUNED}).encode())  # the answers
+@example(content=json.dumps({"tune": CPU_TUNED}).encode())
+def test_any_tune_calibration_is_a_recommendation_or_one_error_line(content, tmp_path_factory):
+    """--calibration's calibration.json as a tune writes it (on GPUs or CPUs), any field changed to any value: the
+    recommendation or one error line naming the file, never a traceback."""
+    path = tmp_path_factory.mktemp("tuned") / "calibration.json"
+    path.write_bytes(content)
+    code, out, err = invoke("recommend", "--params", PARAMS, "--calibration", str(path))
+    assert_answer_or_one_error(code, out, err)
+    assert code == 0 or "--calibration" in err or str(path) in err or "preset" in err, err
+
+
 @seed(20261202)
 @settings(max_examples=6, deadline=None)
 @given(name=st.sampled_from(["kernel_s", "gemm_efficiency", "link_efficiency", "", "mfu", "kernel_s=1"]),

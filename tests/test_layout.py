@@ -1,6 +1,6 @@
 """The package's layers: every module imports only its own subpackage or the layers below it.
 
-The order (top first): __main__ -> cli -> selftest -> launch, results -> training -> forecast -> system -> data,
+The order (top first): __main__ -> cli -> tune -> selftest -> launch, results -> training -> forecast -> system -> data,
 pipeline -> config -> inputs -> io, logs -> errors. forecast (torch-free) never reads the study's results. Modules of one layer do not import each other's subpackages.
 """
 
@@ -18,6 +18,7 @@ from gpt2dist.pipeline.imports import PACKAGE, imported_modules
 LAYERS = [
     {"__main__"},
     {"cli"},
+    {"tune"},
     {"selftest"},
     {"launch", "results"},
     {"training"},

@@ -127,37 +127,41 @@ class Selftest:
         return Check(name, error is None, time.perf_counter() - started, error or "")
 
 
-CALIBRATION_SETS = (f"train.max_steps={CALIBRATION_STEPS}", "train.lr_warmup_steps=1", "train.ledger_steps=0",
-                    f"train.eval_interval={CALIBRATION_STEPS}", f"train.checkpoint_interval={CALIBRATION_STEPS}")
+def calibration_sets(steps: int = CALIBRATION_STEPS) -> tuple[str, ...]:
+    """A timing run's settings: `steps` steps, no traced ones, one evaluation and checkpoint at the end."""
+    return (f"train.max_steps={steps}", "train.lr_warmup_steps=1", "train.ledger_steps=0",
+            f"train.eval_interval={steps}", f"train.checkpoint_interval={steps}")
 
 
-def timed_step(study: Study, shards: Path, precision: str, out: Path, timeout_s: float, *sets: str) -> float:
-    """Single's step of the preset's model here, CALIBRATION_STEPS of them in one `gpt2dist train`: the median of all
-    but the first, which carries the warm-up."""
-    error = train(study, shards, Run(REFERENCE, precision, 1, 0), out, timeout_s, *CALIBRATION_SETS, *sets)
+def timed_step(study: Study, shards: Path, precision: str, out: Path, timeout_s: float, *sets: str,
+               steps: int = CALIBRATION_STEPS, warmup: int = 1) -> float:
+    """Single's step of the preset's model here, `steps` of them in one `gpt2dist train`: the median of all but the
+    first `warmup`, which carry the warm-up."""
+    error = train(study, shards, Run(REFERENCE, precision, 1, 0), out, timeout_s, *calibration_sets(steps), *sets)
     if error:
         raise UsageError(f"calibration in {precision} failed: {error}")
-    steps = [line["step_time_s"] for line in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    times = [line["step_time_s"] for line in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
              if line["kind"] == "train"]
-    return statistics.median(steps[1:])
+    return statistics.median(times[warmup:])
 
 
 def study_precisions(study: Study) -> list[str]:
     return sorted({run.precision for run in study.runs}, key=PRECISIONS.index)
 
 
-def calibrate(study: Study, timeout_s: float = 600) -> Calibration:
-    """Time CALIBRATION_STEPS steps of the preset's own model in one process, once per precision of the
-    study: the measure the study's duration estimate scales (pipeline/duration.py)."""
+def calibrate(study: Study, timeout_s: float = 600, steps: int = CALIBRATION_STEPS, warmup: int = 1) -> Calibration:
+    """Time `steps` steps of the preset's own model in one process (the median of all but the first `warmup`), once
+    per precision of the study: the measure the study's duration estimate scales (pipeline/duration.py), and a
+    tune's CPU step model starts from."""
     step_s, launch_s = {}, []
     with tempfile.TemporaryDirectory(prefix="gpt2dist-calibrate-", ignore_cleanup_errors=True) as tmp:
-        shards = write_random_shards(Path(tmp) / "shards", study, study.preset.train.global_batch_size,
-                                     CALIBRATION_STEPS)
+        shards = write_random_shards(Path(tmp) / "shards", study, study.preset.train.global_batch_size, steps)
         for precision in study_precisions(study):
             started = time.perf_counter()
-            step_s[precision] = timed_step(study, shards, precision, Path(tmp) / precision, timeout_s)
+            step_s[precision] = timed_step(study, shards, precision, Path(tmp) / precision, timeout_s, steps=steps,
+                                           warmup=warmup)
             process_s = time.perf_counter() - started  # the process from spawn to exit, as a study's job pays it
-            launch_s.append(process_s - CALIBRATION_STEPS * step_s[precision])
+            launch_s.append(process_s - steps * step_s[precision])
     return Calibration(step_s, statistics.median(launch_s))
 
 

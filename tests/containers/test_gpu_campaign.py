@@ -19,7 +19,7 @@ from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.study import configurations, plan_study
 
 CAMPAIGN = REPO / "bench" / "gpu_campaign.sh"
-STEPS = ["install", "doctor", "selftest", "study", "bundle", "mfu", "tests", "memory", "mfu_tf32"]
+STEPS = ["install", "doctor", "selftest", "study", "bundle", "tune", "mfu", "tests", "memory", "mfu_tf32"]
 
 
 def campaign(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -52,6 +52,10 @@ def test_the_dry_run_stops_at_its_budget_and_the_next_call_finishes_it(tmp_path)
     if "study" in logs:  # the planner's prediction, then Snakemake's plan: a train job per run, no selftest job
         assert "The study, one job at a time: about" in logs["study"], logs["study"][-2000:]
         assert "train" in logs["study"] and "selftest" not in logs["study"], logs["study"][-2000:]
+    if "tune" in logs:  # the tune planned for one H100 within its budget, nothing run
+        said = " ".join(logs["tune"].split())
+        assert "tune: 1 node(s) of 1 H100 GPUs" in said and "Measuring " in said, said[-2000:]
+        assert "dry run: nothing measured" in said and "budget of 4 min" in said, said[-2000:]
 
 
 @pytest.mark.timeout(300)

@@ -18,13 +18,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from gpt2dist.config.strategies import describe
 from gpt2dist.launch import emulated_nodes
 
-from conftest import (Launch, assert_same_losses, gpt2dist, has_checkpoint, rank_report, read_metrics, require,
-                      run_record, train_args)
+from conftest import (REPO, Launch, assert_same_losses, gpt2dist, has_checkpoint, rank_report, read_metrics,
+                      require, run_record, train_args)
+from reduced_study import UNJUDGED, copy_workflow, run
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 240
@@ -172,3 +174,31 @@ def test_emulation_mistakes_get_one_error_line(args, message, shards, params_fil
                       timeout=TIMEOUT_S)
     assert result.returncode == 2 and result.stderr.strip() == f"error: {message}", result.stderr
     assert not (tmp_path / "run" / "run.json").exists()
+
+
+@pytest.mark.timeout(900)
+def test_a_tune_on_two_emulated_nodes_places_what_sends_more_over_the_shaped_link_slower(tmp_path):
+    """`gpt2dist tune --emulate-nodes 2 --link-mbit 10`: the tune's runs are emulated-node runs of its study (a node
+    each for the two ranks, their link shaped), predicted with the link's bytes at its rate. On the tiny model the link
+    decides the step: fsdp's gathers and reductions send more over it than ddp's all-reduce, and the tune places fsdp
+    slower. The cause, modelled and measured: the bytes each run sends across, and those its link carried."""
+    work = copy_workflow(tmp_path, **UNJUDGED)
+    stored = [arg for name in ("cpu-study", "two-node-splits-cpu")
+              for arg in ("--study", str(REPO / "docs" / "reference" / name))]
+    done = run(["gpt2dist", "tune", "--nproc", "2", "--emulate-nodes", "2", "--link-mbit", "10", "--among", "ddp,fsdp",
+                "--rounds", "1", "--budget", "12m", *stored], work)
+    said = " ".join(done.stdout.split())
+    assert "2 processes on 2 emulated nodes, 10 Mbit/s (CPUs)" in said and "across the emulated link" in said, said
+    tune = work / "results" / "tune"
+    runs = pd.read_csv(tune / "results" / "runs.csv").set_index("run_id")
+    assert all(run_id.startswith(("ddp-fp32-n2-2nodes-10mbit-r", "fsdp-fp32-n2-2nodes-10mbit-r"))
+               for run_id in runs.index)
+    # the cause: fsdp's gathers and reduce-scatter send 2.5x ddp's all-reduce across (the traffic model), and its
+    # link carried about that much more a step (beside what every run sends: its start, its probe, its evaluation)
+    modelled = runs.groupby("strategy")["crossing_bytes_per_step"].median()
+    measured = runs.groupby("strategy")["link_bytes_per_step"].median()
+    assert modelled["fsdp"] > 2 * modelled["ddp"], modelled
+    assert measured["fsdp"] - measured["ddp"] > 0.5 * (modelled["fsdp"] - modelled["ddp"]), (measured, modelled)
+    summary = (tune / "summary.md").read_text()
+    assert "**2 processes on 2 emulated nodes, 10 Mbit/s**: fastest is **ddp fp32**" in summary, summary[:3000]
+    assert "fsdp fp32: " in summary and "slower, beyond the noise" in summary

@@ -28,7 +28,7 @@ from gpt2dist.launch import emulated_nodes
 
 import slurm_cluster
 from conftest import require
-from reduced_study import BIN, REPO, assert_same_training_numbers, copy_workflow, run
+from reduced_study import BIN, REPO, UNJUDGED, assert_same_training_numbers, copy_workflow, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 STRATEGIES = ["ddp", "horovod"]
@@ -207,3 +207,28 @@ def test_doctor_inside_a_job_shows_its_allocation_with_or_without_slurm_variable
     assert "SLURM variables: 1" in text
     node = next(line.split()[1] for line in text.splitlines() if line.startswith("on "))
     assert node in started.nodes and text.count(f"1 node(s) {node}, 2 tasks x 1 CPUs") == 2, text
+
+
+def test_a_tune_runs_its_rounds_as_jobs_through_the_profile(cluster, tmp_path):
+    """`gpt2dist tune --profile` on this cluster's 2 nodes (a rank on each): the tune's study goes through the same
+    profile, each of its runs (the first round's and the added round's) an sbatch job across both nodes, its
+    decisions, collect, plot and report on this host, and its answer names the cluster's placement."""
+    started, _ = cluster
+    work = copy_workflow(tmp_path, **UNJUDGED)
+    profile = slurm_cluster.edited_profile(work / "profile", started)
+    before = {job["id"] for job in slurm_cluster.jobs(started)}
+    stored = [arg for name in ("cpu-study", "two-node-cpu")
+              for arg in ("--study", str(REPO / "docs" / "reference" / name))]
+    done = run(["gpt2dist", "tune", "--profile", str(profile), "--gpus", "0", "--nodes", "2", "--nproc", "2",
+                "--among", "ddp,fsdp", "--repeats", "2", "--rounds", "1", "--budget", "20m", *stored], work,
+               check=False, env=started.env)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-4000:]}\n{started.log_tails()}"
+    jobs = [job for job in slurm_cluster.jobs(started) if job["id"] not in before]
+    rules = sorted(job["comment"].split("_wildcards_")[0] for job in jobs)
+    runs = pd.read_csv(work / "results" / "tune" / "results" / "runs.csv")
+    assert rules == ["rule_prepare"] + ["rule_train_across_nodes"] * len(runs), jobs
+    assert {job["state"] for job in jobs} == {"COMPLETED"}
+    assert all(job["nodes"] == "2" for job in jobs if job["comment"].startswith("rule_train"))
+    assert len(runs) > 4 and (runs["repeat"] == 2).any()  # round 1's 2 x 2 runs, then the added round's
+    summary = (work / "results" / "tune" / "summary.md").read_text()
+    assert "**2 processes on 2 nodes**" in summary and "## Predicted beside measured" in summary

@@ -4,6 +4,7 @@ with theirs (pipeline/duration.py); `gpt2dist estimate` itself runs in the pipel
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import yaml
 
@@ -30,6 +31,24 @@ def test_the_time_left_is_the_rest_of_the_estimate_scaled_by_the_finished_runs()
     on_time = dict.fromkeys(finished, 10.0)
     assert "about 5 min left (the finished runs took 1x" in progress_line(STUDY, on_time, _estimate())
     assert "about 10 min left" in progress_line(STUDY, {}, _estimate())
+
+
+def test_added_repeats_count_at_their_configuration_s_estimate_and_a_study_budget_bounds_what_is_left(tmp_path):
+    """The repeats added rounds decided (a tune's halving rounds) join the count, each estimated as its configuration's
+    planned runs are; where study.added_repeats.max_study_minutes bounds the study, the line says what the added rounds
+    may still take of it. The control: the same runs without that budget say nothing of one."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["presets"]["cpu"]["study"]["added_repeats"] = {"rounds": 2, "max_study_minutes": 20}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    budgeted = plan_study(load_params(tmp_path / "params.yaml"), "cpu", 0)
+    grown = replace(budgeted, runs=[*budgeted.runs, replace(budgeted.runs[0], repeat=3)])
+    finished = {run.run_id: 10.0 for run in grown.runs}
+    line = progress_line(grown, finished, _estimate())
+    assert line.startswith("study: 61 of 61 runs done (1 added) after 2 min; about 0 s left (the finished runs took "
+                           "1x their estimate)"), line
+    assert line.endswith("added rounds may take up to 10 min more, within the study's 20 min of runs"), line
+    unbudgeted = replace(grown, preset=STUDY.preset)
+    assert "added rounds may" not in progress_line(unbudgeted, finished, _estimate())
 
 
 def test_an_estimate_of_another_study_is_not_used():

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 
 import pytest
 import torch
 import yaml
 
 from gpt2dist.config.presets import load_params
+from gpt2dist.pipeline.jobs import figures
 from gpt2dist.pipeline.study import plan_study, resume_cases
 
 from conftest import REPO, gpt2dist, train_args
@@ -127,6 +129,15 @@ def test_the_two_node_study_runs_each_link_on_emulated_nodes(tmp_path):
     assert "results/figures/links.png" in planned and "results/link_model.csv" in planned
     with pytest.raises(Exception, match="emulated nodes .* train on CPU"):
         plan_study(load_params(work / "params.yaml"), "two-node-cpu", 2)
+
+
+def test_the_links_figure_is_planned_where_the_link_model_has_its_one_machine_runs():
+    """The links figure sets each run on a shaped link beside its configuration on one machine: a study of emulated
+    nodes alone (a tune's there) plans none, as plot draws none; the control, two-node-cpu, plans it."""
+    two_nodes = plan_study(load_params(REPO / "params.yaml"), "two-node-cpu", 0)
+    assert "links" in figures(two_nodes)
+    alone = replace(two_nodes, runs=[run for run in two_nodes.runs if run.nodes > 1])
+    assert alone.runs and "links" not in figures(alone)
 
 
 def test_the_resume_case_stays_when_a_larger_process_count_joins_the_study(params_file, tmp_path):

@@ -84,3 +84,38 @@ def test_added_runs_join_the_study_from_the_rounds_written(budgeted, tmp_path):
 def test_added_rounds_need_a_budget(budgeted):
     with pytest.raises(Exception, match="needs a budget"):
         budgeted(rounds=2)
+
+
+def test_halving_drops_the_placed_and_repeats_the_undecided_and_without_it_every_configuration_runs(budgeted):
+    """The tune's rounds (gpt2dist tune): after a round, a configuration slower than the top beyond the noise (fsdp)
+    and one tied within `resolve` (tp) are not run again, while the undecided one (horovod) is, beside the top; the
+    control, without halving, runs every configuration of the placement again, fsdp and tp included."""
+    runs, summary = study(NOISY)
+    answer = rank(runs, summary)
+    minutes = dict.fromkeys(summary["config_id"], 0.5)
+    halved = plan_round(budgeted(rounds=2, max_runs=10), 1, answer, {"runs": 0, "minutes": 0.0}, minutes)
+    assert halved["runs"] == ["ddp-fp32-n2-r3", "horovod-fp32-n2-r3"]
+    assert halved["gaps"][PLACEMENT]["fsdp-fp32-n2"] == "slower"  # what the tune's rounds say was dropped, and why
+    every = plan_round(budgeted(rounds=2, max_runs=10, halving=False), 1, answer, {"runs": 0, "minutes": 0.0}, minutes)
+    assert sorted(every["runs"]) == sorted(f"{config}-r3" for config in NOISY)
+    assert every["undecided"] == halved["undecided"]  # what is undecided does not depend on what is run
+    # nothing undecided: without halving too, no round (the control runs every candidate while a round is wanted)
+    runs, summary = study({"ddp-fp32-n2": [100, 110, 105], "fsdp-fp32-n2": [70, 77, 74]})
+    done = plan_round(budgeted(rounds=2, max_runs=10, halving=False), 1, rank(runs, summary),
+                      {"runs": 0, "minutes": 0.0}, minutes)
+    assert done["runs"] == [] and done["stopped"] == "every configuration is placed or tied"
+
+
+def test_a_budget_of_the_whole_study_counts_the_planned_runs_too(budgeted):
+    """max_study_minutes bounds every run of the study, planned and added (a tune's budget): a round fits what the
+    runs so far left of it, and stops naming what they took; the control: the same runs with time left."""
+    runs, summary = study({**NOISY, "pp-fp32-n2": [50, 120, 100]})
+    answer = rank(runs, summary)
+    minutes = dict.fromkeys(summary["config_id"], 0.5)
+    fits = plan_round(budgeted(rounds=2, max_study_minutes=10), 1, answer, {"runs": 0, "minutes": 0.0}, minutes, 8.0)
+    assert len(fits["runs"]) == 3  # 1.5 minutes of runs within the 2 left
+    tight = plan_round(budgeted(rounds=2, max_study_minutes=10), 1, answer, {"runs": 0, "minutes": 0.0}, minutes, 9.0)
+    assert tight["runs"] == ["ddp-fp32-n2-r3", "horovod-fp32-n2-r3"] and tight["left_out"] == {PLACEMENT: ["pp-fp32-n2"]}
+    spent = plan_round(budgeted(rounds=2, max_study_minutes=10), 1, answer, {"runs": 0, "minutes": 0.0}, minutes, 9.8)
+    assert spent["runs"] == [] and spent["stopped"] == (
+        "the budget is spent (0 runs, 0.0 minutes added; the study's runs took 9.8 of its 10 minutes)")

@@ -221,6 +221,16 @@ def test_claims_get_verdicts_from_the_intervals(study):
     assert findings(slower, study)["bai-ddp-fastest-fp32"]["verdict"] == CONTRADICTED
 
 
+def test_a_study_of_nodes_alone_leaves_the_one_machine_claims_untestable(study):
+    """A tune on emulated nodes measures no configuration on one machine: the claims about one node are untestable
+    there (they once ended collect with a traceback); the control, the same with a one-machine run, judges them."""
+    rates = {"ddp-fp32-n2-2nodes-10mbit": [100.0, 101.0, 99.0], "fsdp-fp32-n2-2nodes-10mbit": [60.0, 61.0, 59.0]}
+    verdicts = {claim: found["verdict"] for claim, found in findings(runs_table(rates), study).items()}
+    assert verdicts["bai-ddp-fastest-fp32"] == verdicts["bai-ddp-apex-fastest"] == UNTESTABLE, verdicts
+    rates |= {"ddp-fp32-n2": [190.0, 192.0, 189.0], "fsdp-fp32-n2": [150.0, 151.0, 149.0]}
+    assert findings(runs_table(rates), study)["bai-ddp-fastest-fp32"]["verdict"] == SUPPORTED
+
+
 def test_disturbed_runs_cannot_make_a_claim_supported(study):
     # Negative control: ddp "beats" horovod only because every horovod run was starved.
     rates = {"ddp-fp32-n2": [190.0, 191.0, 189.0], "horovod-fp32-n2": [60.0, 62.0, 61.0],

@@ -360,3 +360,22 @@ def test_memory_orders_by_the_state_a_rank_holds_and_draws_each_peak_above_the_l
     by_peak = ranked(summary, "peak_mem_bytes", ascending=True)
     assert by_peak["config_id"].tolist() != held["config_id"].tolist()
     plt.close(fig)
+
+
+@pytest.mark.slow  # the two-node study's rebuild
+def test_a_study_of_nodes_alone_draws_every_figure(reference_study):
+    """A tune on emulated nodes has no run on one machine: every figure is drawn all the same (the loss over time once
+    ended `gpt2dist plot` on its empty legend), the loss over time saying it has no such run; the control, the same
+    study with its one-machine runs, draws its lines there."""
+    use_theme()
+    out = reference_study("two-node-cpu")
+    tables = [pd.read_csv(out / name) for name in ("runs.csv", "summary.csv", "metrics.csv")]
+    nodes = [table[table["nodes"] > 1] for table in tables]
+    for name, figure in {**FIGURES, "links": links}.items():
+        plt.close(figure(*nodes, f"nodes alone: {name}"))
+    alone = FIGURES["loss_vs_time"](*nodes, "nodes alone")
+    assert "no run on one machine in this study" in [text.get_text() for text in drawn_text(alone)]
+    assert not alone.axes[0].get_lines() and not alone.legends
+    both = FIGURES["loss_vs_time"](*tables, "both")
+    assert both.axes[0].get_lines() and both.legends
+    plt.close(alone), plt.close(both)

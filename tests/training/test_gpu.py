@@ -215,3 +215,38 @@ def test_estimate_on_a_gpu_calibrates_the_step_model_and_plan_applies_it(params_
     shown = " ".join(gpt2dist("plan", "--params", params_file, "--gpus", "1", "--gpu", gpu,
                               "--calibration", out).stdout.split())
     assert f"in fp32 its computation x {timed['scale']:.3g}" in shown
+
+
+@pytest.mark.timeout(900)
+def test_a_one_gpu_tune_measures_its_short_list_and_recommend_reads_its_calibration(tmp_path):
+    """`gpt2dist tune --gpus 1` on the tests' tiny model: the GPU step model prices every split of one GPU, the tune's
+    study trains its candidates on the GPU in rounds under Snakemake, and its answer and calibration follow; `recommend
+    --calibration` then predicts this GPU's splits corrected by what was measured, each measured one at its
+    measurement (the same path tests/pipeline/test_tune_in_pipeline.py runs on CPUs)."""
+    from conftest import REPO
+    from reduced_study import UNJUDGED, copy_workflow
+
+    work = copy_workflow(tmp_path, **UNJUDGED)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+    def command(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(["gpt2dist", *args], cwd=work, env=env, capture_output=True, text=True, timeout=800)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done
+
+    tuned = command("tune", "--gpus", "1", "--among", "ddp,fsdp", "--rounds", "1", "--budget", "12m")
+    said = " ".join(tuned.stdout.split())
+    assert "predicted by the GPU step model on the" in said and "Measuring 2 of the 2 splits" in said, said
+    tune = work / "results" / "tune"
+    records = [json.loads(path.read_text()) for path in (tune / "results" / "runs").glob("*/run.json")]
+    assert len(records) >= 6
+    assert all(record["devices"]["gpus"] and record["status"] == "completed" for record in records)
+    calibration = json.loads((tune / "calibration.json").read_text())["tune"]
+    assert calibration["cluster"]["device"] == "cuda" and set(calibration["splits"]) == {"ddp", "fsdp"}
+    assert (tune / "summary.md").read_text().startswith("# gpt2dist tune: 1 node(s) of 1 ")
+    shown = command("recommend", "--calibration", str(tune / "calibration.json"), "--study",
+                    str(REPO / "docs" / "reference" / "cpu-study")).stdout
+    assert "Calibrated by the tune of" in " ".join(shown.split())
+    for name, split in calibration["splits"].items():  # each measured split's step at its measurement
+        row = next(line for line in shown.splitlines() if line.startswith(f"| {name} "))
+        assert f"x{split['factor']:.2f} measured" in row and f"{split['measured_step_s'] * 1e3:,.2f}" in row, row

@@ -1,5 +1,5 @@
 """The `gpt2dist` command: one subcommand per pipeline stage, in modules grouped as users meet them (run, study,
-forecast, tools). Thin: parse, call, exit code; the words and numbers are the layers' below.
+forecast, tune, tools). Thin: parse, call, exit code; the words and numbers are the layers' below.
 
 Each command imports what it needs when it runs, so `gpt2dist verify` does not pay for torch.
 """
@@ -12,7 +12,7 @@ import sys
 import typer
 
 # each registers its commands, which `gpt2dist --help` lists in this order: a run, a study, forecasts, files
-from gpt2dist.cli import runs, study, forecast, tools  # noqa: F401, I001
+from gpt2dist.cli import runs, study, forecast, tune, tools  # noqa: F401, I001
 from gpt2dist.cli.common import CLICK_ERROR, WARNING_CONTINUED, app
 from gpt2dist.errors import error_line
 

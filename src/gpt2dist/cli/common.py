@@ -93,6 +93,8 @@ AssumedMfu = Annotated[Optional[float], typer.Option(
     help="Price the computation at this model FLOP utilisation instead of the GPU step model (the planner's model "
          "before it; llm.c on 8x H100: about 0.4) [default: the GPU step model].",
     callback=Number(float, 0, 1, above=True).callback)]
+GpuMemory = Annotated[Optional[float], typer.Option(
+    help="Memory of one GPU, GB [default: the most the --gpu ships with].", callback=POSITIVE.callback)]
 LinkInside = Annotated[Optional[str], typer.Option(
     help=f"The link between a node's GPUs: {', '.join(INSIDE_NODE)} (*-host: peer-to-peer off, through host memory) "
          "[default: the GPU's usual node's].")]

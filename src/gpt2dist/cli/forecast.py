@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpt2dist.cli.common import (COUNT, POSITIVE, AssumedMfu, Calibration, GpuModel, Gpus, LinkAcross, LinkInside,
-                                 ModelSizes, Nics, Nodes, Params, PresetName, app, cuda_visible, numbers,
+from gpt2dist.cli.common import (COUNT, POSITIVE, AssumedMfu, Calibration, GpuMemory, GpuModel, Gpus, LinkAcross,
+                                 LinkInside, ModelSizes, Nics, Nodes, Params, PresetName, app, cuda_visible, numbers,
                                  one_line_errors, planned_study, say)
 from gpt2dist.errors import UsageError
 from gpt2dist.system.hardware import FORECAST_GPU, gpu_memory_gb
@@ -116,17 +116,25 @@ def plan(
 @app.command()
 @one_line_errors
 def recommend(
-    gpus: Annotated[int, typer.Option(help="GPUs per node of the cluster.", callback=COUNT.callback)],
-    nodes: Annotated[int, typer.Option(help="Nodes of the cluster.", callback=COUNT.callback)] = 1,
+    gpus: Annotated[Optional[int], typer.Option(help="GPUs per node of the cluster [default: the tuned cluster's, "
+                                                "with --calibration from gpt2dist tune].",
+                                                callback=COUNT.callback)] = None,
+    nodes: Annotated[Optional[int], typer.Option(help="Nodes of the cluster [default: 1, or the tuned cluster's].",
+                                                 callback=COUNT.callback)] = None,
     gpu: GpuModel = None,
-    memory_gb: Annotated[Optional[float], typer.Option(help="Memory of one GPU, GB [default: the most the --gpu "
-                                                       "ships with].", callback=POSITIVE.callback)] = None,
+    memory_gb: GpuMemory = None,
     params: Params = Path("params.yaml"),
-    preset: Annotated[str, typer.Option(help="Preset whose model and micro-batch to train.")] = "paper",
-    precision: Annotated[str, typer.Option(help="Arithmetic of the runs.")] = "bf16",
+    preset: Annotated[Optional[str], typer.Option(help="Preset whose model and micro-batch to train [default: paper, "
+                                                  "or the tuned one].")] = None,
+    precision: Annotated[Optional[str], typer.Option(help="Arithmetic of the runs [default: bf16, or the tuned "
+                                                     "one].")] = None,
     tokens: Annotated[float, typer.Option(help="Tokens to train.", callback=POSITIVE.callback)] = 1e10,
     mfu: AssumedMfu = None,
-    calibration: Calibration = None,
+    calibration: Annotated[Optional[Path], typer.Option(
+        help="estimate.json that `gpt2dist estimate` wrote on a GPU node of this cluster (the GPU step model's "
+             "computation corrected by single's steps timed there), or calibration.json that `gpt2dist tune` wrote "
+             "(each split corrected by what the tune measured; on CPUs the tuned machine's own prediction) "
+             "[default: none].")] = None,
     link_inside: LinkInside = None,
     link_across: LinkAcross = None,
     nics: Nics = None,
@@ -136,27 +144,61 @@ def recommend(
         "Default: the reference studies under docs/reference.")] = None,
 ) -> None:
     """Rank the strategies for a GPU cluster by predicted hours to train --tokens, with memory fit, an interval
-    from the step-time model's leave-one-out error on stored studies, and what it extrapolates beyond."""
+    from the step-time model's leave-one-out error on stored studies, and what it extrapolates beyond; with a tune's
+    calibration, corrected by what it measured (on CPUs: the tuned machine's splits by the CPU step model)."""
     from gpt2dist.config.presets import load_params
     from gpt2dist.pipeline.study import preset_sizes
-    from gpt2dist.forecast.words import recommend_report
+    from gpt2dist.forecast.words import recommend_report, tuned_cpu_report
     from gpt2dist.forecast.recommend import read_stored
+    from gpt2dist.forecast.tuned import is_tuned, read_tuned
     from gpt2dist.system.links import links_of
 
+    tuned = read_tuned(calibration) if calibration is not None and is_tuned(calibration) else None
+    if tuned is not None and tuned.cluster.device == "cpu":
+        if (gpus, nodes, gpu, memory_gb, mfu, link_inside, link_across, nics) != (None,) * 8:
+            raise UsageError(f"--calibration {calibration} is a tune on CPUs: recommend then predicts the machine it "
+                             "ran on; leave out the GPU cluster's options (--gpus, --nodes, --gpu, the links, --mfu)")
+        if precision not in (None, tuned.precision):
+            raise UsageError(f"--precision {precision}: the tune measured {tuned.precision}; leave --precision out")
+        name, chosen = load_params(params).preset(preset or tuned.preset)
+        for kind, text in tuned_cpu_report(tuned, name, chosen, _model_sizes(model_sizes) or [tuned.size]):
+            say(text) if kind == "prose" else typer.echo(text)
+        return
+    if tuned is not None and gpus is None:
+        gpus, nodes, gpu = tuned.cluster.gpus_per_node, nodes or tuned.cluster.nodes, gpu or tuned.cluster.gpu
+    if gpus is None:
+        raise UsageError("--gpus: say how many GPUs a node of the cluster has (or give --calibration from a tune, "
+                         "which names its cluster)")
+    nodes = nodes or 1
     directories = studies or sorted(p.parent / p.name.removesuffix(".tar.gz")
                                     for p in (params.parent / "docs" / "reference").glob("*.tar.gz"))
     if not directories:
         raise UsageError("no stored study to measure the model's error on: pass --study <results directory>")
     stored = read_stored(directories)
-    name, chosen = load_params(params).preset(preset, cuda=True)
+    name, chosen = load_params(params).preset(preset or (tuned.preset if tuned else "paper"), cuda=True)
     gpu = gpu or FORECAST_GPU
+    if tuned is not None:
+        tuned_gpu(tuned, gpu, mfu, calibration)
     memory_gb = memory_gb or max(gpu_memory_gb(gpu))
     links = links_of(gpu, link_inside, link_across, nics)
     sizes = _model_sizes(model_sizes) or preset_sizes(chosen)
+    precision = precision or (tuned.precision if tuned else "bf16")
     for kind, text in recommend_report(name, chosen, stored, sizes, gpu=gpu, gpus=gpus, nodes=nodes,
                                        precision=precision, mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links,
-                                       calibration=calibrated(calibration, gpu, mfu)):
+                                       calibration=None if tuned else calibrated(calibration, gpu, mfu), tuned=tuned):
         say(text) if kind == "prose" else typer.echo(text)
+
+
+def tuned_gpu(tuned, gpu: str, mfu: float | None, path: Path) -> None:
+    """A GPU tune's calibration holds for its GPU model and the GPU step model: refused in one line for another."""
+    from gpt2dist.system.hardware import GPUS, named_in
+
+    if mfu is not None:
+        raise UsageError("--calibration from a tune corrects the GPU step model's prediction, which --mfu replaces; "
+                         "leave one out")
+    if named_in(tuned.cluster.gpu, GPUS) != named_in(gpu, GPUS):
+        raise UsageError(f"--calibration {path} was measured on {tuned.cluster.gpu} GPUs, and this recommendation is "
+                         f"for a {gpu}: give --gpu {named_in(tuned.cluster.gpu, GPUS)}, or tune on a {gpu}")
 
 
 @app.command("project-scaling")

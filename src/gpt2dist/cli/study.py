@@ -123,15 +123,20 @@ def bundle(
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
+    results: Annotated[Path, typer.Option(help="The study's results directory: the repeats its added rounds decided "
+                                          "(rounds/) and a tune's plan (tune.json) are packed from it.")] =
+    Path("results"),
     checkpoints: Annotated[bool, typer.Option(help="Add the final checkpoints the runs kept (study.keep_checkpoints), "
                                               "for `gpt2dist export` elsewhere; a rebuild does not need them.")
                            ] = False,
 ) -> None:
-    """Pack the study's run records, shard description and parameters into one verifiable archive."""
+    """Pack the study's run records (its added rounds' too), shard description and parameters into one verifiable
+    archive."""
+    from gpt2dist.pipeline.study import with_added_runs
     from gpt2dist.results.bundle import write_bundle
 
-    description = write_bundle(planned_study(params, preset, gpus, nodes), runs, data, params, out,
-                               checkpoints=checkpoints)
+    study = with_added_runs(planned_study(params, preset, gpus, nodes), results)
+    description = write_bundle(study, runs, data, params, out, results, checkpoints=checkpoints)
     missing = f", {len(description['missing_runs'])} missing (listed in its bundle.json)" if description[
         "missing_runs"] else ""
     typer.echo(f"ok: {out}: {len(description['runs'])} runs of preset {description['preset']}{missing}")
@@ -238,10 +243,12 @@ def progress(
     runs: RunsDir = Path("results/runs"),
     estimate: Annotated[Path, typer.Option(help="Written by `gpt2dist estimate`.")] = Path("results/estimate.json"),
 ) -> None:
-    """Print how many runs of the study are done and about how long the rest takes."""
+    """Print how many runs of the study are done (those its added rounds decided so far included) and about how long
+    the rest takes."""
     from gpt2dist.pipeline.duration import finished_runs, progress_line
+    from gpt2dist.pipeline.study import with_added_runs
     from gpt2dist.inputs import read_json
 
-    study = planned_study(params, preset, gpus, nodes)
+    study = with_added_runs(planned_study(params, preset, gpus, nodes))
     planned = read_json(estimate, "gpt2dist estimate") if estimate.exists() else None
     typer.echo(progress_line(study, finished_runs(study, runs), planned))

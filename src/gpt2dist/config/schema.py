@@ -258,14 +258,22 @@ class AddedRepeats(_Strict):
                           "partner runs included (0: no limit by count).")
     max_minutes: float = Field(0, ge=0, description="At most this much training time added in all, each run "
                                "counted at its configuration's mean so far (0: no limit by time).")
+    max_study_minutes: float = Field(0, ge=0, description="At most this much run time for the whole study, its "
+                                     "planned runs included: a round trains only what fits in what the finished "
+                                     "runs (their measured job times) left of it (0: no limit; `gpt2dist tune` sets "
+                                     "it from its budget).")
     resolve: float = Field(0.05, ge=0, lt=1, description="The smallest throughput gap worth runs to settle: a "
                            "configuration whose ratio to its placement's top may lie below 1 - resolve and may be "
                            "1 is undecided; one certainly within it counts as tied.")
+    halving: bool = Field(True, description="A round repeats only the configurations still undecided, beside their "
+                          "placement's top; those placed slower beyond the noise, or tied, are dropped. false: every "
+                          "configuration of a placement with one undecided, every round (what halving saves).")
 
     @model_validator(mode="after")
     def _bounded(self) -> AddedRepeats:
-        if self.rounds and not (self.max_runs or self.max_minutes):
-            raise ValueError("added_repeats with rounds needs a budget: max_runs or max_minutes above 0")
+        if self.rounds and not (self.max_runs or self.max_minutes or self.max_study_minutes):
+            raise ValueError("added_repeats with rounds needs a budget: max_runs, max_minutes or max_study_minutes "
+                             "above 0")
         return self
 
 
@@ -288,6 +296,10 @@ class StudyConfig(_Strict):
     selftests: bool = Field(True, description="Check each configuration with `gpt2dist selftest` (a tiny model, a "
                             "few steps) before its runs, so a node that cannot run it fails in minutes. false: the "
                             "runs are their own check, where they take no longer than a selftest.")
+    time_at_start: bool = Field(True, description="Snakemake's start times the preset's model in one process "
+                                "(gpt2dist estimate) for the study's expected duration, which each run's progress "
+                                "line scales. false: that estimate is written before (gpt2dist tune writes its own, "
+                                "by candidate).")
     train_runtime_min: int = Field(60, gt=0, description="Time limit of one train job on a cluster (SLURM "
                                    "--time), minutes; a job that hits it is retried and resumes from its checkpoint.")
     max_foreign_cpu_share: float = Field(0.1, ge=0, le=1, description="A run is disturbed when other processes "

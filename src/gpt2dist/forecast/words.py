@@ -6,6 +6,7 @@ validate-published`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -13,13 +14,16 @@ from tabulate import tabulate
 
 from gpt2dist.config.memory import USABLE_SHARE
 from gpt2dist.config.schema import Preset
-from gpt2dist.config.sizes import parameter_count
+from gpt2dist.config.sizes import flops_per_token, parameter_count, size_words
 from gpt2dist.config.strategies import STRATEGIES
+from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.study import model_of, Study
 from gpt2dist.forecast.plan import duration_words, fit_lines, plan_text
 from gpt2dist.forecast.link_model import projection
 from gpt2dist.forecast.published import HIGH, LOW, SEARCH_TIE, TIE, WITHIN, published_summary, summary_words
 from gpt2dist.forecast.recommend import extrapolations, recommend, verdict_line
+from gpt2dist.forecast.shortlist import Cluster, predicted
+from gpt2dist.forecast.tuned import TunedCalibration
 from gpt2dist.system.links import Links
 
 
@@ -102,10 +106,11 @@ def cluster_unused(study: Study) -> str:
 
 def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | None], *, gpu: str, gpus: int,
                      nodes: int, precision: str, mfu: float | None, tokens: float, memory_gb: float,
-                     links: Links, calibration: dict | None = None) -> list[Part]:
+                     links: Links, calibration: dict | None = None,
+                     tuned: TunedCalibration | None = None) -> list[Part]:
     """What `gpt2dist recommend` prints: the cluster and assumptions, per model size a table of the strategies by
-    predicted hours with their verdict, then the step-time model's error on the stored studies and what it
-    extrapolates beyond."""
+    predicted hours with their verdict (each split corrected by a tune's measurement where `tuned`), then the
+    step-time model's error on the stored studies and what it extrapolates beyond."""
     said: list[Part] = [("prose", f"Recommendation (a prediction, not a measurement) for {nodes} node(s) of {gpus} "
                                   f"{gpu} ({memory_gb:g} GB) linked by {links.words(nodes)}, preset {name}'s model"
                                   + (f" at {len(sizes)} sizes" if sizes != [None] else "") + f" in {precision}, "
@@ -120,6 +125,10 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
                                   calibration=calibration)
         if size:
             said.append(("prose", f"\nGPT-2 {size}, {parameter_count(model_of(chosen, size)) / 1e6:,.0f}M parameters:"))
+        if tuned is not None:
+            table = tuned.applied(table).sort_values(["note", "fits", "hours"], ascending=[True, False, True])
+            asked = Cluster("cuda", gpus * nodes, nodes, gpu=gpu, gpus_per_node=gpus, links=links, memory_gb=memory_gb)
+            said.append(("prose", tuned.words(asked, size)))
         runnable, refused = table[table["note"] == ""], table[table["note"] != ""]
         fitting = runnable[runnable["fits"]]
         said.append(("prose", f"{len(runnable)} candidates of {gpus * nodes} GPUs (every split dp x tp x pp with each "
@@ -130,8 +139,8 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
                               "communication each group leaves exposed):"))
         shown = runnable.head(TOP).assign(recompute=lambda t: t["recompute"].map({True: "yes", False: ""}))
         shown = shown[["strategy", "micro_batch", "accumulation", "recompute", "fits", "peak_gib", "step_ms",
-                       "compute_ms", "bubble_ms", "dp_ms", "tp_ms", "pp_ms", "hours", "hours_low",
-                       "hours_high"]].astype({"micro_batch": int, "accumulation": int})
+                       "compute_ms", "bubble_ms", "dp_ms", "tp_ms", "pp_ms", "hours", "hours_low", "hours_high",
+                       *(["tuned"] if tuned else [])]].astype({"micro_batch": int, "accumulation": int})
         said.append(("table", "\n" + tabulate(shown, headers="keys", tablefmt="github", showindex=False,
                                               floatfmt=",.2f")))
         said += [("prose", f"{row.strategy}: {row.note}") for row in refused.itertuples()
@@ -148,6 +157,41 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
                               f"from its other configurations (left out one at a time) leaves their {len(e)} "
                               f"configurations off by {e.abs().median():.0%} (median)."))
     said += [("prose", f"Extrapolating: {note}.") for note in extrapolations(stored, gpus * nodes, nodes)]
+    return said
+
+
+def tuned_cpu_report(tuned: TunedCalibration, name: str, chosen: Preset, sizes: list[str | None]) -> list[Part]:
+    """What `gpt2dist recommend --calibration` prints for a tune on CPUs: the machine it ran on, every split by the CPU
+    step model from the single step the tune timed there (scaled by FLOPs at another size), beside it the split
+    corrected by the tune's measurement, fastest corrected first."""
+    basis = tuned.basis
+    said: list[Part] = [("prose", f"Recommendation (a prediction, not a measurement) for the machine a tune ran on, "
+                                  f"{tuned.cluster.words()}: preset {name}'s model in {tuned.precision}, every split "
+                                  f"by the CPU step model from single's step the tune timed there "
+                                  f"({basis.single_step_s * 1e3:,.1f} ms at {tuned.size or 'the preset model'}), "
+                                  f"its processes' collectives at {basis.busbw_gb_s:.2g} GB/s, calibrated by what "
+                                  "the tune measured:")]
+    timed = flops_per_token(model_of(chosen, tuned.size))
+    for size in sizes:
+        scaled = replace(basis, single_step_s=basis.single_step_s * flops_per_token(model_of(chosen, size)) / timed)
+        table = predicted(name, chosen, tuned.cluster, tuned.precision, size, scaled)
+        table = table[(table["cannot_run"] == "") & (table["computes_as"] == "")]
+        if table.empty:
+            raise UsageError(f"no split of {tuned.cluster.words()} can run preset {name}'s model"
+                             + (f" at {size}" if size else ""))
+        corrected = tuned.applied(table).assign(predicted_ms=table["step_s"] * 1e3).sort_values("step_s")
+        measured = {name_: seconds * 1e3 for name_, seconds in tuned.measured_s.items()} if size == tuned.size else {}
+        shown = pd.DataFrame({"split": corrected["strategy"], "predicted ms": corrected["predicted_ms"],
+                              "calibrated ms": corrected["step_s"] * 1e3,
+                              "measured by the tune ms": [measured.get(split) for split in corrected["strategy"]],
+                              "correction": corrected["tuned"]})
+        said.append(("prose", f"\n{size_words(size) if size else 'The preset model'}, {len(shown)} splits:"))
+        said.append(("table", tabulate(shown, headers="keys", tablefmt="github", showindex=False, floatfmt=",.1f",
+                                       missingval="")))
+        best = corrected.iloc[0]
+        said.append(("prose", f"Fastest calibrated: {best['strategy']}, {best['step_s'] * 1e3:,.1f} ms a step "
+                              f"({best['tuned']}); the tune's measured tiers are in its summary.md."))
+    said.append(("prose", tuned.words(tuned.cluster, sizes[-1])))
     return said
 
 

@@ -55,15 +55,17 @@ def selftest_seconds(study: Study, calibration: Calibration, cores: int) -> dict
 
 
 def write_estimate(study: Study, calibration: Calibration, cores: int, out: Path | str = ESTIMATE_FILE,
-                   extra: dict | None = None) -> dict:
+                   extra: dict | None = None, seconds: dict[str, float] | None = None) -> dict:
     """The study's expected duration, job by job, for `progress` to scale as the runs finish (and what else was
-    measured here: `extra`, the GPU step model's calibration on a GPU node)."""
+    measured here: `extra`, the GPU step model's calibration on a GPU node); each run at its configuration's
+    `seconds` where given (a tune's, priced candidate by candidate), else from single's step."""
     estimate = (extra or {}) | {
         "preset": study.preset_name,
         "written_at_unix_s": time.time(),
         "calibration": asdict(calibration),
         "selftests": selftest_seconds(study, calibration, cores),
-        "runs": {run.run_id: run_seconds(study, calibration, run) for run in study.runs},
+        "runs": {run.run_id: seconds[run.config_id] if seconds else run_seconds(study, calibration, run)
+                 for run in study.runs},
     }
     atomic_write_json(out, estimate)
     return estimate
@@ -127,14 +129,33 @@ def finished_runs(study: Study, runs_dir: Path | str = RUNS_DIR) -> dict[str, fl
     return done
 
 
+def planned_seconds(study: Study, estimate: dict) -> dict[str, float]:
+    """Run id -> its estimated seconds, for every run of `study`: an added repeat (not in the estimate, which was
+    made before the added rounds decided it) at its configuration's estimate; none where a run is neither."""
+    estimated = estimate.get("runs", {})
+    by_config = {run.config_id: estimated[run.run_id] for run in study.runs if run.run_id in estimated}
+    return {run.run_id: estimated.get(run.run_id, by_config.get(run.config_id)) for run in study.runs
+            if run.run_id in estimated or run.config_id in by_config}
+
+
 def progress_line(study: Study, finished: dict[str, float], estimate: dict | None) -> str:
-    """'study: 12 of 40 runs done; about 8 min left', the estimate scaled by the finished runs."""
-    head = f"study: {len(finished)} of {len(study.runs)} runs done"
-    planned = (estimate or {}).get("runs", {})
-    if not planned or estimate.get("preset") != study.preset_name or not set(finished) <= set(planned):
+    """'study: 12 of 40 runs done; about 8 min left', the estimate scaled by the finished runs (the repeats its added
+    rounds decided so far included: `study` with them); with a budget of the study's run time
+    (study.added_repeats.max_study_minutes), what its added rounds may still take."""
+    ours = estimate if estimate and estimate.get("preset") == study.preset_name else None
+    added = sum(run.run_id not in ours.get("runs", {}) for run in study.runs) if ours else 0
+    head = f"study: {len(finished)} of {len(study.runs)} runs done" + (f" ({added} added)" if added else "")
+    planned = planned_seconds(study, ours) if ours else {}
+    if not planned or not set(finished) <= set(planned):
         return f"{head} (no estimate of this study's duration was made here)"
     scale = sum(finished.values()) / sum(planned[run_id] for run_id in finished) if finished else 1.0
     left = scale * sum(seconds for run_id, seconds in planned.items() if run_id not in finished)
     elapsed = time.time() - estimate["written_at_unix_s"]
-    return (f"{head} after {minutes(elapsed)}; about {minutes(left)} left (the finished runs took "
+    line = (f"{head} after {minutes(elapsed)}; about {minutes(left)} left (the finished runs took "
             f"{scale:.2g}x their estimate)")
+    budget = study.preset.study.added_repeats
+    if budget.rounds and budget.max_study_minutes:
+        spent = sum(finished.values()) + left
+        line += (f"; added rounds may take up to {minutes(max(0.0, budget.max_study_minutes * 60 - spent))} more, "
+                 f"within the study's {minutes(budget.max_study_minutes * 60)} of runs")
+    return line

@@ -65,8 +65,12 @@ def previous_rounds(run: Run) -> list[int]:
 
 
 def figures(study: Study) -> tuple[str, ...]:
-    """The figures `gpt2dist plot` draws for this study."""
-    return FIGURES + ((LINK_FIGURE,) if any(run.link_mbit for run in study.runs) else ())
+    """The figures `gpt2dist plot` draws for this study: the links figure where a run on shaped links has its
+    configuration on one machine beside it, which the link model adds the link's time to (forecast.link_model; a
+    tune on emulated nodes alone has none)."""
+    one_machine = {(run.strategy, run.precision, run.nproc) for run in study.runs if run.nodes == 1}
+    linked = any(run.link_mbit and (run.strategy, run.precision, run.nproc) in one_machine for run in study.runs)
+    return FIGURES + ((LINK_FIGURE,) if linked else ())
 
 
 def selftest_inputs(study: Study, run: Run) -> list[str]:

@@ -23,6 +23,13 @@ FIGURES = ("throughput", "scaling", "loss_deviation", "loss_vs_time", "memory", 
 EVENTS = "events.out.tfevents.gpt2dist"
 KEPT_DIR = "kept"
 LINK_FIGURE = "links"  # drawn for studies with runs on emulated nodes' shaped links
+# gpt2dist tune: a study of its own in TUNE_DIR (its params.yaml, data/, results/, logs/), its answer and calibration
+# at the top; in a results directory (its study's, or a rebuild's) its plan, and there its answer as TUNE_ANSWER
+TUNE_DIR = f"{RESULTS_DIR}/tune"
+TUNE_PLAN = "tune.json"
+TUNE_ANSWER = "tune.md"
+TUNE_SUMMARY = "summary.md"
+TUNE_CALIBRATION = "calibration.json"
 
 
 def round_marker(repeat: int | str) -> str:

@@ -1,8 +1,11 @@
 """Repeats added where the ranking is undecided (a sequential design): after the planned rounds, each added
 round trains one more repeat of the configurations whose place is still open, beside their placement's top
 configuration (ratios pair runs of one round), until every configuration is placed, the study's rounds are
-used up, or its budget of runs or minutes is spent. Each round is a Snakemake checkpoint job
-(workflow/rules/added.smk) that writes what it decided; the runs it names are ordinary train jobs.
+used up, or its budget of runs or minutes is spent (added minutes, or the whole study's run time, planned runs
+included: `gpt2dist tune`'s rounds are these, within its budget). Without halving, a round repeats every configuration
+of a placement that has one undecided: the control of what halving saves. Each round is a Snakemake checkpoint job
+(workflow/rules/added.smk) that writes what it decided, with each configuration's gap to its placement's top; the runs
+it names are ordinary train jobs.
 
 Fixed run counts (MLPerf's) spend repeats where the answer is already clear and too few where it is not;
 pyperf calibrates the count to the noise of one benchmark. Here the count follows the question the study asks:
@@ -41,14 +44,21 @@ def undecided(answer: list[dict], resolve: float) -> dict[str, list[str]]:
     return found
 
 
-def plan_round(study: Study, k: int, answer: list[dict], spent: dict, minutes_per_run: dict[str, float]) -> dict:
+def plan_round(study: Study, k: int, answer: list[dict], spent: dict, minutes_per_run: dict[str, float],
+               study_minutes: float = 0.0) -> dict:
     """Added round `k`: the runs it trains (a placement's top and as many of its undecided as the budget still
-    allows, at least one) and, when it trains none, why the added rounds stop."""
+    allows, at least one; without halving, every configuration of a placement with one undecided) and, when it
+    trains none, why the added rounds stop. `study_minutes`: what every run of the study took so far (planned and
+    added), which study.added_repeats.max_study_minutes bounds."""
     budget: AddedRepeats = study.preset.study.added_repeats
     repeat = max(run.repeat for run in study.runs) + 1  # one past the last round trained, planned or added
     open_ = undecided(answer, budget.resolve)
+    if not budget.halving:  # the control: every configuration of the placement again, the placed ones included
+        open_ = {group["placement"]: [row["config_id"] for row in group["ranked"] if not row.get("same_as")]
+                 for group in answer if group["placement"] in open_}
     runs_left = budget.max_runs - spent["runs"] if budget.max_runs else float("inf")
-    minutes_left = budget.max_minutes - spent["minutes"] if budget.max_minutes else float("inf")
+    minutes_left = min(budget.max_minutes - spent["minutes"] if budget.max_minutes else float("inf"),
+                       budget.max_study_minutes - study_minutes if budget.max_study_minutes else float("inf"))
     chosen_all, left = [], {}
     for placement, (top, *rest) in open_.items():
         chosen = [top]
@@ -62,11 +72,16 @@ def plan_round(study: Study, k: int, answer: list[dict], spent: dict, minutes_pe
             minutes_left -= sum(minutes_per_run.get(c, 0.0) for c in chosen)
         else:
             left[placement] = rest
+    study_words = f"; the study's runs took {study_minutes:.1f} of its {budget.max_study_minutes:g} minutes" \
+        if budget.max_study_minutes else ""
     why = None if chosen_all else "every configuration is placed or tied" if not open_ else \
-        f"the budget is spent ({spent['runs']} runs, {spent['minutes']:.1f} minutes added)"
+        f"the budget is spent ({spent['runs']} runs, {spent['minutes']:.1f} minutes added{study_words})"
     return {"round": k, "repeat": repeat, "budget": budget.model_dump(),
             "runs": [f"{config}-r{repeat}" for config in chosen_all],
-            "undecided": open_, "left_out": left, "stopped": why,
+            "undecided": undecided(answer, budget.resolve), "left_out": left, "stopped": why,
+            "gaps": {group["placement"]: {row["config_id"]: row["gap"] for row in group["ranked"]}
+                     for group in answer},
+            "study_minutes": study_minutes,
             "spent": {"runs": spent["runs"] + len(chosen_all),
                       "minutes": spent["minutes"] + sum(minutes_per_run.get(c, 0.0) for c in chosen_all)}}
 
@@ -81,7 +96,7 @@ def decide_round(study: Study, k: int, runs_dir: Path, data_dir: Path, results: 
         per_config.setdefault(run_of(study, run_id).config_id, []).append(value / 60)
     minutes = {config: sum(values) / len(values) for config, values in per_config.items()}
     previous = spent_so_far(results, k)
-    plan = plan_round(study, k, summary["answer"], previous, minutes)
+    plan = plan_round(study, k, summary["answer"], previous, minutes, sum(seconds.values()) / 60)
     atomic_write_json(added_round_file(k, results), plan)
     return plan
 

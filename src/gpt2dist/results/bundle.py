@@ -31,26 +31,31 @@ from gpt2dist.config.presets import load_params, upgraded
 from gpt2dist.data.shards import read_meta, sha256_file
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open
-from gpt2dist.pipeline.study import plan_study, Study
+from gpt2dist.pipeline.layout import TUNE_ANSWER, TUNE_CALIBRATION, TUNE_PLAN
+from gpt2dist.pipeline.study import plan_study, Study, with_added_runs
 
 FORMAT = 1
 MANIFEST = "MANIFEST.sha256"
 DESCRIPTION = "bundle.json"
 RUN_FILES = ("run.json", "metrics.jsonl")
 # Everything a bundle may hold; anything else is refused before a byte is written out.
-MEMBER = re.compile(r"(bundle\.json|params\.yaml|data/meta\.json"
+MEMBER = re.compile(r"(bundle\.json|params\.yaml|data/meta\.json|rounds/added-[0-9]+\.json|tune\.json"
                     r"|runs/[A-Za-z0-9._-]+/(run\.json|metrics\.jsonl|(kept/)?trace-rank[0-9]+\.json\.gz"
                     r"|kept/checkpoint\.pt))")  # traces in the run directory itself: runs from before kept/
+# What a study's results directory holds beside its tables that a rebuild needs: what its added rounds decided, and a
+# tune's plan (gpt2dist tune: its candidates, their predictions, what it ruled out)
+DECISIONS = "rounds/added-*.json"
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path, *,
+def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path, results: Path | None = None, *,
            checkpoints: bool = False) -> tuple[dict[str, bytes | Path], dict]:
     """The bundle's files by archive path (their bytes, or a kept checkpoint's path), and its description (what is
-    in it, what is not); with `checkpoints`, the final checkpoints the runs kept too."""
+    in it, what is not). `study` with the repeats its added rounds decided (read from `results`, whose decisions and
+    tune plan it packs too); with `checkpoints`, the final checkpoints the runs kept too."""
     read_meta(data_dir)  # a missing or foreign shard description is refused here, not at rebuild
     from gpt2dist.results.exports import kept_checkpoint
     from gpt2dist.results.per_run import code_of  # once the cheap checks passed: no scipy
@@ -59,6 +64,9 @@ def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path, *,
     from gpt2dist.system.environment import capture  # nor torch for a refusal
 
     files = {"params.yaml": params.read_bytes(), "data/meta.json": (data_dir / "meta.json").read_bytes()}
+    if results is not None:
+        decided = [*sorted(Path(results).glob(DECISIONS)), Path(results) / TUNE_PLAN]
+        files |= {path.relative_to(results).as_posix(): path.read_bytes() for path in decided if path.is_file()}
     included, missing, finished, records = [], {}, [], {}
     for run in study.runs:
         try:
@@ -82,6 +90,7 @@ def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path, *,
         "format": FORMAT,
         "preset": study.preset_name,
         "gpus": study.gpus,
+        "nodes": study.nodes,
         "runs": included,
         "missing_runs": missing,
         "last_run_finished_at": max(finished),  # not the time of bundling: same runs, same bytes
@@ -93,9 +102,9 @@ def gather(study: Study, runs_dir: Path, data_dir: Path, params: Path, *,
     return files, description
 
 
-def write_bundle(study: Study, runs_dir: Path, data_dir: Path, params: Path, out: Path, *,
-                 checkpoints: bool = False) -> dict:
-    files, description = gather(study, Path(runs_dir), Path(data_dir), Path(params), checkpoints=checkpoints)
+def write_bundle(study: Study, runs_dir: Path, data_dir: Path, params: Path, out: Path,
+                 results: Path | None = None, *, checkpoints: bool = False) -> dict:
+    files, description = gather(study, Path(runs_dir), Path(data_dir), Path(params), results, checkpoints=checkpoints)
     uncommitted = description["code"]["dirty"] or (description["environment"].get("git") or {}).get("dirty")
     if uncommitted and in_reference_studies(Path(out)):
         raise UsageError(f"{out}: the runs or this tree hold uncommitted changes, and docs/reference keeps only "
@@ -174,14 +183,23 @@ def rebuild(bundle: Path, out: Path) -> dict:
         # the bundle's own params.yaml, its keys renamed to today's where an older version wrote it
         params = yaml.safe_load(files["params.yaml"])
         (source / "params.yaml").write_text(yaml.safe_dump(upgraded(params), sort_keys=False))
-        study = plan_study(load_params(source / "params.yaml"), description["preset"], description["gpus"])
+        planned = plan_study(load_params(source / "params.yaml"), description["preset"], description["gpus"],
+                             description.get("nodes", 1))
+        for name in files:  # the added rounds' decisions and a tune's plan, where collect and the tune read them
+            if name.startswith("rounds/") or name == TUNE_PLAN:
+                (built / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source / name, built / name)
+        study = with_added_runs(planned, built)
         from gpt2dist.results.collect import collect  # imported once the bundle is verified: a refused one
         from gpt2dist.results.plots import plot  # is told in a second, without scipy and matplotlib
         from gpt2dist.results.report import report
+        from gpt2dist.results.tune import write_answer
 
         summary = collect(study, source / "runs", source / "data", built)
         plot(built)
         report(built)
+        if TUNE_PLAN in files:  # the tune's answer beside the study's
+            write_answer(built, built / TUNE_ANSWER, built / TUNE_CALIBRATION)
         shutil.copyfile(source / DESCRIPTION, built / DESCRIPTION)  # provenance: which bundle this came from
         if out.exists():
             os.replace(out, Path(work) / "previous")

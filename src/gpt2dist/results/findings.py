@@ -80,7 +80,8 @@ class Tables:
         return value, low, high, verdict(low, high, pairs)
 
     def one_node_max(self) -> int:
-        return int(self.summary["nproc"].max())
+        """The most processes a one-machine configuration has: 0 where the study has none (a tune's on nodes)."""
+        return int(self.summary["nproc"].max()) if len(self.summary) else 0
 
 
 def _by_round(runs: pd.DataFrame, config: str, column: str) -> pd.Series:

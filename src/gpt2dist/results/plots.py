@@ -136,7 +136,9 @@ def _figure(height: float, **kw) -> tuple[plt.Figure, plt.Axes]:
 
 
 def _legend_below(fig: plt.Figure, handles: list, columns: int = 3) -> None:
-    fig.legend(handles=handles, loc="outside lower center", ncol=columns, fontsize="small", frameon=False)
+    if handles:  # a figure with nothing drawn (a study without runs on one machine) has no legend
+        fig.legend(handles=handles, loc="outside lower center", ncol=max(1, columns), fontsize="small",
+                   frameon=False)
 
 
 def ranked(summary: pd.DataFrame, column: str, ascending: bool) -> pd.DataFrame:
@@ -417,7 +419,10 @@ def loss_vs_time(runs, summary, metrics, title):
         strategy, precision, nproc = keys[:3]
         ax.plot(group["elapsed_s"], group["loss"], linestyle=LINES.get(precision, "-"), linewidth=widths[int(nproc)],
                 markersize=3, markevery=max(1, len(group) // 5), label=_words(keys, nproc_at=2), **style[strategy])
-    ax.set_xscale("log")
+    if data.empty:  # a tune on nodes alone: the links figure has its runs
+        ax.text(0.5, 0.5, "no run on one machine in this study", transform=ax.transAxes, ha="center")
+    else:
+        ax.set_xscale("log")
     ax.set(xlabel="wall-clock training time (s, log scale)", ylabel="training loss (nats/token)",
            title=f"Loss over time on one machine, first repeat\n{title}")
     keys = _line_keys(data) + [Line2D([], [], color="black", linewidth=width, label=f"{n} process{'es' * (n > 1)}")

@@ -23,6 +23,32 @@ class Fact:
     status: str = ""
 
 
+class Found:
+    """What this environment has of the optional pieces runs need, looked up once (importing Horovod takes seconds)."""
+
+    def __init__(self):
+        self.horovod, apex = environment.horovod_build(), environment.apex_features()
+        self.modules = {"horovod.torch": self.horovod is not None, "apex.amp": apex["amp"],
+                        "apex.parallel": apex["parallel"]}
+        self.cuda_build = environment.versions()["cuda"] is not None
+        self.torch = environment.versions()["torch"]
+
+    def missing(self, strategy: str, precision: str, device: str, no_gpu: bool = False,
+                torch_build: bool = True) -> list[tuple[str, str]]:
+        """(What, how to get it) for each piece a run of `strategy` in `precision` on `device` needs and this
+        environment lacks (its torch's build too, unless `torch_build` is False: a plan made off the nodes)."""
+        gaps = []
+        # even with --no-gpu (an image built on a host without GPUs): a CPU-only torch never runs a GPU study
+        if torch_build and device == "cuda" and not self.cuda_build:
+            gaps.append(("a CUDA build of torch", f"torch {self.torch} is CPU-only"))
+        extras = extras_needed(strategy, precision)
+        gaps += [(extra.name, extra.source) for extra in extras if not self.modules[extra.module]]
+        if (device == "cuda" and not no_gpu and self.horovod is not None and not self.horovod["nccl"]
+                and any(e.module == "horovod.torch" for e in extras)):
+            gaps.append(("Horovod built with NCCL", "rebuild it with containers/install_horovod.sh --gpu"))
+        return gaps
+
+
 def _piece(name: str, value: str, found: bool, needed: bool) -> Fact:
     return Fact(name, value, "present" if found else "missing" if needed else "not needed")
 
@@ -96,24 +122,12 @@ def _allocation() -> Fact:
 def missing_for(study: Study, no_gpu: bool) -> list[str]:
     """Each piece the study's runs need that this environment lacks: which runs need it, and the fix."""
     needs: dict[tuple[str, str], list[str]] = {}  # (what, how to get it) -> configurations
-    hvd, apex = environment.horovod_build(), environment.apex_features()
-    available = {"horovod.torch": hvd is not None, "apex.amp": apex["amp"], "apex.parallel": apex["parallel"]}
-    gpu_study = study.device == "cuda" and not no_gpu
-    versions = environment.versions()
+    found = Found()
     for run in study.runs:
         if run.repeat:
             continue
-        # even with --no-gpu (an image built on a host without GPUs): a CPU-only torch never runs a GPU study
-        if study.device == "cuda" and versions["cuda"] is None:
-            needs.setdefault(("a CUDA build of torch", f"torch {versions['torch']} is CPU-only"), []).append(
-                run.config_id)
-        extras = extras_needed(run.strategy, run.precision)
-        for extra in extras:
-            if not available[extra.module]:
-                needs.setdefault((extra.name, extra.source), []).append(run.config_id)
-        if gpu_study and hvd is not None and not hvd["nccl"] and any(e.module == "horovod.torch" for e in extras):
-            needs.setdefault(("Horovod built with NCCL", "rebuild it with containers/install_horovod.sh --gpu"),
-                             []).append(run.config_id)
+        for piece in found.missing(run.strategy, run.precision, study.device, no_gpu):
+            needs.setdefault(piece, []).append(run.config_id)
     configurations = sum(1 for run in study.runs if not run.repeat)
     return [f"{what}, needed by "
             + (f"all {len(runs)} configurations" if len(runs) == configurations else ", ".join(runs))
