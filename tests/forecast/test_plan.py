@@ -256,10 +256,9 @@ def test_on_gpus_traffic_sent_under_backward_costs_only_what_backward_cannot_cov
     from gpt2dist.forecast.gpu_step import step_work
     from gpt2dist.forecast.implementations import engine_implementation
     from gpt2dist.forecast.plan import gpu_step_terms
-    from gpt2dist.forecast.published import shipped_constants
     from gpt2dist.system.links import Links
 
-    ddp, dp, constants = _spec("ddp"), _spec("dp"), shipped_constants()
+    ddp, dp = _spec("ddp"), _spec("dp")
     for link, hides in (("pcie5", True), ("pcie4-host", False)):
         links = Links(link, "ndr", 1)
         work, terms = step_work(ddp, "H100", engine_implementation(ddp), links), gpu_step_terms(ddp, "H100", links)

@@ -371,8 +371,8 @@ def test_a_study_of_nodes_alone_draws_every_figure(reference_study):
     out = reference_study("two-node-cpu")
     tables = [pd.read_csv(out / name) for name in ("runs.csv", "summary.csv", "metrics.csv")]
     nodes = [table[table["nodes"] > 1] for table in tables]
-    for name, figure in {**FIGURES, "links": links}.items():
-        plt.close(figure(*nodes, f"nodes alone: {name}"))
+    for name in (*FIGURES, LINK_FIGURE):
+        plt.close(draw(name, nodes, f"nodes alone: {name}"))
     alone = FIGURES["loss_vs_time"](*nodes, "nodes alone")
     assert "no run on one machine in this study" in [text.get_text() for text in drawn_text(alone)]
     assert not alone.axes[0].get_lines() and not alone.legends
