@@ -265,7 +265,8 @@ def pairs(predicted: pd.DataFrame) -> pd.DataFrame:
     ratio (first over second), the predicted one, whether the prediction orders them as published, its ratio's error
     (predicted / published ratio - 1), whether both ran on as many GPUs (then only the strategy, the precision,
     the micro-batch or the link differs: the harder pairs, where more GPUs alone do not tell the order), and whether
-    both are of one search (what a user picking a configuration for their GPUs weighs)."""
+    both are of one search (what a user picking a configuration for their GPUs weighs; rows without SEARCH_KEYS'
+    columns, as the stored CPU studies' in forecast.shortlist, are of none)."""
     frames = []
     usable = predicted[predicted["predicted_tokens_per_s"].notna() & predicted["published_tokens_per_s"].notna()]
     for group, members in usable.groupby("group", sort=False):
@@ -273,7 +274,8 @@ def pairs(predicted: pd.DataFrame) -> pd.DataFrame:
         published = members["published_tokens_per_s"].to_numpy()
         modelled = members["predicted_tokens_per_s"].to_numpy()
         gpus, rows = members["gpus"].to_numpy(), members["row"].to_numpy()
-        search = members.groupby(SEARCH_KEYS, sort=False).ngroup().to_numpy()
+        search = (members.groupby(SEARCH_KEYS, sort=False).ngroup().to_numpy() if set(SEARCH_KEYS) <= set(members)
+                  else np.arange(len(members)))
         ratio, guess = published[first] / published[second], modelled[first] / modelled[second]
         kept = np.abs(ratio - 1) > TIE
         first, second, ratio, guess = first[kept], second[kept], ratio[kept], guess[kept]
