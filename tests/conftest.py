@@ -64,7 +64,8 @@ SHARED_GROUPS = {"tests/launch/test_slurm_cluster.py": "nodes", "tests/launch/te
 # Modules that take minutes (docs/development.md's table), handed out first, the longest first, so that no worker is
 # left alone with one of them at the end; the rest follow in the order they are collected.
 LONGEST_FIRST = ["tests/launch/test_slurm_cluster.py", "tests/launch/test_emulated_nodes.py",
-                 "tests/training/test_train_cli.py", "tests/containers/test_image.py",
+                 "tests/training/test_train_cli.py", "tests/pipeline/test_tune_in_pipeline.py",
+                 "tests/containers/test_image.py",
                  "tests/pipeline/test_verdicts_hold.py", "tests/training/test_resume_across_strategies.py",
                  "tests/launch/test_signals.py", "tests/training/test_engine_structure.py",
                  "tests/training/test_pipeline_parallel.py",

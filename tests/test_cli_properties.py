@@ -273,11 +273,15 @@ CHEAP = {
     "strategies": [],
     "train": ["--data", "{shards}", "--out", "{tmp}/run", "--params", "{params}", "--strategy", "ddp",
               "--print-command"],
+    # planned for GPUs, not run: no timing and no Snakemake
+    "tune": ["--params", PARAMS, "--preset", "paper", "--gpus", "8", "--dry-run", "--out", "{tmp}/tune"],
     "validate-published": [],
 }
 # (command, option) pairs whose any value would start the work the arguments above avoid
 COSTLY = {("estimate", "--gpus"): "0 plans GPT-2 small for this CPU and times it (the Gpus type is plan's, fuzzed there)",
-          ("selftest", "--only"): "a configuration's name starts its selftest (the names are run ids, parsed by plan)"}
+          ("selftest", "--only"): "a configuration's name starts its selftest (the names are run ids, parsed by plan)",
+          ("tune", "--gpus"): "0 tunes this machine's CPUs, which times single's step first (the Gpus type is plan's, "
+                              "fuzzed there)"}
 
 
 def every_option() -> list[tuple[str, str]]:

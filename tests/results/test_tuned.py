@@ -92,3 +92,12 @@ def test_a_calibration_that_is_not_a_tune_s_is_one_error_line(tuned_file, tmp_pa
     assert done.returncode == 2 and done.stderr.strip() == (
         f"error: --calibration {tmp_path / 'bad.json'}: its tune measured no split (or a step that is not a positive "
         "time); run the tune again where its runs complete")
+
+
+def test_plan_refuses_a_tune_s_calibration_naming_what_reads_it(tuned_file):
+    """plan corrects the GPU step model's computation by estimate's calibration; a tune's corrects recommend's splits."""
+    done = gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "paper", "--gpus", "8", "--calibration",
+                    tuned_file, check=False)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"error: --calibration {tuned_file} is a tune's: recommend reads it (each split corrected by what the tune "
+        "measured); plan and project-scaling take the one `gpt2dist estimate` writes")

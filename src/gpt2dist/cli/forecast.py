@@ -34,9 +34,13 @@ def calibrated(path: Path | None, gpu: str, mfu: float | None) -> dict | None:
     """--calibration's GPU calibrations by precision, none without it; it corrects the GPU step model, which --mfu
     replaces."""
     from gpt2dist.forecast.plan import read_calibration
+    from gpt2dist.forecast.tuned import is_tuned
 
     if path is None:
         return None
+    if is_tuned(path):
+        raise UsageError(f"--calibration {path} is a tune's: recommend reads it (each split corrected by what the tune "
+                         "measured); plan and project-scaling take the one `gpt2dist estimate` writes")
     if mfu is not None:
         raise UsageError("--calibration corrects the GPU step model's computation, which --mfu replaces; leave one out")
     return read_calibration(path, gpu)

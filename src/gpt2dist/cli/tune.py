@@ -97,6 +97,7 @@ def tune(
     of each method and shape, in rounds that drop what is slower beyond the noise and repeat what is undecided,
     within a time budget; then the measured tiers (results/tune/summary.md) and a calibration for recommend."""
     from gpt2dist.config.planning import planned_gpus
+    from gpt2dist.config.schema import PRECISIONS
     from gpt2dist.config.presets import load_params
     from gpt2dist.forecast.shortlist import Cluster
     from gpt2dist.pipeline.tune import Window
@@ -134,6 +135,8 @@ def tune(
         cluster = Cluster("cpu", count, spread, bool(emulate_nodes), link_mbit,
                           memory_gb=psutil.virtual_memory().total / 1e9 / per_machine)
     chosen = precision or ("bf16" if gpus else "fp32")
+    if chosen not in PRECISIONS:
+        raise UsageError(f"--precision {chosen!r} is not one of {', '.join(PRECISIONS)}")
     window = Window(warmup if warmup is not None else 5 if gpus else 2, steps)
     request = Request(params, preset, cluster, chosen, out, size, seconds(budget), names(among), window, repeats,
                       rounds, halving, resolve, study, profile, replace, dry_run)

@@ -38,7 +38,7 @@ from gpt2dist.system.hardware import GPUS, named_in
 from gpt2dist.system.links import Links
 
 # The bus bandwidth of gloo's collectives between processes of one machine where no stored study measured one at
-# the tune's process count: the stored CPU studies measured 0.6 to 1.2 GB/s at 2 and 4 processes on 2 cores.
+# the tune's process count: the stored CPU studies measured 0.24 to 1.23 GB/s at 2 and 4 processes on 2 cores.
 ASSUMED_CPU_BUSBW_GB_S = 0.8
 LINK = "link"  # the emulated nodes' link, a term of its own beside the groups' (dp, tp, pp)
 COLUMNS = ["strategy", "method", "cannot_run", "computes_as", "shape", "step_s", "compute_s", "bubble_s",

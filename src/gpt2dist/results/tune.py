@@ -154,6 +154,8 @@ def table_row(row: dict) -> list[str]:
 
 
 def answer_text(summary: dict, plan: dict, rows: list[dict]) -> str:
+    """summary.md of a tune: what was measured and why the rounds stopped, first; then the tiers, each candidate's
+    prediction beside its measurement, the rounds, what was ruled out, and what the calibration is for."""
     cluster = plan["cluster"]
     where = Placement(cluster["nproc"], cluster["nodes"], cluster["emulated"], cluster["link_mbit"]).words()
     if cluster["device"] == "cuda":
