@@ -9,6 +9,8 @@ operations read; they are estimates, and docs/planning.md says so."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpt2dist.config.memory import Kept
 from gpt2dist.config.schema import RunSpec
 from gpt2dist.errors import UsageError
@@ -22,6 +24,14 @@ DROPOUT_SITE = 3
 # states (3); backward detaches the input, sets the three states, recomputes (its kernels counted apart), sets them
 # back (3) and calls autograd's backward on the outputs (1)
 MEGATRON_CHECKPOINT_OPS = 11
+MEGATRON_LM_2021 = Implementation(
+    "megatron-lm-2021", "NVIDIA Megatron-LM 8aa4619 (fp16 model, FusedLayerNorm, fused bias-GELU and bias-dropout-"
+    "add, fused causal softmax, FusedAdam, local DDP after backward)", attention="materialized", kernels=(9, 24),
+    width_bytes=(12 * HALF + 2, 20 * HALF + 2), inner_bytes=(16 * HALF, 44 * HALF),
+    score_bytes=(5 * HALF + 2, 8 * HALF + 1), head_bytes=(38, 12), head_kernels=(7, 3),
+    accumulate_grads=True, master_copies=True, clip="multi-tensor", syncs_per_step=3, overlaps_backward=False,
+    vocab_parallel=True, checkpoint_host_ops=MEGATRON_CHECKPOINT_OPS,
+    kept=Kept(width=12, split=24, checkpointed=HALF, scores=5, head=10, vocab_split=True))
 PUBLISHED = {implementation.name: implementation for implementation in (
     Implementation(
         "transformers-4.3", "transformers 4.3.0 models/gpt2/modeling_gpt2.py, trainer.py and optimization.py (AdamW); "
@@ -54,20 +64,13 @@ PUBLISHED = {implementation.name: implementation for implementation in (
         # two checks per gradient piece of the rank's partition: about 148 tensors over these runs' 16 ranks
         optimizer="loop", optimizer_tensors=2, master_copies=True, syncs_per_step=3, syncs_per_tensor=(0, 2 / 16),
         overlaps_backward=False, kept=Kept(width=11, split=64, checkpointed=HALF, scores=5, head=8)),
-    Implementation(
-        "megatron-lm-2021", "NVIDIA Megatron-LM 8aa4619 (fp16 model, FusedLayerNorm, fused bias-GELU and bias-dropout-"
-        "add, fused causal softmax, FusedAdam, local DDP after backward)", attention="materialized", kernels=(9, 24),
-        width_bytes=(12 * HALF + 2, 20 * HALF + 2), inner_bytes=(16 * HALF, 44 * HALF),
-        score_bytes=(5 * HALF + 2, 8 * HALF + 1), head_bytes=(38, 12), head_kernels=(7, 3),
-        accumulate_grads=True, master_copies=True, clip="multi-tensor", syncs_per_step=3, overlaps_backward=False,
-        vocab_parallel=True, checkpoint_host_ops=MEGATRON_CHECKPOINT_OPS,
-        kept=Kept(width=12, split=24, checkpointed=HALF, scores=5, head=10, vocab_split=True)),
-    Implementation(
-        "megatron-deepspeed-2023", "microsoft/Megatron-DeepSpeed's GPT as vTrain profiles it (VIA-Research/vTrain "
-        "f8dda84 src/model/gpt_modeling.py, layers.py, fused_softmax.py, fused_bias_gelu.py, fused_adam.py: fp16, "
-        "FusedScaleMaskSoftmax, attention dropout 0.1, jit-fused bias-dropout-add and bias-GELU, vocabulary-parallel "
-        "head, FusedAdam over fp32 masters, gradients all-reduced after backward)", attention="materialized",
-        kernels=(8, 17),
+    MEGATRON_LM_2021,
+    # the same model code as Megatron-LM's: its own kernels, and the gradients' all-reduce under backward
+    replace(MEGATRON_LM_2021, name="megatron-deepspeed-2023", read_from=(
+        "microsoft/Megatron-DeepSpeed's GPT as vTrain profiles it (VIA-Research/vTrain f8dda84 src/model/"
+        "gpt_modeling.py, layers.py, fused_softmax.py, fused_bias_gelu.py, fused_adam.py: fp16, FusedScaleMaskSoftmax, "
+        "attention dropout 0.1, jit-fused bias-dropout-add and bias-GELU, vocabulary-parallel head, FusedAdam over fp32 "
+        "masters, gradients all-reduced after backward)"), kernels=(8, 17),
         # forward: two norms (read, write) and two bias-dropout-adds (x and the residual read, the sum and its mask
         # written) on the width; the heads merged by a copy and the fused bias-GELU on the split widths; backward:
         # each of those by autograd's formulas, the norms' weight gradients, the bias gradients' reductions and the
@@ -75,10 +78,7 @@ PUBLISHED = {implementation.name: implementation for implementation in (
         width_bytes=(11 * HALF, 23 * HALF), inner_bytes=(10 * HALF, 21 * HALF),
         # the fused scale-mask-softmax read and written, dropout read and written with its one-byte mask; backward
         # dropout's (the mask read) and softmax's (its output and the gradient read, one written)
-        score_bytes=(4 * HALF + 1, 5 * HALF + 1), head_bytes=(38, 12), head_kernels=(7, 3),
-        accumulate_grads=True, master_copies=True, clip="multi-tensor", syncs_per_step=3, overlaps_backward=True,
-        vocab_parallel=True, checkpoint_host_ops=MEGATRON_CHECKPOINT_OPS,
-        kept=Kept(width=12, split=24, checkpointed=HALF, scores=5, head=10, vocab_split=True)),
+        score_bytes=(4 * HALF + 1, 5 * HALF + 1), overlaps_backward=True),
     Implementation(
         "deepspeed-megatron-0.3", "DeepSpeedExamples Megatron-LM a79272c with DeepSpeed 0.3.0 (fp16 model, apex "
         "FusedLayerNorm, scripted GELU, mask arithmetic on the scores, FusedAdam; a sync per gradient tensor to check "
