@@ -21,9 +21,10 @@ import pandas as pd
 from pydantic import TypeAdapter
 
 from gpt2dist.config.memory import GIB, predict, usable_bytes, with_checkpointed_blocks
-from gpt2dist.config.methods import HYBRID, SHARD
+from gpt2dist.config.methods import HYBRID, NONE, SHARD
 from gpt2dist.config.placement import Placement
 from gpt2dist.config.schema import Preset, RunSpec
+from gpt2dist.config.split import composed_name
 from gpt2dist.config.strategies import REFERENCE, check_run, degrees_of, describe
 from gpt2dist.config.traffic import crossing_bytes, traffic
 from gpt2dist.errors import UsageError
@@ -159,8 +160,7 @@ def cpu_bus_bandwidth(stored: list, nproc: int) -> tuple[float, str]:
 
 def _shape(spec: RunSpec) -> str:
     degrees = degrees_of(spec)
-    dims = [f"{name}{degree}" for name, degree in (("tp", degrees.tp), ("pp", degrees.pp)) if degree > 1]
-    return " x ".join(dims) or "data-parallel only"
+    return composed_name(NONE, degrees.tp, degrees.pp).replace("-", " x ") or "data-parallel only"
 
 
 def computation(spec: RunSpec) -> tuple:
