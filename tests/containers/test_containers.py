@@ -115,7 +115,7 @@ def test_under_apptainer_a_run_across_nodes_runs_on_the_host_and_srun_puts_its_t
 
     image = yaml.safe_load((REPO / "params.yaml").read_text())["container"]
     rules = _train_rules({DeploymentMethod.APPTAINER})
-    (inside, one_node, params), (host, across, host_params) = rules["train"], rules["train_across_nodes"]
+    (inside, one_node, params), (host, across, _) = rules["train"], rules["train_across_nodes"]
     assert inside == image and host is None
     assert across.fullmatch("ddp-bf16-n8-2nodes-r0") and not one_node.fullmatch("ddp-bf16-n8-2nodes-r0")
     assert one_node.fullmatch("ddp-bf16-n8-r0") and not across.fullmatch("ddp-bf16-n8-r0")
