@@ -54,11 +54,6 @@ for requirement in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencie
         print(requirement)
 PY
 "$py" -m pip wheel --quiet --prefer-binary -w "$work/deps" -r "$work/campaign-deps.txt"
-# TensorBoard's event-file writer, which every run's rank 0 imports (training/tensorboard_events.py): tensorboard,
-# protobuf and absl-py alone, without the dependencies of its server (grpcio and its data server, another 20 MiB
-# over what a GPU machine is carried); `tensorboard --logdir` runs where the results are copied to
-"$py" -m pip download --quiet --no-deps --only-binary :all: -d "$work/deps" \
-  "$(grep -o 'tensorboard[^"]*' "$HERE/../pyproject.toml" | head -n 1)" protobuf absl-py
 
 # Strip debug symbols (the compilers' -g): the wheels are unpacked, stripped and packed again, RECORD anew
 mkdir -p "$work/out"

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -338,7 +339,8 @@ def trained(shards, params_file, pytestconfig):
 
             def make(out: Path) -> None:
                 if describe(strategy).launcher == "torchrun":
-                    train_in_forked_ranks(shards, params_file, out, strategy, *extra, nproc=nproc, precision=precision)
+                    retried_after_a_crash(out, lambda: train_in_forked_ranks(shards, params_file, out, strategy, *extra,
+                                                                             nproc=nproc, precision=precision))
                 else:  # single and dp train in the command's own process; horovod's ranks need horovodrun
                     gpt2dist(*train_args(shards, params_file, out, strategy, *extra, nproc=nproc, precision=precision))
 
@@ -438,6 +440,24 @@ def start_ranks(fn, *args, nprocs: int) -> None:
             pass
     finally:
         remove_traceback_files(ranks)
+
+
+def retried_after_a_crash(out: Path, train) -> None:
+    """`train()` into `out`, once more from nothing where a rank was killed by a signal, as the pipeline's train rule
+    retries a run (`retries: 1`): torch gathering FSDP's state on CPU rarely dies of SIGSEGV (issue 88; twice in a few
+    hundred runs, not reproduced in 900 gathers alone). The crash is said as a warning; an error a rank raised, a rank
+    that exited with an error code, or a second crash fails the test."""
+    from torch.multiprocessing import ProcessExitedException
+    try:
+        train()
+    except ProcessExitedException as crash:
+        if crash.signal_name is None:
+            raise
+        warnings.warn(f"{out.name}: a rank died of {crash.signal_name}; trained again once (its stack is in the "
+                      "test's captured stderr)", stacklevel=2)
+        shutil.rmtree(out)
+        out.mkdir()
+        train()
 
 
 def remove_traceback_files(ranks) -> None:

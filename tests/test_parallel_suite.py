@@ -1,17 +1,21 @@
 """The suite's two pytest-xdist workers (tests/conftest.py), run on small suites of their own: a test marked
-`alone` runs while the other worker runs nothing, and made_once makes a directory once for both workers."""
+`alone` runs while the other worker runs nothing, and made_once makes a directory once for both workers; a run the
+tests train is trained again once where a rank died of a signal, as the pipeline retries one."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import REPO
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+from conftest import REPO, retried_after_a_crash, start_ranks
 
 pytestmark = pytest.mark.slow  # pytest sessions of their own, two workers each
 
@@ -89,3 +93,33 @@ def test_an_alone_test_has_the_machine_and_made_once_makes_once(tmp_path, case):
     shared = case != "unmarked"
     assert makes == (1 if shared else 2)
     assert (len({i[3] for i in intervals}) == 1) is shared  # every test got the one directory
+
+
+def _crash_unless(rank: int, marker: str) -> None:
+    """A rank that dies of SIGSEGV where `marker` is missing, and leaves it for the next try."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def _raise(rank: int) -> None:
+    raise RuntimeError("a rank's own error")
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_by_a_signal_is_trained_again_once_from_nothing(tmp_path):
+    out, marker = tmp_path / "run", tmp_path / "crashed"
+    out.mkdir()
+    (out / "partial").touch()
+    with pytest.warns(UserWarning, match="run: a rank died of SIGSEGV; trained again once"):
+        retried_after_a_crash(out, lambda: start_ranks(_crash_unless, str(marker), nprocs=2))
+    assert marker.exists() and not (out / "partial").exists()
+    # controls: a second crash fails, and so does an error a rank raises, tried once
+    tries = []
+    with pytest.raises(ProcessExitedException, match="SIGSEGV"), pytest.warns(UserWarning, match="trained again"):
+        retried_after_a_crash(out, lambda: (tries.append(1), marker.unlink(missing_ok=True),
+                                            start_ranks(_crash_unless, str(marker), nprocs=1)))
+    assert len(tries) == 2
+    with pytest.raises(ProcessRaisedException, match="a rank's own error"):
+        retried_after_a_crash(out, lambda: (tries.append(1), start_ranks(_raise, nprocs=1)))
+    assert len(tries) == 3

@@ -212,7 +212,9 @@ def test_doctor_inside_a_job_shows_its_allocation_with_or_without_slurm_variable
 def test_a_tune_runs_its_rounds_as_jobs_through_the_profile(cluster, tmp_path):
     """`gpt2dist tune --profile` on this cluster's 2 nodes (a rank on each): the tune's study goes through the same
     profile, each of its runs (the first round's and the added round's) an sbatch job across both nodes, its
-    decisions, collect, plot and report on this host, and its answer names the cluster's placement."""
+    decisions, collect, plot and report on this host, and its answer names the cluster's placement. Whether round 1
+    leaves fsdp undecided is the runs' noise to decide (fsdp is about 0.6 of ddp here, placed by 2 pairs that agree
+    closely): the added round runs exactly what the decision named, none if it placed both."""
     started, _ = cluster
     work = copy_workflow(tmp_path, **UNJUDGED)
     profile = slurm_cluster.edited_profile(work / "profile", started)
@@ -229,6 +231,10 @@ def test_a_tune_runs_its_rounds_as_jobs_through_the_profile(cluster, tmp_path):
     assert rules == ["rule_prepare"] + ["rule_train_across_nodes"] * len(runs), jobs
     assert {job["state"] for job in jobs} == {"COMPLETED"}
     assert all(job["nodes"] == "2" for job in jobs if job["comment"].startswith("rule_train"))
-    assert len(runs) > 4 and (runs["repeat"] == 2).any()  # round 1's 2 x 2 runs, then the added round's
+    (decided,) = json.loads((work / "results" / "tune" / "results" / "summary.json").read_text())["added_rounds"]
+    added = sorted(runs.loc[runs["repeat"] == 2, "run_id"])
+    assert len(runs) == 4 + len(added) and added == sorted(decided["runs"]), decided  # round 1's 2 x 2 runs
+    if not added:
+        assert decided["stopped"] == "every configuration is placed or tied", decided
     summary = (work / "results" / "tune" / "summary.md").read_text()
     assert "**2 processes on 2 nodes**" in summary and "## Predicted beside measured" in summary

@@ -1,8 +1,10 @@
 """Every run's curves in TensorBoard: its event file, read back with TensorBoard's own reader, holds each line of
-metrics.jsonl at its step (float32, as TensorBoard keeps scalars), and a resumed run's holds the whole curve."""
+metrics.jsonl at its step (float32, as TensorBoard keeps scalars), a resumed run's the whole curve, and its bytes are
+those TensorBoard's own writer makes of the same events."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -10,7 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util.tensor_util import make_ndarray
 
 from gpt2dist.pipeline.layout import EVENTS
@@ -60,6 +66,39 @@ def test_the_event_file_holds_every_line_of_metrics_jsonl(trained, tmp_path):
                for line in lines]
     write_events(tmp_path / EVENTS, changed)
     assert read_curves(tmp_path) != expected and read_curves(tmp_path)["train/loss"][5] != expected["train/loss"][5]
+
+
+def tensorboards_bytes(path: Path) -> bytes:
+    """The file TensorBoard's own writer makes of the events in `path`, read in the file's order: each as its Event
+    message of the same wall time and step, holding what its scalar helper makes of the same tag and value (the first,
+    the file version), in its record writer's framing."""
+    with io.BytesIO() as handle:
+        writer = RecordWriter(handle)
+        for read in LegacyEventFileLoader(str(path)).Load():  # as written: no compatibility layer between
+            if read.HasField("summary"):
+                (value,) = read.summary.value
+                again = Event(wall_time=read.wall_time, step=read.step,
+                              summary=scalar_pb(value.tag, float(make_ndarray(value.tensor))))
+            else:
+                again = Event(wall_time=read.wall_time, file_version=read.file_version)
+            writer.write(again.SerializeToString())
+        return handle.getvalue()
+
+
+def test_the_bytes_are_those_tensorboard_s_own_writer_makes(trained, tmp_path):
+    """The file is encoded here, not by protobuf: each event, field and CRC as TensorBoard's writer makes them, over a
+    run's whole history (losses, throughputs in the thousands, memory in bytes, the ledger's times)."""
+    lines = all_lines(trained("ddp", nproc=2))
+    write_events(tmp_path / EVENTS, lines)
+    mine = (tmp_path / EVENTS).read_bytes()
+    assert mine.count(b"train/loss") == 12 and mine == tensorboards_bytes(tmp_path / EVENTS)
+    # control: an event one field short of the scalar helper's (the tensor's empty shape left out, which a reader
+    # takes for the same scalar) is told apart
+    short = Event(wall_time=1.0, step=1, summary=scalar_pb("train/loss", 2.0))
+    short.summary.value[0].tensor.ClearField("tensor_shape")
+    with open(tmp_path / "short", "wb") as handle:
+        RecordWriter(handle).write(short.SerializeToString())
+    assert tensorboards_bytes(tmp_path / "short") != (tmp_path / "short").read_bytes()
 
 
 def test_the_same_history_writes_the_same_bytes_and_a_longer_one_extends_them(trained, tmp_path):

@@ -3,6 +3,7 @@ rank that torchrun forked (forking_torchrun)."""
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m gpt2dist.launch.worker SPEC_JSON", file=sys.stderr)
         return 2
     setup_logging()
+    faulthandler.enable()  # a rank that dies of SIGSEGV or SIGABRT prints its Python stack into the run's log
     try:
         lifetime.stop_on_signals()  # may stop at once: the launcher can be gone already
         spec = read_spec(Path(args[0]))
