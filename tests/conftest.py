@@ -444,8 +444,8 @@ def start_ranks(fn, *args, nprocs: int) -> None:
 
 def retried_after_a_crash(out: Path, train) -> None:
     """`train()` into `out`, once more from nothing where a rank was killed by a signal, as the pipeline's train rule
-    retries a run (`retries: 1`): torch gathering FSDP's state on CPU rarely dies of SIGSEGV (issue 88; twice in a few
-    hundred runs, not reproduced in 900 gathers alone). The crash is said as a warning; an error a rank raised, a rank
+    retries a run (`retries: 1`): torch gathering FSDP's state on CPU rarely dies of SIGSEGV (issue 88: once in a study, once
+    in a CI suite; not reproduced in 1,500 gathers). The crash is said as a warning; an error a rank raised, a rank
     that exited with an error code, or a second crash fails the test."""
     from torch.multiprocessing import ProcessExitedException
     try:
