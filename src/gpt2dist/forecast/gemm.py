@@ -5,15 +5,21 @@ cuBLAS and CUTLASS cut the m x n output into thread-block tiles and run one per 
 output's last partial tile computes padding, and a last partial wave leaves SMs idle, so a GEMM whose tiles fill
 1.1 waves takes as long as 2. A tile runs its reduction depth k in steps, its main loop filling a pipeline of
 shared-memory stages before it computes at full rate: a short k pays that fill on every tile. The library picks the
-tile that finishes first; smaller tiles fill the SMs better but reuse each operand less, and run below the large
-tiles' rate. A tensor-parallel slice narrows n (or k) k-fold, a micro-batch of one makes m a single sequence: both
-are where these effects decide.
+kernel that finishes first: smaller tiles fill the SMs better but reuse each operand less, and run below the large
+tiles' rate; and where the output has too few tiles for the SMs, a split-K kernel cuts the depth k into slices that
+run on SMs of their own and sums their partial tiles (CUTLASS's serial split-K, one kernel whose partial sums meet in
+L2: NVIDIA/cutlass issues 867 and 1406, the maintainers' answers; cuBLAS chooses among such kernels by heuristics,
+Osama et al., "Stream-K", PPoPP 2023, arXiv 2301.03598). A tensor-parallel slice narrows n (or k) k-fold, a
+micro-batch of one makes m a single sequence: both are where these effects decide.
 
 Every number here is a fact of the hardware or the library, not fitted: the SM counts are the datasheets'
 (system.hardware), the tiles are those cuBLAS's Ampere and Hopper kernels use for half-precision GEMMs, a tile's
 rate follows its operand reuse (its arithmetic intensity, m_t n_t / (m_t + n_t) FLOPs per byte of half-precision
 operands) relative to a 128 x 128 tile's, the largest reuse below which an SM's shared-memory bandwidth no longer
-keeps its tensor cores fed, and the main loop's fill is CUTLASS's multistage pipeline: 3 stages of 32."""
+keeps its tensor cores fed, and the main loop's fill is CUTLASS's multistage pipeline: 3 stages of 32. Split-K's
+limits, at most SPLIT_K_SLICES slices of at least SPLIT_K_DEPTH each, are the one choice here made against the
+published table (docs/planning.md: the five settings tried and what each picks); the partial sums' traffic, which
+stays in L2, is not priced."""
 
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 FULL_RATE_REUSE = 128 * 128 / (128 + 128)  # a 128 x 128 tile's FLOPs per operand byte: tiles at or above run at full rate
 K_STEP, STAGES = 32, 1  # CUTLASS's multistage main loop: each stage a k-slice of 32, filled before the first MMA
+SPLIT_K_SLICES, SPLIT_K_DEPTH = 4, 256  # split-K: the most slices k is cut into, and the least depth of each
 
 
 @dataclass(frozen=True)
@@ -50,15 +57,17 @@ def resident(rows: int, columns: int) -> int:
 
 @functools.lru_cache(maxsize=65536)  # a planner prices the same few shapes for thousands of candidates
 def efficiency(shape: Shape, sms: int) -> float:
-    """The share of the tensor cores' peak the best tile reaches on this shape: its tile and wave quantization, its
-    rate, and the main loop's fill over k."""
+    """The share of the tensor cores' peak the best kernel reaches on this shape: its tile and wave quantization with
+    k whole or split, its tile's rate, and the main loop's fill over k."""
     depth = shape.k / (shape.k + (STAGES - 1) * K_STEP)
+    slicings = [slices for slices in range(1, SPLIT_K_SLICES + 1) if slices == 1 or shape.k / slices >= SPLIT_K_DEPTH]
     best = 0.0
     for rows, columns in TILES:
         tiles_m, tiles_n = math.ceil(shape.m / rows), math.ceil(shape.n / columns)
-        tiles = tiles_m * tiles_n * shape.batch
         slots = sms * resident(rows, columns)
-        waves = math.ceil(tiles / slots)
         useful = shape.m * shape.n / (tiles_m * rows * tiles_n * columns)  # the output's share of the tiles' area
-        best = max(best, tile_rate(rows, columns) * useful * tiles / (waves * slots))
+        for slices in slicings:  # each slice of k a tile's work of its own
+            units = tiles_m * tiles_n * shape.batch * slices
+            waves = math.ceil(units / slots)
+            best = max(best, tile_rate(rows, columns) * useful * units / (waves * slots))
     return best * depth
