@@ -16,7 +16,8 @@
 #             passed them all), after the planner's prediction of it for an H100 (a dry run fails when the
 #             prediction exceeds what is left of --budget-s). Snakemake resumes it at run granularity, so it
 #             starts whenever a minute is left
-#   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz)
+#   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz); where the call ends first, the next
+#             one makes it, or any machine does from what --out received (the records and the shards' meta.json)
 #   tune      gpt2dist tune on the GPU (preset gpu-1gpu; ddp, fsdp and zero2): the planner's short list measured in
 #             halving rounds within TUNE_BUDGET_S, its answer and calibration in results/tune (the dry run plans it for
 #             an H100 without running it)
@@ -27,7 +28,7 @@
 #   tests     pytest -m gpu
 #   memory    bench/memory_model.py: predicted against measured peak memory per strategy
 #   mfu_tf32  bench/mfu.py in tf32
-# --budget-s   seconds this call may take (default 540, under a 10-minute limit per call)
+# --budget-s   seconds this call may take (default 570, under a 10-minute limit per call)
 # --steps      only these steps, comma-separated, in the order above (default: all)
 # --state      where steps, logs and the installed environment live (default results/gpu-campaign)
 # --wheels     the wheels' folder (default wheels/gpu, what build_gpu_wheels.sh writes)
@@ -43,7 +44,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 
-budget=540 state=results/gpu-campaign wheels=wheels/gpu out="" dry=0 only=""
+budget=570 state=results/gpu-campaign wheels=wheels/gpu out="" dry=0 only=""
 while (($#)); do
   case $1 in
     --budget-s) budget=$2; shift 2 ;;
@@ -172,9 +173,9 @@ study_config() { echo "preset=gpu-1gpu gpus_per_node=1"; }
 
 step_study() {
   # The planner's prediction for one H100 (the slower memory of the two kinds lent), said before it starts; a dry
-  # run fails when it exceeds what this call has left for the study and the bundle after it
+  # run fails when it exceeds what this call has left (the bundle may fall to the next call)
   local budget_args=()
-  ((dry)) && budget_args=(--budget-s $((left - BUNDLE_S)))
+  ((dry)) && budget_args=(--budget-s "$left")
   gpt2dist plan --preset gpu-1gpu --gpus 1 --gpu H100 "${budget_args[@]}" \
     | sed -n '/^The study, one job at a time/,/\.$/p'
   if ((dry)); then snakemake --cores all --dry-run --quiet rules --config $(study_config); return; fi
@@ -208,20 +209,21 @@ step_memory() {
 
 # name and the seconds a step needs to be worth starting on one H100 or H200: the whole step (install 15 s,
 # selftest 120 s, mfu 75 s on an H200 with one engine; each beside it adds its compile and rounds), except for
-# the study, which resumes (16 runs of 20 steps: about 440 s predicted, step_study)
-STEPS=(install:60 doctor:30 selftest:150 study:60 bundle:60 tune:270 mfu:240 tests:300 memory:120 mfu_tf32:120)
+# the study, which resumes (16 runs of 20 steps and the model timed first: 564 s predicted, 540 s on an H200)
+STEPS=(install:60 doctor:30 selftest:150 study:60 bundle:30 tune:270 mfu:240 tests:300 memory:120 mfu_tf32:120)
 # the tune's own budget: its planning, prepare, rounds, collect and report within the step's estimate above
 TUNE_BUDGET_S=240
-# what the study leaves the bundle in the same call: bundle and figures of the cpu study's 60 runs take 10-16 s
+# what a dry run's study leaves the bundle: bundle and figures of the cpu study's 60 runs take 10-16 s
 BUNDLE_S=30
 
 copy_out() {
   [[ -n $out ]] || return 0
   mkdir -p "$out"
   tar -czf "$out/campaign-logs.tar.gz" -C "$state" logs done
-  # the study's own logs and records, without checkpoints, so a study that ran out of calls is not lost
+  # the study's own logs and records, without checkpoints, so a study that ran out of calls is not lost, and the
+  # shards' description, which `gpt2dist bundle` packs (the embedded corpus differs by Python version)
   tar -czf "$out/study.tar.gz" --exclude='*.pt' --exclude='checkpoint*' --exclude=gpu-campaign \
-    $(ls -d results logs 2>/dev/null) 2>/dev/null || true
+    $(ls -d results logs data/tokens/meta.json 2>/dev/null) 2>/dev/null || true
   cp docs/reference/*-1gpu.tar.gz "$out/" 2>/dev/null || true
 }
 trap copy_out EXIT

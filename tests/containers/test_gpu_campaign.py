@@ -2,7 +2,7 @@
 stand-ins and the same bookkeeping; a call that runs out of its budget stops with status 3 and the next
 call goes on where it stopped; a step that fails is named and not recorded as done. And the one-GPU study
 it runs (preset gpu-1gpu: each strategy of the paper study on one GPU) is predicted to fit one call with its
-install and bundle, and a dry run fails where it would not."""
+install, and a dry run fails where it would not."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_the_dry_run_stops_at_its_budget_and_the_next_call_finishes_it(tmp_path)
     assert "run the same command again to go on" in first.stdout
     finished_first = done(state)
     assert finished_first and finished_first != STEPS, finished_first  # some, not all: the budget stopped it
-    second = campaign("--dry-run", "--state", str(state), *wheels, "--budget-s", "540")
+    second = campaign("--dry-run", "--state", str(state), *wheels, "--budget-s", "600")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     for step in finished_first:  # not run twice
         assert f"campaign: {step} done earlier" in second.stdout
@@ -60,18 +60,19 @@ def test_the_dry_run_stops_at_its_budget_and_the_next_call_finishes_it(tmp_path)
 
 @pytest.mark.timeout(300)
 def test_the_dry_run_fails_where_the_study_is_predicted_past_the_budget(tmp_path):
-    """The study's call (install, study, bundle) must fit the budget by the planner's prediction for an H100;
-    the control: the same call with the budget a device call has, 540 s, plans it."""
+    """The study's call (install, study) must fit the budget by the planner's prediction for an H100, the model
+    timed first included (the H200 took 540 s; the bundle may fall to the next call); the control: the same call
+    with the campaign's default budget, 570 s, plans it."""
     wheels = ["--wheels", str(tmp_path / "no-wheels")]
     over = campaign("--dry-run", "--state", str(tmp_path / "over"), *wheels, "--steps", "study", "--budget-s", "300")
     assert over.returncode == 1 and "error: campaign step study failed" in over.stderr, over.stdout + over.stderr
-    assert re.search(r"error: preset 'gpu-1gpu' is predicted to take [\d,]+ s on 1 H100 GPU\(s\), over --budget-s 2\d\d",
+    assert re.search(r"error: preset 'gpu-1gpu' is predicted to take [\d,]+ s on 1 H100 GPU\(s\), over --budget-s [23]\d\d",
                      over.stdout), over.stdout[-2000:]
     fits = campaign("--dry-run", "--state", str(tmp_path / "fits"), *wheels, "--steps", "install,study,bundle",
-                    "--budget-s", "540")
+                    "--budget-s", "570")
     assert fits.returncode == 0, fits.stdout[-3000:] + fits.stderr[-3000:]
     predicted = int(re.search(r"The study, one job at a time: about ([\d,]+) s", fits.stdout)[1].replace(",", ""))
-    assert predicted <= 540 - 30, fits.stdout[-2000:]
+    assert 540 <= predicted <= 570, fits.stdout[-2000:]
 
 
 def test_a_failing_step_is_named_and_not_recorded_as_done(tmp_path):

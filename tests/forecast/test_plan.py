@@ -3,6 +3,8 @@ duration, and what a GPU's memory cannot hold; bad input is one error line and n
 
 from __future__ import annotations
 
+import dataclasses
+
 import io
 import json
 
@@ -111,9 +113,10 @@ def test_bad_plan_input_is_one_error_line_and_no_file(option, value, message, tm
 
 def test_the_studys_duration_counts_a_launch_per_run_and_selftest_beside_its_steps():
     """What the GPU campaign sizes its one-call study by (tests/containers/test_gpu_campaign.py): gpu-1gpu has no
-    selftest jobs, so a launch per run; paper's selftests add theirs, three for one that kills and resumes."""
+    selftest jobs, so a launch per run; paper's selftests add theirs, three for one that kills and resumes; the
+    estimate's timing adds three launches per precision, none where the study does not time itself (a tune's)."""
     from gpt2dist.pipeline.study import pipeline_resume_cases, plan_study, selftested
-    from gpt2dist.forecast.plan import GPU_LAUNCH_S, STUDY_FIXED_S, plan, study_seconds
+    from gpt2dist.forecast.plan import GPU_LAUNCH_S, STUDY_FIXED_S, TIMING_LAUNCH_S, plan, study_seconds
     from gpt2dist.system.links import links_of
 
     for preset, gpus in (("gpu-1gpu", 1), ("paper", 8)):
@@ -125,10 +128,17 @@ def test_the_studys_duration_counts_a_launch_per_run_and_selftest_beside_its_ste
         assert duration["launch_count"] == launches and (launches == len(study.runs)) == (preset == "gpu-1gpu")
         steps = sum(row.step_ms / 1e3 * study.preset.train.max_steps * row.repeats for row in table.itertuples())
         assert duration["steps"] == pytest.approx(steps)
-        assert duration["total"] == pytest.approx(steps + launches * GPU_LAUNCH_S + STUDY_FIXED_S)
+        timed = 3 * len({run.precision for run in study.runs})
+        assert duration["timing_launches"] == timed
+        assert duration["total"] == pytest.approx(steps + launches * GPU_LAUNCH_S + timed * TIMING_LAUNCH_S
+                                                  + STUDY_FIXED_S)
+        untimed = dataclasses.replace(study, preset=study.preset.model_copy(
+            update={"study": study.preset.study.model_copy(update={"time_at_start": False})}))
+        assert study_seconds(untimed, table)["total"] == pytest.approx(duration["total"] - timed * TIMING_LAUNCH_S)
     shown = " ".join(gpt2dist("plan", "--params", REPO / "params.yaml", "--preset", "gpu-1gpu", "--gpus", "1",
-                              "--budget-s", "540").stdout.splitlines())
-    assert "16 launches, one per run, at about 20 s each" in shown and "; within --budget-s 540." in shown
+                              "--budget-s", "570").stdout.splitlines())
+    assert "16 launches, one per run, at about 20 s each" in shown and "; within --budget-s 570." in shown
+    assert "s to time the model first (12 launches)" in shown
 
 
 def test_a_plan_that_drops_configurations_says_how_many_and_why():

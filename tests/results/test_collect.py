@@ -221,6 +221,18 @@ def test_claims_get_verdicts_from_the_intervals(study):
     assert findings(slower, study)["bai-ddp-fastest-fp32"]["verdict"] == CONTRADICTED
 
 
+def test_fsdp_memory_claim_needs_ranks_to_shard_over(study):
+    """A one-GPU study ran FSDP on one rank, which holds the whole model like every other strategy there: the H200's
+    study called the claim contradicted. With one rank it is untestable; the control, two ranks, still judges it."""
+    alone = {"single-bf16-n1": [100.0, 101.0], "ddp-bf16-n1": [99.0, 100.0], "fsdp-bf16-n1": [90.0, 91.0]}
+    whole = dict.fromkeys(alone, 4.0)
+    found = findings(runs_table(alone, model_state_bytes=whole), study)["patwardhan-fsdp-memory"]
+    assert found["verdict"] == UNTESTABLE and "2 or more processes" in found["statistic"], found
+    pairs = {"single-fp32-n1": [100.0, 101.0], "ddp-fp32-n2": [190.0, 191.0], "fsdp-fp32-n2": [150.0, 151.0]}
+    state = {"single-fp32-n1": 4.0, "ddp-fp32-n2": 4.0, "fsdp-fp32-n2": 4.0}
+    assert findings(runs_table(pairs, model_state_bytes=state), study)["patwardhan-fsdp-memory"]["verdict"] == CONTRADICTED
+
+
 def test_a_study_of_nodes_alone_leaves_the_one_machine_claims_untestable(study):
     """A tune on emulated nodes measures no configuration on one machine: the claims about one node are untestable
     there (they once ended collect with a traceback); the control, the same with a one-machine run, judges them."""

@@ -4,8 +4,10 @@ The model state (parameters, gradients, AdamW's moments, Apex O2's fp32 master c
 tensor from the parameters the strategy's description says rank 0 holds; collect sets it beside every run's
 measured state (training/metrics.py counts the same tensors), where it agrees to the byte on the reference
 studies. Activations, logits and communication buffers are an estimate for CUDA's peak allocated memory from what
-the training program keeps (Kept): this engine's not yet checked against a GPU run of it (`plan` says so wherever it
-shows them), other programs' held to the peaks their authors published (forecast/published.py).
+the training program keeps (Kept): this engine's read from its code and held to one H200's eager runs of GPT-2 small
+(docs/reference/h200-1gpu, where the terms below for the eager head, autocast's weight copies, Apex's float32 GELU
+and layer norms, DDP's buckets and one rank's buffers were found: in sample, not yet held to another GPU run), other
+programs' held to the peaks their authors published (forecast/published.py).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from gpt2dist.config.geometry import gathered_bytes, gathered_bytes_per_element,
     rank_blocks
 from gpt2dist.config.schema import ALL_FORWARDS_FIRST, RunSpec
 from gpt2dist.config.sizes import parameter_shapes, weight_decayed
+from gpt2dist.config.methods import HOROVOD_ENGINE, TORCH_DDP
 from gpt2dist.config.strategies import degrees_of, describe
-from gpt2dist.config.units import FP32, HALF, compute_bytes
+from gpt2dist.config.units import APEX_PRECISIONS, FP32, HALF, compute_bytes
 
 STEP_BYTES = 4  # AdamW keeps its step count as one float32 tensor per parameter tensor
 # What a GPU's allocations may take of its memory: the CUDA context and the caching allocator's fragmentation take
@@ -45,17 +48,30 @@ class Kept:
     gradient_buckets: bool = False
     weight_copies: float = 0.0
     vocab_split: bool = False  # tensor parallelism splits the head's logits over the vocabulary (Megatron's)
+    # with fp32 master weights (precision apex-O2), their fp32 gradients held through backward (Megatron's main_grad
+    # buffers); Apex O2 makes them only at its last micro-step's unscale, when no activation is held
+    master_gradients: bool = True
 
 
 def engine_kept(spec: RunSpec) -> Kept:
     """This engine's: per block the q/k/v input and output (1 + 3 widths), the attention output (1), the MLP input
     (1), its 4x-wide output before and after GELU (4 + 4) in the compute dtype, q/k/v, the attention output and both
-    MLP activations (12) split by tensor parallelism, and the two layer norms' float32 inputs (the residual stream);
-    no attention scores (SDPA's fused kernels); the logits in the compute dtype with their float32 log-softmax and its
-    gradient, or one chunk's (train.head_loss_chunk_tokens, see head_bytes); checkpointed, each block's float32
-    input."""
+    MLP activations (12) split by tensor parallelism, and the two layer norms' inputs (the residual stream: float32,
+    16-bit where Apex O2 casts the whole model); Apex O1 runs GELU in float32, so its 4x-wide input is kept in
+    float32; no attention scores (SDPA's fused kernels). The head, per token and vocabulary entry: eager, its
+    backward holds three float32 tensors at once (the saved log-softmax, the gradient nll_loss hands it and the
+    gradient of its input); compiled (train.compile), the logits in the compute dtype with their float32 log-softmax
+    and its gradient; chunked (train.head_loss_chunk_tokens, see head_bytes), one chunk's the same. Eager, autocast
+    and Apex O1 keep a 16-bit copy of every weight through forward. Checkpointed, each block's float32 input."""
     element = compute_bytes(spec.precision)
-    return Kept(width=2 * element + 2 * FP32, split=12 * element, checkpointed=FP32, head=element + 2 * FP32)
+    residual = HALF if spec.precision == "apex-O2" else FP32
+    gelu_input = 4 * (FP32 - element) if spec.precision == "apex-O1" else 0
+    eager = not spec.train.compile or spec.precision in APEX_PRECISIONS  # Apex never compiles (training/precision.py)
+    whole_eager_head = eager and not spec.train.head_loss_chunk_tokens
+    return Kept(width=2 * element + 2 * residual, split=12 * element + gelu_input, checkpointed=FP32,
+                head=3 * FP32 if whole_eager_head else element + 2 * FP32,
+                weight_copies=HALF if eager and element == HALF and spec.precision != "apex-O2" else 0.0,
+                master_gradients=False)
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,18 @@ def optimizer_partition(spec: RunSpec) -> list[list[tuple[int, ...]]]:
     return shares
 
 
+def engine_buffer_bytes(spec: RunSpec, grads: int) -> int:
+    """This engine's communication memory (`grads`: the rank's gradient bytes). With one rank torch still wraps the
+    model, so FSDP2 gathers and DDP's buckets exist (Horovod, with nothing to fuse, allocates no fusion buffer); and
+    where DDP accumulates, the micro-steps under no_sync give autograd's own gradients beside the buckets (zero_grad
+    set them to None) until the last micro-step's hooks copy them in: one more copy of the gradients."""
+    engine = describe(spec.strategy).engine
+    if engine is HOROVOD_ENGINE and spec.nproc == 1:
+        return 0
+    accumulated = grads if engine is TORCH_DDP and degrees_of(spec).grad_accum_steps > 1 else 0
+    return buffer_bytes(spec) + accumulated
+
+
 def buffer_bytes(spec: RunSpec) -> int:
     """Device memory a method's communication takes beyond the model state (an estimate). Under FSDP2 (the torch
     path, ddp's replicas in a split too) the gathered parameters: two blocks' and the root's, or every block's
@@ -141,10 +169,12 @@ def model_state(spec: RunSpec, rank: int = 0) -> tuple[int, int, int]:
     """Parameter, gradient and optimizer bytes `rank` holds, as training/metrics.model_state_bytes counts rank 0's."""
     held, stepped = held_shapes(spec), optimizer_shapes(spec, rank)
     elements, stepped_elements = (sum(math.prod(shape) for shape in shapes) for shapes in (held, stepped))
-    master = spec.precision == "apex-O2"  # the model in fp16, AdamW stepping fp32 copies with fp32 gradients
+    # Apex O2: the model in fp16, AdamW stepping fp32 copies; their fp32 gradients exist only from the last micro-
+    # step's unscale to the step (Apex clears them then), when no activation is held
+    master = spec.precision == "apex-O2"
     weight = HALF if master else FP32
     params = elements * weight
-    grads = elements * weight + (elements * FP32 if master else 0)
+    grads = elements * weight
     optimizer = stepped_elements * (2 + master) * FP32 + len(stepped) * STEP_BYTES
     return params, grads, optimizer
 
@@ -195,10 +225,12 @@ def predict(spec: RunSpec, *, busiest: bool = True, kept: Kept | None = None) ->
     """The busiest rank's bytes (what must fit on every GPU); with busiest=False rank 0's, which every collected
     run measures; of this engine, or of the program `kept` describes."""
     params, grads, optimizer = model_state(spec, busiest_rank(spec) if busiest else 0)
-    buffers = buffer_bytes(spec) if spec.nproc > 1 else 0
-    if kept:
-        elements = params // (HALF if spec.precision == "apex-O2" else FP32)
-        buffers += round(elements * (kept.weight_copies + FP32 * (kept.gradient_buckets and spec.nproc > 1)))
+    buffers = (buffer_bytes(spec) if spec.nproc > 1 else 0) if kept else engine_buffer_bytes(spec, grads)
+    kept = kept or engine_kept(spec)
+    master = spec.precision == "apex-O2"
+    elements = params // (HALF if master else FP32)
+    grads += elements * FP32 * (master and kept.master_gradients)
+    buffers += round(elements * (kept.weight_copies + FP32 * (kept.gradient_buckets and spec.nproc > 1)))
     return Memory(params, grads, optimizer, activation_bytes_kept(spec, kept), buffers)
 
 

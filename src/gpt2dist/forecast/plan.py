@@ -38,9 +38,13 @@ MIB = 2**20
 # and an evaluation at the end. Measured once: each of the H200's selftests (docs/reference/h200-first-gpu-runs:
 # a launch of a 2-layer model for 4 steps, four at a time on 16 cores) took 14 to 25 s, 20 s the median.
 GPU_LAUNCH_S = 20.0
-# Snakemake's own start, the estimate's timing of the preset's model, prepare, collect, plot and report: 43 s of
-# the cpu study on 2 cores (docs/results.md), rounded up for GPT-2 small's timing on a GPU.
-STUDY_FIXED_S = 60.0
+# Snakemake's own start, prepare, collect, plot and report: 15 s of the one-GPU study on an H200
+# (docs/reference/h200-1gpu), rounded up.
+STUDY_FIXED_S = 20.0
+# The estimate before the first run (study.time_at_start): on a GPU, three `gpt2dist train` launches per precision
+# of the study (a few steps at the preset's batch, then single's at two micro-batches, which calibrate the GPU step
+# model). The H200's study spent 169 s on its 12.
+TIMING_LAUNCHES_PER_PRECISION, TIMING_LAUNCH_S = 3, 14.0
 
 
 @dataclass(frozen=True)
@@ -183,13 +187,14 @@ def plan(study: Study, *, gpu: str, memory_gb: list[float], links: Links, sizes:
 
 def study_seconds(study: Study, table: pd.DataFrame) -> dict[str, float]:
     """The study's duration on its GPUs, job after job as the pipeline runs them there: every run's steps
-    (table's run_min), a launch per run and per selftest (three for one that kills and resumes), and the
-    fixed part; by part, and in all ("total")."""
+    (table's run_min), a launch per run and per selftest (three for one that kills and resumes), the estimate's
+    timing of the model before the first run, and the fixed part; by part, and in all ("total")."""
     resumed = {run.config_id for run in pipeline_resume_cases(study)}
     launches = len(study.runs) + sum(1 + 2 * (run.config_id in resumed) for run in selftested(study))
+    timed = len({run.precision for run in study.runs}) * TIMING_LAUNCHES_PER_PRECISION * study.preset.study.time_at_start
     parts = {"steps": float((table["run_min"] * table["repeats"]).sum() * 60), "launches": launches * GPU_LAUNCH_S,
-             "fixed": STUDY_FIXED_S}
-    return {**parts, "total": sum(parts.values()), "launch_count": launches}
+             "timing": timed * TIMING_LAUNCH_S, "fixed": STUDY_FIXED_S}
+    return {**parts, "total": sum(parts.values()), "launch_count": launches, "timing_launches": timed}
 
 
 def duration_words(study: Study, duration: dict[str, float], budget_s: float | None = None) -> str:
@@ -200,9 +205,11 @@ def duration_words(study: Study, duration: dict[str, float], budget_s: float | N
     within = f"; within --budget-s {budget_s:g}" if budget_s is not None else ""
     total = duration["total"]
     said = f"{total:,.0f} s" if total < 600 else f"{total / 60:,.0f} min" if total < 3 * 3600 else f"{total / 3600:,.1f} hours"
+    timing = (f"{duration['timing']:,.0f} s to time the model first ({duration['timing_launches']} launches), "
+              if duration["timing_launches"] else "")
     return (f"The study, one job at a time: about {said}: {duration['steps']:,.0f} s of training "
-            f"steps, {launches} at about {GPU_LAUNCH_S:.0f} s each (measured on an H200), and "
-            f"{duration['fixed']:.0f} s to time the model, prepare, collect, plot and report{within}.")
+            f"steps, {launches} at about {GPU_LAUNCH_S:.0f} s each (measured on an H200), "
+            f"{timing}and {duration['fixed']:.0f} s to prepare, collect, plot and report{within}.")
 
 
 def plan_text(table: pd.DataFrame, memory_gb: list[float]) -> str:

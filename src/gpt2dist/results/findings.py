@@ -296,6 +296,8 @@ def communication_makes_nodes_sublinear(t: Tables) -> Finding:
 def fsdp_least_memory(t: Tables) -> Finding:
     s = t.summary
     n = t.one_node_max()
+    if n < 2:  # one rank holds the whole model: FSDP has nothing to shard, and the claim is about sharding
+        return _untestable("needs FSDP on 2 or more processes of one machine (one rank holds every parameter)")
     fsdp = [c for c in s.index[(s["strategy"] == FSDP) & (s["nproc"] == n)] if t.usable(c)]
     if not fsdp or s["model_state_bytes"].isna().any():
         return _untestable(f"needs FSDP at n={n} and every run's model-state bytes")

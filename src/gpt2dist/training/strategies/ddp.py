@@ -20,7 +20,8 @@ from gpt2dist.training.strategies.torch_distributed import TorchDistributed
 
 def data_parallel(model, device) -> DistributedDataParallel:
     """DDP whose gradients are views into its all-reduce buckets: no copy between the two after each
-    all-reduce, and no second copy of the gradients in memory."""
+    all-reduce. Micro-steps under no_sync still give autograd's own gradients beside the buckets until the last
+    one's hooks copy them in (config/memory.py plans that copy; tests/test_memory.py shows it)."""
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                    gradient_as_bucket_view=True)
 
