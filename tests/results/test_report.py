@@ -97,3 +97,15 @@ def test_findings_say_why_their_intervals_are_narrower_than_the_answers(referenc
     assert "Each interval here is 95% for its own comparison; the answer in summary.md widens its intervals" in findings
     summary = (reference_study("cpu-study") / "summary.md").read_text()
     assert "(Bonferroni: " in summary  # what the answer's own note calls the widening
+
+
+def test_mfu_says_which_peak_it_is_against_where_a_row_has_one():
+    """The H200's study printed single fp32 at 68.9% MFU beside bf16's 28%: against fp32's own peak, which the
+    table did not say. The control: a CPU study, with no MFU column, says nothing of it."""
+    from gpt2dist.results.report import summary_markdown
+
+    said = "MFU is against the peak of the arithmetic each row ran"
+    gpu = json.loads((REPO / "docs" / "reference" / "h200-1gpu" / "summary.json").read_text())
+    assert said in " ".join(summary_markdown(gpu).split())
+    cpu = json.loads((REFERENCE / "summary.json").read_text())
+    assert said not in " ".join(summary_markdown(cpu).split())

@@ -352,6 +352,9 @@ def summary_markdown(summary: dict, others: list[dict] = ()) -> str:
         "step ms p50", "step ms p90", "overhead s", "model state MiB/rank", "sent MiB/step", "peak MiB",
         "final val loss", "MFU"])
     table = tabulate(rows, headers=headers, tablefmt="github")
+    mfu_words = (" MFU is against the peak of the arithmetic each row ran: fp32 rows against the GPU's fp32 peak, "
+                 "16-bit rows against its tensor cores', so the MFUs of two precisions do not compare."
+                 if "MFU" in headers else "")
     versions = ", ".join(f"{k} {v}" for k, v in summary["versions"].items() if v)
     dropped = ", ".join(f"{config} ({why})" for config, why in summary["dropped_configurations"].items()) or "none"
     ledger = ledger_markdown(in_study_order(pd.DataFrame([{**row, "config_id": config}
@@ -375,7 +378,7 @@ node with as many processes per node), paired by repeat round, and says whether 
 ("faster", "slower") or not ("not distinguishable"); efficiency is speedup / the processes (or nodes) added.
 Overhead is wall time outside the training steps (start-up, evaluation, checkpoints). Model state is the
 parameters, gradients and optimizer state rank 0 holds. Sent is what the busiest rank sends per step by
-the strategy's traffic model (ring collectives, activations at pipeline boundaries), not a measurement. Configurations the planned cluster cannot hold: {dropped}.
+the strategy's traffic model (ring collectives, activations at pipeline boundaries), not a measurement.{mfu_words} Configurations the planned cluster cannot hold: {dropped}.
 {left_out}
 
 {table}
