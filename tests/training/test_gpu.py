@@ -210,7 +210,8 @@ def test_estimate_on_a_gpu_calibrates_the_step_model_and_plan_applies_it(params_
     said = gpt2dist("estimate", "--params", params_file, "--gpus", "1", "--runs", tmp_path / "runs", "--out", out).stdout
     timed = json.loads(out.read_text())["gpu_calibration"]["fp32"]
     assert timed["scale"] > 0 and len(timed["measured_s"]) == 2, timed
-    assert "the GPU step model predicted" in said and f"--calibration {out}" in " ".join(said.split())
+    assert "single's step at " in said and "at the preset's own step" in " ".join(said.split()), said
+    assert f"--calibration {out}" in " ".join(said.split()) and timed["preset_step_s"][0] > 0, timed
     gpu = torch.cuda.get_device_name(0)
     shown = " ".join(gpt2dist("plan", "--params", params_file, "--gpus", "1", "--gpu", gpu,
                               "--calibration", out).stdout.split())

@@ -191,14 +191,15 @@ def estimate(
                f"{' and '.join(precisions)}, one process...")
     checked = {run.config_id for run in configurations(study) if Path(selftest_file(run)).exists()}
     measured = calibrate(study)
-    calibration = _gpu_calibration(study, out) if study.device == "cuda" else {}
+    calibration = _gpu_calibration(study, out, measured.step_s) if study.device == "cuda" else {}
     typer.echo(estimate_line(write_estimate(study, measured, len(run_cpus()), out, calibration), finished, checked))
 
 
-def _gpu_calibration(study, out: Path) -> dict:
-    """Single's step on this GPU at two micro-batches (half the preset's and the preset's), in each precision of the
-    study, beside the GPU step model's prediction: what plan and recommend --calibration correct its computation
-    by. Said a precision a line, with the model's error on published runs."""
+def _gpu_calibration(study, out: Path, preset_steps: dict[str, float]) -> dict:
+    """Single's step on this GPU at two micro-batches (half the preset's and the preset's, one pass a step), in each
+    precision of the study, with the preset's own step timed just before (`preset_steps`), beside the GPU step
+    model's predictions: what plan and recommend --calibration correct its computation by. Said a precision a line,
+    with the model's error on published runs."""
     from dataclasses import asdict
 
     from gpt2dist.forecast.gpu_step import peak_of
@@ -223,13 +224,12 @@ def _gpu_calibration(study, out: Path) -> dict:
         typer.echo(f"estimate: timing single's step at {micro_batches[0]} and {micro_batches[1]} sequences in "
                    f"{precision} on this {name[0]}...")
         timed = calibrate_gpu(study.preset_name, study.preset, name[0], precision,
-                              micro_batch_steps(study, precision, micro_batches))
+                              micro_batch_steps(study, precision, micro_batches), preset_steps.get(precision))
         calibrations[precision] = asdict(timed)
-        typer.echo(f"estimate: {timed.measured_s[0] * 1e3:,.1f} and {timed.measured_s[1] * 1e3:,.1f} ms; the GPU step "
-                   f"model predicted {timed.predicted_s[0] * 1e3:,.1f} and {timed.predicted_s[1] * 1e3:,.1f} ms (out "
-                   f"of source it is off by {shipped_fit()['throughput_median_abs_error']:.0%} on published runs, "
-                   f"median): its computation here is {timed.scale:.3g}x {timed.offset_s * 1e3:+.3g} ms a step, which "
-                   f"plan and recommend --calibration {out} apply")
+        typer.echo(f"estimate: single's step {timed.timings_words()}; the GPU step model is off by "
+                   f"{shipped_fit()['throughput_median_abs_error']:.0%} on published runs out of source (median): its "
+                   f"computation here is {timed.scale:.3g}x {timed.offset_s * 1e3:+.3g} ms a step, which plan and "
+                   f"recommend --calibration {out} apply")
     return {CALIBRATION_KEY: calibrations} if calibrations else {}
 
 

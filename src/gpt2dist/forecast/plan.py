@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from pydantic import TypeAdapter, ValidationError
 from tabulate import tabulate
@@ -50,8 +51,9 @@ TIMING_LAUNCHES_PER_PRECISION, TIMING_LAUNCH_S = 3, 14.0
 @dataclass(frozen=True)
 class GpuCalibration:
     """The GPU step model held to single's steps timed on one GPU of the cluster (`gpt2dist estimate` there) at two
-    micro-batches, a precision at a time: measured = scale x predicted + offset_s, fitted through the two, the
-    correction of every rank's computation in that precision on that GPU."""
+    micro-batches of one pass a step and, where timed, the preset's own step of accumulated passes, a precision at a
+    time: measured = scale x predicted + offset_s, fitted through them (least squares over three), the correction of
+    every rank's computation in that precision on that GPU."""
 
     gpu: str
     precision: str
@@ -60,6 +62,19 @@ class GpuCalibration:
     predicted_s: tuple[float, float]
     scale: float
     offset_s: float
+    # the preset's own step (measured, predicted): its accumulated passes tell the pass from the step's own part,
+    # which two one-pass timings cannot (on an H200 they overshot a two-pass step by 18% in bf16)
+    preset_step_s: tuple[float, float] | None = None
+
+    def timings_words(self) -> str:
+        """What was timed, measured against predicted."""
+        said = (f"at {self.micro_batches[0]} and {self.micro_batches[1]} sequences a step "
+                f"({self.measured_s[0] * 1e3:,.1f} and {self.measured_s[1] * 1e3:,.1f} ms against "
+                f"{self.predicted_s[0] * 1e3:,.1f} and {self.predicted_s[1] * 1e3:,.1f} predicted)")
+        if self.preset_step_s:
+            said += (f" and at the preset's own step ({self.preset_step_s[0] * 1e3:,.1f} ms against "
+                     f"{self.preset_step_s[1] * 1e3:,.1f})")
+        return said
 
     def corrected(self, terms: StepTerms) -> StepTerms:
         """`terms` with the computation (and the bubble, made of it) as measured here."""
@@ -74,20 +89,28 @@ def single_spec(name: str, preset: Preset, precision: str, rows: int) -> RunSpec
         update={"micro_batch_size": rows, "global_batch_size": rows})})
 
 
-def calibrate_gpu(name: str, preset: Preset, gpu: str, precision: str,
-                  measured: dict[int, float]) -> GpuCalibration:
-    """The line through the two micro-batches' measured against predicted steps; where either did not grow with the
-    micro-batch (the model predicts a step the host's dispatch decides, or the timings did not tell the work from a
-    fixed cost), their ratio, without an offset."""
+def calibrate_gpu(name: str, preset: Preset, gpu: str, precision: str, measured: dict[int, float],
+                  preset_step_s: float | None = None) -> GpuCalibration:
+    """The line through the two micro-batches' measured against predicted steps, or with the preset's own step
+    (`preset_step_s`, measured) the least-squares line through the three; where the micro-batches' did not grow (the
+    model predicts a step the host's dispatch decides, or the timings did not tell the work from a fixed cost), the
+    ratio of the sums, without an offset."""
     (small, small_s), (large, large_s) = sorted(measured.items())
     predicted = [gpu_step_seconds(single_spec(name, preset, precision, rows), gpu, links_of(gpu))
                  for rows in (small, large)]
+    xs, ys = [*predicted], [small_s, large_s]
+    step = None
+    if preset_step_s is not None:
+        own = planned_spec(name, preset, Run(REFERENCE, precision, 1, 0), "cuda")
+        step = (preset_step_s, gpu_step_seconds(own, gpu, links_of(gpu)))
+        xs.append(step[1])
+        ys.append(step[0])
+    scale = offset = 0.0
     if predicted[1] > predicted[0] * 1.001 and large_s > small_s:
-        scale = (large_s - small_s) / (predicted[1] - predicted[0])
-        offset = small_s - scale * predicted[0]
-    else:
-        scale, offset = (small_s + large_s) / sum(predicted), 0.0
-    return GpuCalibration(gpu, precision, (small, large), (small_s, large_s), tuple(predicted), scale, offset)
+        scale, offset = (float(v) for v in np.polyfit(xs, ys, 1))
+    if not scale > 0:  # no growth to fit, or a line that falls
+        scale, offset = sum(ys) / sum(xs), 0.0
+    return GpuCalibration(gpu, precision, (small, large), (small_s, large_s), tuple(predicted), scale, offset, step)
 
 
 CALIBRATION_KEY = "gpu_calibration"  # estimate.json's

@@ -43,9 +43,7 @@ def compute_words(gpu: str, mfu: float | None, calibration: dict | None = None) 
             "constants fitted to published runs)")
     for precision, timed in (calibration or {}).items():
         said += (f"; in {precision} its computation x {timed.scale:.3g} {timed.offset_s * 1e3:+.3g} ms a step, as "
-                 f"single's steps timed on a {timed.gpu} at {timed.micro_batches[0]} and {timed.micro_batches[1]} "
-                 f"sequences said ({timed.measured_s[0] * 1e3:,.1f} and {timed.measured_s[1] * 1e3:,.1f} ms against "
-                 f"{timed.predicted_s[0] * 1e3:,.1f} and {timed.predicted_s[1] * 1e3:,.1f} predicted)")
+                 f"single's steps timed on a {timed.gpu} {timed.timings_words()} said")
     return said
 
 
