@@ -1,9 +1,12 @@
-"""The figures read at a glance, checked on the two reference studies rebuilt from their bundles: at most
+"""The figures read at a glance, checked on the two reference studies rebuilt from their bundles (and the H200's
+study as it came back): at most
 WIDTH inches wide, every piece of text on the canvas and legible, every configuration on the bar figures,
 ranked best first within its placement, and strategies told apart by colour and marker together. Each check
 has a figure beside it that breaks it."""
 
 from __future__ import annotations
+
+import tarfile
 
 import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
@@ -20,6 +23,8 @@ from gpt2dist.results.findings import SAME_LOSS_TOLERANCE
 from gpt2dist.results.per_run import hardware_label
 from gpt2dist.results.plots import AXIS_ROOM, EXACT_FLOOR, FIGURES, WIDTH, draw, ranked, strategy_style, use_theme
 from gpt2dist.system.hardware import GPUS
+
+from conftest import REPO
 
 MIN_POINTS = 8  # 8 pt at 150 dpi is 11 px on a figure shown 800 px wide
 
@@ -78,6 +83,28 @@ def test_every_figure_fits_its_width_and_keeps_its_text_on_the_canvas(study):
         assert off_canvas(fig) == [], name
         smallest = min(t.get_fontsize() for t in drawn_text(fig))
         assert smallest >= MIN_POINTS, (name, smallest)
+        plt.close(fig)
+
+
+def test_a_gpu_studys_figures_keep_their_legends_on_the_canvas():
+    """The H200's one-GPU study (three precisions, eight strategies' keys and the run markers) drew its throughput
+    legend in six columns past the figure's right edge; the legend now takes fewer columns where its labels need
+    them. The control: the same figure with its legend in six columns again reaches past the edge."""
+    stored = REPO / "docs" / "reference" / "h200-1gpu"
+    with tarfile.open(stored / "records.tar.gz") as records:
+        metrics = pd.read_csv(records.extractfile("results/metrics.csv"))
+    use_theme()
+    tables = [pd.read_csv(stored / "runs.csv"), pd.read_csv(stored / "summary.csv"), metrics]
+    title = f"{longest_hardware_lines()['gpu']}\npreset gpu-1gpu"
+    for name in FIGURE_NAMES:
+        fig = draw(name, tables, title)
+        assert fig.get_size_inches()[0] <= WIDTH and off_canvas(fig) == [], name
+        if name == "throughput":
+            legend = fig.legends[0]
+            handles = legend.legend_handles
+            legend.remove()
+            fig.legend(handles=handles, loc="outside lower center", ncol=6, fontsize="small", frameon=False)
+            assert off_canvas(fig), "six columns fit: the control shows nothing"
         plt.close(fig)
 
 

@@ -136,9 +136,16 @@ def _figure(height: float, **kw) -> tuple[plt.Figure, plt.Axes]:
 
 
 def _legend_below(fig: plt.Figure, handles: list, columns: int = 3) -> None:
-    if handles:  # a figure with nothing drawn (a study without runs on one machine) has no legend
-        fig.legend(handles=handles, loc="outside lower center", ncol=max(1, columns), fontsize="small",
-                   frameon=False)
+    """The legend under the axes in at most `columns` columns, fewer where their labels would pass the figure's
+    width (a GPU study's three precisions and its run markers did in six)."""
+    if not handles:  # a figure with nothing drawn (a study without runs on one machine) has no legend
+        return
+    renderer = fig.canvas.get_renderer()
+    for ncol in range(min(max(1, columns), len(handles)), 0, -1):
+        legend = fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize="small", frameon=False)
+        if ncol == 1 or legend.get_window_extent(renderer).width <= fig.bbox.width:
+            return
+        legend.remove()
 
 
 def ranked(summary: pd.DataFrame, column: str, ascending: bool) -> pd.DataFrame:
