@@ -376,8 +376,13 @@ def test_the_label_tells_two_machines_of_one_name_apart():
     assert per_run.hardware_of({"devices": avx2}) != per_run.hardware_of({"devices": bf16})
     gpu = {"cpu": "x", "gpus": ["NVIDIA H200"], "gpu_memory_gib": [140], "driver": "580.159.04",
            "power_limit_w": 700.0, "topology": "\tGPU0\nGPU0\t X \n"}
+    # one GPU links to no other: no "PCIe", which would read as the H200's PCIe form (the H200 study's figures said
+    # it of an SXM part); the control, two GPUs on PCIe switches, still says how they are linked
     assert per_run.hardware_label({"a": {"devices": gpu}}) == (
-        "1x NVIDIA H200 (140 GiB, driver 580.159.04, 700 W limit, PCIe)", "NVIDIA H200")
+        "1x NVIDIA H200 (140 GiB, driver 580.159.04, 700 W limit)", "NVIDIA H200")
+    two = gpu | {"gpus": ["NVIDIA H200"] * 2, "topology": "\tGPU0\tGPU1\nGPU0\t X \tPIX\nGPU1\tPIX\t X \n"}
+    assert per_run.hardware_label({"a": {"devices": two}})[0] == (
+        "2x NVIDIA H200 (140 GiB, driver 580.159.04, 700 W limit, PCIe)")
 
 
 def node_runs(kept_by_horovod: float, kept_by_ddp: float) -> pd.DataFrame:

@@ -132,12 +132,14 @@ def hardware_of(record: dict) -> str:
     """What a run's throughput depends on besides its strategy: the device model of every node (GPU, else CPU,
     with its family, model and speed-relevant instruction sets where the run recorded them, since two virtual
     machines can both call themselves "AMD EPYC") and, with GPUs, how they are linked within a node (NVLink or
-    PCIe, from `nvidia-smi topo -m`)."""
+    PCIe, from `nvidia-smi topo -m`; a node of one GPU links none, and "PCIe" would read as the GPU's form)."""
     devices = record["devices"]
     nodes = record.get("node_hardware") or [{"devices": {(devices.get("gpus") or [devices["cpu"]])[0]: 1}}]
     models = sorted({model for node in nodes for model in node["devices"]})
     if not devices.get("gpus"):
         return describe_cpu(" + ".join(models), devices.get("cpu_identity") or {})
+    if len(devices["gpus"]) == 1 and all(sum(node["devices"].values()) == 1 for node in nodes):
+        return " + ".join(models)
     links = "NVLink" if re.search(r"\bNV\d+\b", devices.get("topology") or "") else "PCIe"
     return f"{' + '.join(models)} ({links})"
 
