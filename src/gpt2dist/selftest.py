@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2dist.config.schema import PRECISIONS
 from gpt2dist.config.strategies import describe, REFERENCE
 from gpt2dist.data.shards import write_shards
 from gpt2dist.errors import UsageError, failure_line
@@ -31,7 +30,7 @@ from gpt2dist.io import atomic_write_json
 from gpt2dist.launch.locks import hold_the_machine
 from gpt2dist.pipeline.duration import Calibration
 from gpt2dist.pipeline.run import Run
-from gpt2dist.pipeline.study import configurations, resume_cases, Study
+from gpt2dist.pipeline.study import configurations, resume_cases, study_precisions, Study
 
 STEPS = 4
 CALIBRATION_STEPS = 3  # the first warms up; the median of the other two is the step time
@@ -143,10 +142,6 @@ def timed_step(study: Study, shards: Path, precision: str, out: Path, timeout_s:
     times = [line["step_time_s"] for line in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
              if line["kind"] == "train"]
     return statistics.median(times[warmup:])
-
-
-def study_precisions(study: Study) -> list[str]:
-    return sorted({run.precision for run in study.runs}, key=PRECISIONS.index)
 
 
 def calibrate(study: Study, timeout_s: float = 600, steps: int = CALIBRATION_STEPS, warmup: int = 1) -> Calibration:

@@ -66,8 +66,8 @@ def test_the_dry_run_fails_where_the_study_is_predicted_past_the_budget(tmp_path
     wheels = ["--wheels", str(tmp_path / "no-wheels")]
     over = campaign("--dry-run", "--state", str(tmp_path / "over"), *wheels, "--steps", "study", "--budget-s", "300")
     assert over.returncode == 1 and "error: campaign step study failed" in over.stderr, over.stdout + over.stderr
-    assert re.search(r"error: preset 'gpu-1gpu' is predicted to take [\d,]+ s on 1 H100 GPU\(s\), over --budget-s [23]\d\d",
-                     over.stdout), over.stdout[-2000:]
+    assert re.search(r"error: preset 'gpu-1gpu' is predicted to take [\d,]+ s on 1 H100 GPU\(s\), "
+                     r"over --budget-s [23]\d\d", over.stdout), over.stdout[-2000:]
     fits = campaign("--dry-run", "--state", str(tmp_path / "fits"), *wheels, "--steps", "install,study,bundle",
                     "--budget-s", "570")
     assert fits.returncode == 0, fits.stdout[-3000:] + fits.stderr[-3000:]

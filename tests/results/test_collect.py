@@ -230,7 +230,8 @@ def test_fsdp_memory_claim_needs_ranks_to_shard_over(study):
     assert found["verdict"] == UNTESTABLE and "2 or more processes" in found["statistic"], found
     pairs = {"single-fp32-n1": [100.0, 101.0], "ddp-fp32-n2": [190.0, 191.0], "fsdp-fp32-n2": [150.0, 151.0]}
     state = {"single-fp32-n1": 4.0, "ddp-fp32-n2": 4.0, "fsdp-fp32-n2": 4.0}
-    assert findings(runs_table(pairs, model_state_bytes=state), study)["patwardhan-fsdp-memory"]["verdict"] == CONTRADICTED
+    judged = findings(runs_table(pairs, model_state_bytes=state), study)["patwardhan-fsdp-memory"]
+    assert judged["verdict"] == CONTRADICTED
 
 
 def test_a_study_of_nodes_alone_leaves_the_one_machine_claims_untestable(study):

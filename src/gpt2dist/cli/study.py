@@ -205,7 +205,8 @@ def _gpu_calibration(study, out: Path, preset_steps: dict[str, float]) -> dict:
     from gpt2dist.forecast.gpu_step import peak_of
     from gpt2dist.forecast.plan import CALIBRATION_KEY, calibrate_gpu
     from gpt2dist.forecast.published import shipped_fit
-    from gpt2dist.selftest import micro_batch_steps, study_precisions
+    from gpt2dist.pipeline.study import study_precisions
+    from gpt2dist.selftest import micro_batch_steps
     from gpt2dist.system.hardware import GPUS, command_output, named_in
 
     name = (command_output(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) or "").splitlines()[:1]

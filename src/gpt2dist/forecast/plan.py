@@ -25,7 +25,8 @@ from gpt2dist.config.sizes import parameter_count
 from gpt2dist.config.strategies import check_run, REFERENCE
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.run import Run
-from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, planned_spec, selftested, Study
+from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, planned_spec, selftested, \
+    study_precisions, Study
 from gpt2dist.forecast.gpu_step import mfu_step_terms, step_work
 from gpt2dist.forecast.implementations import engine_implementation
 from gpt2dist.inputs import read_json
@@ -214,7 +215,7 @@ def study_seconds(study: Study, table: pd.DataFrame) -> dict[str, float]:
     timing of the model before the first run, and the fixed part; by part, and in all ("total")."""
     resumed = {run.config_id for run in pipeline_resume_cases(study)}
     launches = len(study.runs) + sum(1 + 2 * (run.config_id in resumed) for run in selftested(study))
-    timed = len({run.precision for run in study.runs}) * TIMING_LAUNCHES_PER_PRECISION * study.preset.study.time_at_start
+    timed = len(study_precisions(study)) * TIMING_LAUNCHES_PER_PRECISION * study.preset.study.time_at_start
     parts = {"steps": float((table["run_min"] * table["repeats"]).sum() * 60), "launches": launches * GPU_LAUNCH_S,
              "timing": timed * TIMING_LAUNCH_S, "fixed": STUDY_FIXED_S}
     return {**parts, "total": sum(parts.values()), "launch_count": launches, "timing_launches": timed}

@@ -77,8 +77,9 @@ def plan_report(study: Study, table: pd.DataFrame, *, gpu: str, mfu: float | Non
     said.append(("prose", "\nMemory per rank: the model state (parameters, gradients, AdamW's state) on the rank "
                           "that holds the most, counted as every collected run checks it on rank 0; activations of "
                           "one forward pass with the logits, and communication buffers, estimated (within 2% of one "
-                          "H200's eager one-GPU runs, in sample; not yet held to several GPUs)" + (f". Spare is what is left of {USABLE_SHARE:.0%} of the GPU's memory, in GiB (the "
-                                      "CUDA context and the allocator take the rest)." if on_gpus else ".")))
+                          "H200's eager one-GPU runs, in sample; not yet held to several GPUs)"
+                          + (f". Spare is what is left of {USABLE_SHARE:.0%} of the GPU's memory, in GiB (the CUDA "
+                             "context and the allocator take the rest)." if on_gpus else ".")))
     if on_gpus:
         said.append(("prose", f"Step time: {compute_words(gpu, mfu)}, a pipeline's bubble, and each group's "
                               f"collectives over {links.words(study.nodes)}, less what the strategy sends under its "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpt2dist.config.memory import overflow
 from gpt2dist.config.presets import Params
-from gpt2dist.config.schema import ModelConfig, Preset, RunSpec
+from gpt2dist.config.schema import PRECISIONS, ModelConfig, Preset, RunSpec
 from gpt2dist.config.sizes import sized
 from gpt2dist.config.strategies import check_run, degrees_of
 from gpt2dist.errors import UsageError
@@ -148,6 +148,11 @@ def keeps_checkpoint(study: Study, run: Run) -> bool:
     (which configuration is fastest is known only once all have run); all, every run; none."""
     keep = study.preset.study.keep_checkpoints
     return keep == "all" or (keep == "fastest" and run.repeat == 0)
+
+
+def study_precisions(study: Study) -> list[str]:
+    """The precisions the study's runs train in, in the registry's order."""
+    return sorted({run.precision for run in study.runs}, key=PRECISIONS.index)
 
 
 def selftested(study: Study) -> list[Run]:
