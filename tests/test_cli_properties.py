@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
+import re
 import shutil
 import sys
 
@@ -323,7 +325,7 @@ def test_any_text_for_any_option_is_an_answer_or_one_error_line(command, option,
 
 
 CALIBRATED = {"gpu": "H100", "precision": "bf16", "micro_batches": [8, 16], "measured_s": [0.02, 0.035],
-              "predicted_s": [0.018, 0.031], "scale": 1.15, "offset_s": 0.001}
+              "predicted_s": [0.018, 0.031], "scale": 1.15, "offset_s": 0.001, "preset_step_s": [0.07, 0.062]}
 JSON_NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**6, 10**6), st.just(0),
                          st.text(max_size=4), st.none(), st.lists(st.floats(), max_size=3))
 
@@ -337,14 +339,19 @@ JSON_NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.inte
         lambda change: json.dumps({"gpu_calibration": {"bf16": CALIBRATED | dict([change])}},
                                   allow_nan=True).encode())))
 @example(content=json.dumps({"gpu_calibration": {"bf16": CALIBRATED}}).encode())  # the answer
+@example(content=json.dumps({"gpu_calibration": {"bf16": CALIBRATED | {"preset_step_s": [math.nan, 0.06]}}},
+                            allow_nan=True).encode())
+@example(content=json.dumps({"gpu_calibration": {"bf16": CALIBRATED | {"measured_s": [-0.02, 0.035]}}}).encode())
 def test_any_calibration_file_is_a_plan_or_one_error_line(content, tmp_path_factory):
     """--calibration's estimate.json of any bytes, any JSON, or estimate's calibration with any field changed (NaN,
-    infinities, zero, negatives, text, nothing): plan's answer or one error line, never a traceback."""
+    infinities, zero, negatives, text, nothing): plan's answer or one error line, never a traceback; a timing that
+    is not a finite positive number is refused, not printed as "nan ms"."""
     path = tmp_path_factory.mktemp("calibration") / "estimate.json"
     path.write_bytes(content)
     code, out, err = invoke("plan", *COMMANDS["plan"][0], "--calibration", str(path))
     assert_answer_or_one_error(code, out, err)
     assert code == 0 or "--calibration" in err or str(path) in err, err  # refused for the file, not another reason
+    assert code != 0 or not re.search(r"\b(nan|inf)\b|-\d[\d.]* ms against", out), out
 
 
 TUNED = {"made_at": "2026-12-03T12:00:00+00:00", "preset": "paper", "size": None, "precision": "bf16",

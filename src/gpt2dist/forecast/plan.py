@@ -121,7 +121,8 @@ _CALIBRATIONS = TypeAdapter(dict[str, GpuCalibration])  # types checked, numbers
 def read_calibration(path: Path, gpu: str) -> dict[str, GpuCalibration]:
     """The GPU step model's calibration `gpt2dist estimate` wrote on a GPU node, by precision; refused in one line
     where the file holds none, holds one of another shape (a finite positive scale, a finite offset, two of each
-    timing, a precision of this project's) or was made on another GPU than `gpu`."""
+    timing and the preset's own step where given, each finite and positive, a precision of this project's) or was
+    made on another GPU than `gpu`."""
     found = read_json(path, "gpt2dist estimate")
     found = found.get(CALIBRATION_KEY) if isinstance(found, dict) else None
     if not found:
@@ -134,6 +135,8 @@ def read_calibration(path: Path, gpu: str) -> dict[str, GpuCalibration]:
     if not calibrations or any(
             precision != timed.precision or precision not in PRECISIONS or not 0 < timed.scale < math.inf
             or not math.isfinite(timed.offset_s) or len({timed.gpu for timed in calibrations.values()}) > 1
+            or not all(0 < seconds < math.inf for seconds in (*timed.measured_s, *timed.predicted_s,
+                                                              *(timed.preset_step_s or ())))
             for precision, timed in calibrations.items()):
         raise UsageError(f"--calibration {path}: its GPU calibration is not what `gpt2dist estimate` writes; run it "
                          "again on a GPU node of the cluster")
