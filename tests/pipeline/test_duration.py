@@ -12,7 +12,7 @@ from conftest import REPO, gpt2dist
 from gpt2dist.pipeline.duration import Calibration, estimate_line, progress_line, run_seconds, selftest_seconds
 from gpt2dist.config.presets import load_params
 from gpt2dist.pipeline.jobs import selftest_command
-from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, plan_study, resume_cases
+from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, plan_study, resume_cases, study_precisions
 
 STUDY = plan_study(load_params(REPO / "params.yaml"), "cpu", 0)  # 60 runs: 20 configurations x 3 repeats
 CALIBRATION = Calibration({"fp32": 0.25, "bf16": 3.0}, launch_s=6.0)
@@ -92,6 +92,13 @@ def test_selftests_resume_only_where_a_run_can_stop_between_checkpoints(tmp_path
     assert "--resume" in selftest_command(mid_run, ddp)
     resumed = selftest_seconds(mid_run, CALIBRATION, cores=2)[ddp.config_id]
     assert resumed == 3 * 2 * 6.0 == 3 * selftest_seconds(STUDY, CALIBRATION, cores=2)[ddp.config_id]
+
+
+def test_the_precisions_timed_are_the_study_s_in_the_registry_s_order():
+    """`gpt2dist estimate` names the precisions it times, and times them, in the registry's order (config.schema,
+    through study_precisions); it once sorted its own set by name. The control: the cpu preset's two by name."""
+    assert study_precisions(STUDY) == ["fp32", "bf16"]
+    assert sorted({run.precision for run in STUDY.runs}) == ["bf16", "fp32"]
 
 
 def test_a_study_without_selftests_counts_none(tmp_path):

@@ -172,7 +172,7 @@ def estimate(
     (--calibration)."""
     from gpt2dist.pipeline.duration import estimate_line, finished_runs, write_estimate
     from gpt2dist.pipeline.layout import selftest_file
-    from gpt2dist.pipeline.study import configurations
+    from gpt2dist.pipeline.study import configurations, study_precisions
     from gpt2dist.selftest import CALIBRATION_STEPS, calibrate
     from gpt2dist.system.conditions import run_cpus
     from gpt2dist.system.hardware import visible_gpus
@@ -186,9 +186,8 @@ def estimate(
         typer.echo(f"estimate: none made here: preset '{study.preset_name}' trains on GPUs and this host has none "
                    "(a cluster's login node); each finished run prints how many are done")
         return
-    precisions = sorted({run.precision for run in study.runs})
     typer.echo(f"estimate: timing {CALIBRATION_STEPS} steps of preset '{study.preset_name}''s model in "
-               f"{' and '.join(precisions)}, one process...")
+               f"{' and '.join(study_precisions(study))}, one process...")
     checked = {run.config_id for run in configurations(study) if Path(selftest_file(run)).exists()}
     measured = calibrate(study)
     calibration = _gpu_calibration(study, out, measured.step_s) if study.device == "cuda" else {}
