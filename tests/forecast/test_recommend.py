@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 
 import numpy as np
 import pandas as pd
@@ -97,10 +98,38 @@ def test_strategies_within_the_ratio_error_of_the_fastest_are_a_tie():
     line = verdict_line(fitting, 0.10)
     assert line.startswith("Tied for fastest (the model cannot tell them apart: 2 configurations within 10% of ddp")
     assert "horovod, 0.85 hours (0.75 to 1.02)" in line and "pp" not in line
+    # given the command that measures them, a tie names it on a line of its own, which the prose leaves whole
+    assert "\n\n    gpt2dist tune --gpus 8\n\n" in verdict_line(fitting, 0.10, "gpt2dist tune --gpus 8")
+    assert "gpt2dist tune" not in line
     # the control: with a smaller error the fastest is named alone, though the intervals overlap
     assert verdict_line(fitting, 0.05).startswith(
         "Fastest that fits: ddp, 0.79 hours (0.70 to 0.95), every other predicted slower by more than 5%, the model's "
         "error on the ratio of two runs of one search. On ")
+
+
+def test_a_tie_names_the_tune_that_measures_it_on_the_cluster_asked_about(tmp_path):
+    """recommend cannot tell its tied strategies apart; the `gpt2dist tune` it names, run as printed (a dry run here),
+    plans this cluster (its GPU, nodes, link and memory, not tune's defaults) and measures every one of them, or
+    says why this host cannot. The controls: the tune leaves out candidates predicted slower beyond its error (its
+    list is a choice, not everything), and without the recommendation's options it plans tune's default cluster. A
+    recommendation a tune calibrated names none (tests/forecast/test_tuned.py)."""
+    asked = ("--gpus", "8", "--nodes", "2", "--gpu", "A100", "--memory-gb", "40", "--link-inside", "pcie4")
+    text = recommended(*asked).stdout
+    commands = re.findall(r"^    (gpt2dist tune .*)$", text, re.M)
+    assert len(commands) == 1, text
+    tied = re.search(r"Tied for fastest \(.*?\): (.*?)\. Choose among them", " ".join(text.split())).group(1)
+    tied = {part.split(" at micro-batch")[0] for part in tied.split("; ")}
+    assert len(tied) > 1
+    tune = gpt2dist(*shlex.split(commands[0])[1:], "--dry-run", "--out", tmp_path / "tune", cwd=REPO).stdout
+    said = " ".join(tune.split())
+    assert said.startswith("tune: 2 node(s) of 8 A100 GPUs (40 GB), pcie4"), said
+    measured = set(re.findall(r"^  (\S+): predicted", tune.split("Ruled out without running:")[0], re.M))
+    refused = set(re.findall(r"^  (\S+): cannot run here", tune, re.M))
+    assert tied <= measured | refused, (tied, measured, refused)
+    slower = set(re.findall(r"^  (\S+): predicted [\d.]+x the pick's step", tune, re.M))
+    assert slower and not slower & tied  # the control: it leaves out what is predicted slower beyond the error
+    default = gpt2dist("tune", "--gpus", "8", "--dry-run", "--out", tmp_path / "default", cwd=REPO).stdout
+    assert not " ".join(default.split()).startswith("tune: 2 node(s) of 8 A100 GPUs (40 GB), pcie4")
 
 
 def test_the_intervals_are_the_out_of_source_error_on_published_gpu_runs():

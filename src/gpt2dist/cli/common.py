@@ -143,13 +143,14 @@ WARNING_CONTINUED = "  "
 def say(text: str, err: bool = False, indent: str = "") -> None:
     """Prose for a reader: each line wrapped to the terminal's width, 100 columns at most (also where there is no
     terminal: a pipe, a file), its continuation lines indented by `indent`, blank lines kept. Tables are echoed as
-    they are."""
+    they are, and so is a line indented by four spaces (Markdown's code line): a command to copy, whole."""
     import shutil
     import textwrap
 
     width = min(100, shutil.get_terminal_size((100, 24)).columns)
     lines = [textwrap.fill(line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
-             if line else "" for line in text.split("\n")]  # names and paths stay whole
+             if line and not line.startswith("    ") else line
+             for line in text.split("\n")]  # names and paths stay whole
     typer.echo("\n".join(lines), err=err)
 
 

@@ -11,7 +11,7 @@ import typer
 from gpt2dist.cli.common import (COUNT, GPU_COUNT, POSITIVE, GpuMemory, GpuModel, LinkAcross, LinkInside, Nics,
                                  Number, Params, PresetName, app, one_line_errors, say)
 from gpt2dist.errors import UsageError
-from gpt2dist.pipeline.layout import TUNE_DIR
+from gpt2dist.pipeline.layout import SLURM_PROFILE, TUNE_DIR
 
 UNITS = {"s": 1, "m": 60, "h": 3600}
 
@@ -87,8 +87,8 @@ def tune(
     study: Annotated[Optional[list[Path]], typer.Option(
         "--study", help="A collected CPU study whose runs measure the CPU step model's error; repeatable [default: "
         "the stored studies under docs/reference].")] = None,
-    profile: Annotated[Optional[Path], typer.Option(help="Snakemake profile the runs go through (e.g. "
-                                                    "workflow/profiles/slurm) [default: this machine].")] = None,
+    profile: Annotated[Optional[Path], typer.Option(help=f"Snakemake profile the runs go through (e.g. "
+                                                    f"{SLURM_PROFILE}) [default: this machine].")] = None,
     out: Annotated[Path, typer.Option(help="The tune's directory.")] = Path(TUNE_DIR),
     replace: Annotated[bool, typer.Option(help="Delete a previous tune in --out first.")] = False,
     dry_run: Annotated[bool, typer.Option(help="Plan the tune and say what it would measure; run nothing.")] = False,

@@ -180,11 +180,12 @@ def label(row) -> str:
     return f"{row['strategy']}{batch}{' with activation checkpointing' if row.get('recompute') else ''}"
 
 
-def verdict_line(fitting: pd.DataFrame, ratio_error: float) -> str:
+def verdict_line(fitting: pd.DataFrame, ratio_error: float, measure: str = "") -> str:
     """The answer over the candidates that fit (fastest predicted first): the fastest alone only when every other
     is predicted slower by more than `ratio_error` (how far the model's ratio of two runs on one machine is off, at
     its 95th percentile: the hours' intervals share the machine's error and say how long, not which is faster);
-    otherwise every candidate the model cannot tell from it, as a tie."""
+    otherwise every candidate the model cannot tell from it, as a tie, and `measure`, the command that tells the
+    tied strategies apart by running them, where one is given."""
     if fitting.empty:
         return "No strategy fits this GPU's memory at any micro-batch."
     best = fitting.iloc[0]
@@ -203,7 +204,9 @@ def verdict_line(fitting: pd.DataFrame, ratio_error: float) -> str:
     return (f"Tied for fastest (the model cannot tell them apart: {len(tied) + 1} configurations within "
             f"{ratio_error:.0%} of {label(best)}, its error on the ratio of two runs of one search; each strategy at "
             "its fastest): " + "; ".join(f"{label(row)}, {hours(row)}" for _, row in fastest.iterrows())
-            + (f". Choose among {', '.join(names[:-1])} and {names[-1]} by what else matters (memory, tooling). "
+            + (". Choose among them by what else matters (memory, tooling)"
+               + (", or measure them on the cluster, in rounds until the measurements tell them apart (the best of "
+                  f"each other split shape and method with them):\n\n    {measure}\n\n" if measure else ". ")
                if len(names) > 1 else f". Run {names[0]} at whichever of those micro-batches suits. ")
             + pick_record())
 

@@ -6,6 +6,7 @@ validate-published`."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from gpt2dist.config.schema import Preset
 from gpt2dist.config.sizes import flops_per_token, parameter_count, size_words
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
+from gpt2dist.pipeline.layout import SLURM_PROFILE
 from gpt2dist.pipeline.study import model_of, Study
 from gpt2dist.forecast.plan import duration_words, fit_lines, plan_text
 from gpt2dist.forecast.link_model import projection
@@ -24,7 +26,8 @@ from gpt2dist.forecast.published import HIGH, LOW, SEARCH_TIE, TIE, WITHIN, publ
 from gpt2dist.forecast.recommend import extrapolations, recommend, verdict_line
 from gpt2dist.forecast.shortlist import Cluster, predicted
 from gpt2dist.forecast.tuned import TunedCalibration
-from gpt2dist.system.links import Links
+from gpt2dist.system.hardware import gpu_memory_gb
+from gpt2dist.system.links import Links, links_of
 
 
 Part = tuple[str, str]  # ("prose", text to wrap to the terminal) or ("table", text printed as it is)
@@ -103,6 +106,27 @@ def cluster_unused(study: Study) -> str:
             "run; add one, with a global batch of at least micro-batch x GPUs, to use the rest)" if unused else "")
 
 
+def tune_command(name: str, size: str | None, *, gpu: str, gpus: int, nodes: int, precision: str, memory_gb: float,
+                 links: Links) -> str:
+    """The `gpt2dist tune` that measures, on the cluster a recommendation describes, the candidates it cannot tell
+    apart: its options where they differ from tune's defaults, a SLURM profile past one node."""
+    try:
+        usual: Links | None = links_of(gpu)
+    except UsageError:  # a GPU without a usual node: its links were all given
+        usual = None
+    words = ["gpt2dist tune", f"--gpus {gpus}"]
+    if nodes > 1:
+        words += [f"--nodes {nodes}", f"--profile {SLURM_PROFILE}"]
+    words += [f"--gpu {shlex.quote(gpu)}", f"--preset {name}", *([f"--size {size}"] if size else []),
+              f"--precision {precision}"]
+    for option, value in (("--link-inside", links.inside), ("--link-across", links.across), ("--nics", links.nics)):
+        if usual is None or value != getattr(usual, option.removeprefix("--").removeprefix("link-")):
+            words.append(f"{option} {value}")
+    if memory_gb != max(gpu_memory_gb(gpu) or (memory_gb,)):
+        words.append(f"--memory-gb {memory_gb:g}")
+    return " ".join(words)
+
+
 def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | None], *, gpu: str, gpus: int,
                      nodes: int, precision: str, mfu: float | None, tokens: float, memory_gb: float,
                      links: Links, calibration: dict | None = None,
@@ -144,7 +168,10 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
                                               floatfmt=",.2f")))
         said += [("prose", f"{row.strategy}: {row.note}") for row in refused.itertuples()
                  if row.strategy in STRATEGIES]  # the named ones; the others are the grammar's every split
-        said.append(("prose", "\n" + verdict_line(fitting, published_summary(mfu)["search_ratio_high_abs_error"])))
+        measure = "" if tuned else tune_command(name, size, gpu=gpu, gpus=gpus, nodes=nodes, precision=precision,
+                                                   memory_gb=memory_gb, links=links)
+        said.append(("prose", "\n" + verdict_line(fitting, published_summary(mfu)["search_ratio_high_abs_error"],
+                                                   measure)))
 
     summary = published_summary(mfu)
     said.append(("prose", f"The hours' intervals span the {LOW:.0%} to {HIGH:.0%} percentiles of the error on GPU runs "

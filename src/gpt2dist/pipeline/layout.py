@@ -30,6 +30,7 @@ TUNE_PLAN = "tune.json"
 TUNE_ANSWER = "tune.md"
 TUNE_SUMMARY = "summary.md"
 TUNE_CALIBRATION = "calibration.json"
+SLURM_PROFILE = "workflow/profiles/slurm"  # the Snakemake profile that sends a study's or a tune's jobs to SLURM
 
 
 def round_marker(repeat: int | str) -> str:
