@@ -33,8 +33,8 @@ from gpt2dist.forecast.shortlist import (Cluster, CpuBasis, Shortlist, cpu_bus_b
 from gpt2dist.forecast.splits import splits_of
 from gpt2dist.io import atomic_write_json
 from gpt2dist.pipeline.duration import Calibration, minutes, write_estimate
-from gpt2dist.pipeline.layout import (ESTIMATE_FILE, RESULTS_DIR, STORED_STUDIES, TUNE_CALIBRATION, TUNE_PLAN,
-                                      TUNE_SUMMARY)
+from gpt2dist.pipeline.layout import (ESTIMATE_FILE, PARAMS_FILE, RESULTS_DIR, STORED_STUDIES, TUNE_CALIBRATION,
+                                      TUNE_PLAN, TUNE_SUMMARY)
 from gpt2dist.pipeline.study import plan_study
 from gpt2dist.pipeline.tune import TUNE_PRESET, Rounds, Window, tune_params, tune_preset, write_params
 
@@ -131,7 +131,7 @@ def planned(request: Request, say: Callable[[str], None], started: float) -> Pla
         rounds = Rounds(request.repeats, request.rounds, study_minutes, request.halving, request.resolve)
         preset = tune_preset(base, candidates, group | where, request.window, rounds, train)
         return write_params(tune_params(params, base, preset, cluster.gpus_per_node, cluster.nodes, workdir),
-                            request.out / "params.yaml")
+                            request.out / PARAMS_FILE)
 
     # first single alone: to time it here (on CPUs), and to price every split as the tune will run it
     single = load_params(write([REFERENCE], {"nproc": [1]}, 1.0))
@@ -221,7 +221,7 @@ def fresh_directory(out: Path, replace: bool) -> None:
         if not replace:
             raise UsageError(f"{out} holds a previous tune (or other files); give --replace to delete it and tune "
                              "again, or --out another directory")
-        if not (out / "params.yaml").exists() and not (out / RESULTS_DIR / TUNE_PLAN).exists():
+        if not (out / PARAMS_FILE).exists() and not (out / RESULTS_DIR / TUNE_PLAN).exists():
             raise UsageError(f"{out} holds files that gpt2dist tune did not write; choose another --out")
         shutil.rmtree(out)
     (out / RESULTS_DIR).mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ import shlex
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from gpt2dist.config.presets import load_params
 from gpt2dist.forecast.recommend import Stored, leave_one_out, read_stored, recommend, verdict_line
@@ -130,6 +131,27 @@ def test_a_tie_names_the_tune_that_measures_it_on_the_cluster_asked_about(tmp_pa
     assert slower and not slower & tied  # the control: it leaves out what is predicted slower beyond the error
     default = gpt2dist("tune", "--gpus", "8", "--dry-run", "--out", tmp_path / "default", cwd=REPO).stdout
     assert not " ".join(default.split()).startswith("tune: 2 node(s) of 8 A100 GPUs (40 GB), pcie4")
+
+
+def test_the_tune_a_tie_names_reads_the_parameter_file_the_recommendation_read(tmp_path):
+    """A recommendation of a preset from the user's own parameter file names a tune of that file (quoted where its
+    path has a space), so the tune plans the preset recommended. The control: the same command without the file's
+    option is refused, the default parameter file holding no such preset."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["presets"]["mine"] = {"extends": "paper"}
+    own = tmp_path / "my params.yaml"
+    own.write_text(yaml.safe_dump(params))
+    stored = [arg for study in REFERENCE_STUDIES for arg in ("--study", study)]
+    text = gpt2dist("recommend", "--params", own, "--preset", "mine", "--gpus", "8", "--nodes", "2", "--gpu", "A100",
+                    "--memory-gb", "40", "--link-inside", "pcie4", *stored, cwd=REPO).stdout
+    commands = re.findall(r"^    (gpt2dist tune .*)$", text, re.M)
+    assert len(commands) == 1 and f"--params {shlex.quote(str(own))}" in commands[0], text
+    argv = shlex.split(commands[0])[1:]
+    tune = gpt2dist(*argv, "--dry-run", "--out", tmp_path / "tune", cwd=REPO).stdout
+    assert " ".join(tune.split()).startswith("tune: 2 node(s) of 8 A100 GPUs (40 GB), pcie4"), tune
+    at = argv.index("--params")
+    refused = gpt2dist(*argv[:at], *argv[at + 2:], "--dry-run", "--out", tmp_path / "default", cwd=REPO, check=False)
+    assert refused.returncode != 0 and "mine" in refused.stderr, refused.stderr
 
 
 def test_the_intervals_are_the_out_of_source_error_on_published_gpu_runs():

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpt2dist.errors import Interrupted, UsageError, error_line
+from gpt2dist.pipeline.layout import PARAMS_FILE
 from gpt2dist.system.hardware import FORECAST_GPU, GPUS, named_in
 from gpt2dist.system.links import ACROSS_NODES, INSIDE_NODE
 
@@ -75,6 +76,7 @@ GPU_COUNT = Number(int, 0)  # 0: CPU hosts
 POSITIVE = Number(float, 0, above=True)
 
 Params = Annotated[Path, typer.Option(help="Parameter file.")]
+DEFAULT_PARAMS = Path(PARAMS_FILE)
 
 
 def _named_gpu(value: str | None) -> str | None:

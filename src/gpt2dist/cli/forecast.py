@@ -9,9 +9,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpt2dist.cli.common import (COUNT, POSITIVE, AssumedMfu, Calibration, GpuMemory, GpuModel, Gpus, LinkAcross,
-                                 LinkInside, ModelSizes, Nics, Nodes, Params, PresetName, app, cuda_visible, numbers,
-                                 one_line_errors, planned_study, say)
+from gpt2dist.cli.common import (COUNT, DEFAULT_PARAMS, POSITIVE, AssumedMfu, Calibration, GpuMemory, GpuModel, Gpus,
+                                 LinkAcross, LinkInside, ModelSizes, Nics, Nodes, Params, PresetName, app, cuda_visible,
+                                 numbers, one_line_errors, planned_study, say)
 from gpt2dist.errors import UsageError
 from gpt2dist.system.hardware import FORECAST_GPU, gpu_memory_gb
 
@@ -49,7 +49,7 @@ def calibrated(path: Path | None, gpu: str, mfu: float | None) -> dict | None:
 @app.command()
 @one_line_errors
 def plan(
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
@@ -127,7 +127,7 @@ def recommend(
                                                  callback=COUNT.callback)] = None,
     gpu: GpuModel = None,
     memory_gb: GpuMemory = None,
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: Annotated[Optional[str], typer.Option(help="Preset whose model and micro-batch to train [default: paper, "
                                                   "or the tuned one].")] = None,
     precision: Annotated[Optional[str], typer.Option(help="Arithmetic of the runs [default: bf16, or the tuned "
@@ -189,7 +189,8 @@ def recommend(
     precision = precision or (tuned.precision if tuned else "bf16")
     for kind, text in recommend_report(name, chosen, stored, sizes, gpu=gpu, gpus=gpus, nodes=nodes,
                                        precision=precision, mfu=mfu, tokens=tokens, memory_gb=memory_gb, links=links,
-                                       calibration=None if tuned else calibrated(calibration, gpu, mfu), tuned=tuned):
+                                       params=params, calibration=None if tuned else calibrated(calibration, gpu, mfu),
+                                       tuned=tuned):
         say(text) if kind == "prose" else typer.echo(text)
 
 
@@ -208,7 +209,7 @@ def tuned_gpu(tuned, gpu: str, mfu: float | None, path: Path) -> None:
 @app.command("project-scaling")
 @one_line_errors
 def project_scaling(
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     gpu: GpuModel = None,
     precision: Annotated[str, typer.Option(help="Arithmetic of the projected runs.")] = "bf16",

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpt2dist.cli.common import (COUNT, GPU_COUNT, POSITIVE, Gpus, Nodes, Number, Overrides, Params, PresetName, app,
-                                 cuda_visible, one_line_errors, planned_study, say)
+from gpt2dist.cli.common import (COUNT, DEFAULT_PARAMS, GPU_COUNT, POSITIVE, Gpus, Nodes, Number, Overrides, Params,
+                                 PresetName, app, cuda_visible, one_line_errors, planned_study, say)
 from gpt2dist.config.schema import PRECISIONS
 from gpt2dist.config.split import EXAMPLES
 from gpt2dist.config.strategies import STRATEGIES, describe
@@ -31,7 +31,7 @@ def train(
     nodes: Annotated[int, typer.Option(help="Nodes of this SLURM job the processes spread over, nproc / nodes "
                                             "each (the pipeline's multi-node jobs pass it).",
                                        callback=COUNT.callback)] = 1,
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     set_: Overrides = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Shorthand for --set train.max_steps=K.",
@@ -173,7 +173,7 @@ def strategies(
 @one_line_errors
 def prepare(
     out: Annotated[Path, typer.Option(help="Shard directory to write (train.bin, val.bin, tokenizer.json, meta.json).")],
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     set_: Overrides = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
@@ -206,7 +206,7 @@ def doctor(
     no_gpu: Annotated[bool, typer.Option("--no-gpu", help="Skip GPU checks (image builds, CPU nodes).")] = False,
     gpus: Gpus = None,
     nodes: Nodes = None,
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
 ) -> None:
     """Check this environment and list what the chosen preset's study needs but is missing."""
@@ -231,7 +231,7 @@ def doctor(
 @app.command()
 @one_line_errors
 def selftest(
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     out: Annotated[Path, typer.Option(help="JSON file with every check's result.")] = Path("results/selftest.json"),
     timeout: Annotated[float, typer.Option(help="Seconds one check may take before it counts as hung.",

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpt2dist.cli.common import (COUNT, WARNING_CONTINUED, Gpus, Nodes, Params, PresetName, RunsDir, app,
-                                 one_line_errors, planned_study, say)
+from gpt2dist.cli.common import (COUNT, DEFAULT_PARAMS, WARNING_CONTINUED, Gpus, Nodes, Params, PresetName, RunsDir,
+                                 app, one_line_errors, planned_study, say)
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.layout import STORED_STUDIES
 
@@ -20,7 +20,7 @@ def collect(
     runs: RunsDir = Path("results/runs"),
     data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
     out: Annotated[Path, typer.Option(help="Where metrics.csv, runs.csv, summary.csv and summary.json go.")] = Path("results"),
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
@@ -46,7 +46,7 @@ def add_round(
     data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
     results: Annotated[Path, typer.Option(help="The study's results directory (rounds/ is written there).")] =
     Path("results"),
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
@@ -119,7 +119,7 @@ def bundle(
     out: Annotated[Path, typer.Option(help="Archive to write (.tar.gz).")],
     runs: RunsDir = Path("results/runs"),
     data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
@@ -159,7 +159,7 @@ def figures(
 @app.command()
 @one_line_errors
 def estimate(
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
@@ -236,7 +236,7 @@ def _gpu_calibration(study, out: Path, preset_steps: dict[str, float]) -> dict:
 @app.command()
 @one_line_errors
 def progress(
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,

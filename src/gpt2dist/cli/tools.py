@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gpt2dist.cli.common import Gpus, Nodes, Params, PresetName, app, one_line_errors, planned_study
+from gpt2dist.cli.common import DEFAULT_PARAMS, Gpus, Nodes, Params, PresetName, app, one_line_errors, planned_study
 
 
 
@@ -15,7 +15,7 @@ from gpt2dist.cli.common import Gpus, Nodes, Params, PresetName, app, one_line_e
 @one_line_errors
 def dvc_yaml(
     out: Annotated[Path, typer.Option(help="File to write.")] = Path("dvc.yaml"),
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,

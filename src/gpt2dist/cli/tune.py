@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpt2dist.cli.common import (COUNT, GPU_COUNT, POSITIVE, GpuMemory, GpuModel, LinkAcross, LinkInside, Nics,
-                                 Number, Params, PresetName, app, one_line_errors, say)
+from gpt2dist.cli.common import (COUNT, DEFAULT_PARAMS, GPU_COUNT, POSITIVE, GpuMemory, GpuModel, LinkAcross,
+                                 LinkInside, Nics, Number, Params, PresetName, app, one_line_errors, say)
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.layout import SLURM_PROFILE, TUNE_DIR
 
@@ -62,7 +62,7 @@ def tune(
     link_inside: LinkInside = None,
     link_across: LinkAcross = None,
     nics: Nics = None,
-    params: Params = Path("params.yaml"),
+    params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     size: Annotated[Optional[str], typer.Option(help="The preset's model at this size (GPT-2's small, medium, large or "
                                                 "xl, or one of its study.model_sizes).")] = None,

@@ -18,7 +18,7 @@ from gpt2dist.config.schema import Preset
 from gpt2dist.config.sizes import flops_per_token, parameter_count, size_words
 from gpt2dist.config.strategies import STRATEGIES
 from gpt2dist.errors import UsageError
-from gpt2dist.pipeline.layout import SLURM_PROFILE
+from gpt2dist.pipeline.layout import PARAMS_FILE, SLURM_PROFILE
 from gpt2dist.pipeline.study import model_of, Study
 from gpt2dist.forecast.plan import duration_words, fit_lines, plan_text
 from gpt2dist.forecast.link_model import projection
@@ -107,14 +107,17 @@ def cluster_unused(study: Study) -> str:
 
 
 def tune_command(name: str, size: str | None, *, gpu: str, gpus: int, nodes: int, precision: str, memory_gb: float,
-                 links: Links) -> str:
+                 links: Links, params: Path) -> str:
     """The `gpt2dist tune` that measures, on the cluster a recommendation describes, the candidates it cannot tell
-    apart: its options where they differ from tune's defaults, a SLURM profile past one node."""
+    apart: its options where they differ from tune's defaults (the parameter file the preset came from among them),
+    a SLURM profile past one node."""
     try:
         usual: Links | None = links_of(gpu)
     except UsageError:  # a GPU without a usual node: its links were all given
         usual = None
     words = ["gpt2dist tune", f"--gpus {gpus}"]
+    if params != Path(PARAMS_FILE):
+        words.append(f"--params {shlex.quote(str(params))}")
     if nodes > 1:
         words += [f"--nodes {nodes}", f"--profile {SLURM_PROFILE}"]
     words += [f"--gpu {shlex.quote(gpu)}", f"--preset {name}", *([f"--size {size}"] if size else []),
@@ -129,7 +132,7 @@ def tune_command(name: str, size: str | None, *, gpu: str, gpus: int, nodes: int
 
 def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | None], *, gpu: str, gpus: int,
                      nodes: int, precision: str, mfu: float | None, tokens: float, memory_gb: float,
-                     links: Links, calibration: dict | None = None,
+                     links: Links, params: Path, calibration: dict | None = None,
                      tuned: TunedCalibration | None = None) -> list[Part]:
     """What `gpt2dist recommend` prints: the cluster and assumptions, per model size a table of the strategies by
     predicted hours with their verdict (each split corrected by a tune's measurement where `tuned`), then the
@@ -169,7 +172,7 @@ def recommend_report(name: str, chosen: Preset, stored: list, sizes: list[str | 
         said += [("prose", f"{row.strategy}: {row.note}") for row in refused.itertuples()
                  if row.strategy in STRATEGIES]  # the named ones; the others are the grammar's every split
         measure = "" if tuned else tune_command(name, size, gpu=gpu, gpus=gpus, nodes=nodes, precision=precision,
-                                                   memory_gb=memory_gb, links=links)
+                                                   memory_gb=memory_gb, links=links, params=params)
         said.append(("prose", "\n" + verdict_line(fitting, published_summary(mfu)["search_ratio_high_abs_error"],
                                                    measure)))
 

@@ -15,6 +15,7 @@ from gpt2dist.pipeline.layout import (
     ESTIMATE_FILE,
     FIGURES,
     LINK_FIGURE,
+    PARAMS_FILE,
     RESULTS_DIR,
     RUNS_DIR,
     TRACES_DIR,
@@ -95,19 +96,19 @@ def _cmd(*parts: object) -> str:
     return " ".join(shlex.quote(str(p)) for p in parts)
 
 
-def prepare_command(study: Study, params: str = "params.yaml") -> str:
+def prepare_command(study: Study, params: str = PARAMS_FILE) -> str:
     return _cmd("gpt2dist", "prepare", "--out", DATA_DIR, "--params", params, "--preset", study.preset_name,
                 "--no-progress")
 
 
-def selftest_command(study: Study, run: Run, params: str = "params.yaml") -> str:
+def selftest_command(study: Study, run: Run, params: str = PARAMS_FILE) -> str:
     """The pipeline's selftest of one configuration (a job of its own: see workflow/rules/selftest.smk)."""
     resume = ["--resume"] if run.config_id in {case.config_id for case in pipeline_resume_cases(study)} else []
     return _cmd("gpt2dist", "selftest", "--params", params, "--preset", study.preset_name, *_cluster(study),
                 "--only", run.config_id, *resume, "--out", selftest_file(run))
 
 
-def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
+def train_command(study: Study, run: Run, params: str = PARAMS_FILE) -> str:
     return _cmd("gpt2dist", "train", "--data", DATA_DIR, "--out", f"{RUNS_DIR}/{run.run_id}", "--params", params,
                 "--preset", study.preset_name, "--strategy", run.strategy, "--precision", run.precision,
                 "--nproc", run.nproc, "--seed", study.seed(run), *run.size_args(), *run.node_args(),
@@ -117,25 +118,25 @@ def train_command(study: Study, run: Run, params: str = "params.yaml") -> str:
                 "--stale-checkpoint", "restart")
 
 
-def estimate_command(study: Study, params: str = "params.yaml") -> str:
+def estimate_command(study: Study, params: str = PARAMS_FILE) -> str:
     """Before the study's first job: time the preset's model here and print the study's expected duration."""
     return _cmd("gpt2dist", "estimate", "--params", params, "--preset", study.preset_name, *_cluster(study),
                 "--runs", RUNS_DIR, "--out", ESTIMATE_FILE)
 
 
-def progress_command(study: Study, params: str = "params.yaml") -> str:
+def progress_command(study: Study, params: str = PARAMS_FILE) -> str:
     """After each run: how many runs are done and about how long the rest takes."""
     return _cmd("gpt2dist", "progress", "--params", params, "--preset", study.preset_name, *_cluster(study),
                 "--runs", RUNS_DIR, "--estimate", ESTIMATE_FILE)
 
 
-def added_round_command(study: Study, k: int, params: str = "params.yaml") -> str:
+def added_round_command(study: Study, k: int, params: str = PARAMS_FILE) -> str:
     """Decide added round `k` from the runs so far (rules/added.smk)."""
     return _cmd("gpt2dist", "add-round", "--round", k, "--runs", RUNS_DIR, "--data", DATA_DIR, "--results",
                 RESULTS_DIR, "--params", params, "--preset", study.preset_name, *_cluster(study))
 
 
-def collect_command(study: Study, params: str = "params.yaml") -> str:
+def collect_command(study: Study, params: str = PARAMS_FILE) -> str:
     return _cmd("gpt2dist", "collect", "--runs", RUNS_DIR, "--data", DATA_DIR, "--out", RESULTS_DIR,
                 "--params", params, "--preset", study.preset_name, *_cluster(study))
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gpt2dist.pipeline.run import Run
 
+PARAMS_FILE = "params.yaml"  # the one parameter file, in the directory a study runs in
 DATA_DIR = "data/tokens"
 RUNS_DIR = "results/runs"
 RESULTS_DIR = "results"
