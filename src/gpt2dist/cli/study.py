@@ -11,15 +11,16 @@ import typer
 from gpt2dist.cli.common import (COUNT, DEFAULT_PARAMS, WARNING_CONTINUED, Gpus, Nodes, Params, PresetName, RunsDir,
                                  app, one_line_errors, planned_study, say)
 from gpt2dist.errors import UsageError
-from gpt2dist.pipeline.layout import STORED_STUDIES
+from gpt2dist.pipeline.layout import DATA_DIR, ESTIMATE_FILE, RESULTS_DIR, RUNS_DIR, STORED_STUDIES
 
 
 @app.command()
 @one_line_errors
 def collect(
-    runs: RunsDir = Path("results/runs"),
-    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
-    out: Annotated[Path, typer.Option(help="Where metrics.csv, runs.csv, summary.csv and summary.json go.")] = Path("results"),
+    runs: RunsDir = Path(RUNS_DIR),
+    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path(DATA_DIR),
+    out: Annotated[Path, typer.Option(help="Where metrics.csv, runs.csv, summary.csv and summary.json go.")] =
+    Path(RESULTS_DIR),
     params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     gpus: Gpus = None,
@@ -42,10 +43,10 @@ def collect(
 def add_round(
     round_: Annotated[int, typer.Option("--round", help="Which added round to decide (1 for the first).",
                                         callback=COUNT.callback)],
-    runs: RunsDir = Path("results/runs"),
-    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
+    runs: RunsDir = Path(RUNS_DIR),
+    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path(DATA_DIR),
     results: Annotated[Path, typer.Option(help="The study's results directory (rounds/ is written there).")] =
-    Path("results"),
+    Path(RESULTS_DIR),
     params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     gpus: Gpus = None,
@@ -72,7 +73,9 @@ def add_round(
 
 @app.command()
 @one_line_errors
-def plot(results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results")) -> None:
+def plot(
+    results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path(RESULTS_DIR),
+) -> None:
     """Draw the study's figures (PNG and SVG) from the collected tables."""
     from gpt2dist.inputs import read_summary
 
@@ -85,7 +88,7 @@ def plot(results: Annotated[Path, typer.Option(help="Directory written by `gpt2d
 @app.command()
 @one_line_errors
 def report(
-    results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path("results"),
+    results: Annotated[Path, typer.Option(help="Directory written by `gpt2dist collect`.")] = Path(RESULTS_DIR),
     against: Annotated[Optional[list[Path]], typer.Option(
         help="Other stored studies to set each claim's verdict beside: a study's results directory, or a directory "
              f"of them; those of another preset are skipped. Repeatable [default: {STORED_STUDIES}, where it "
@@ -117,15 +120,15 @@ def report(
 @one_line_errors
 def bundle(
     out: Annotated[Path, typer.Option(help="Archive to write (.tar.gz).")],
-    runs: RunsDir = Path("results/runs"),
-    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path("data/tokens"),
+    runs: RunsDir = Path(RUNS_DIR),
+    data: Annotated[Path, typer.Option(help="Token shard directory the runs trained on.")] = Path(DATA_DIR),
     params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
     results: Annotated[Path, typer.Option(help="The study's results directory: the repeats its added rounds decided "
                                           "(rounds/) and a tune's plan (tune.json) are packed from it.")] =
-    Path("results"),
+    Path(RESULTS_DIR),
     checkpoints: Annotated[bool, typer.Option(help="Add the final checkpoints the runs kept (study.keep_checkpoints), "
                                               "for `gpt2dist export` elsewhere; a rebuild does not need them.")
                            ] = False,
@@ -163,7 +166,7 @@ def estimate(
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
-    runs: RunsDir = Path("results/runs"),
+    runs: RunsDir = Path(RUNS_DIR),
     out: Annotated[Path, typer.Option(help="JSON file with the expected seconds of every job.")] = Path(
         "results/estimate.json"),
 ) -> None:
@@ -240,8 +243,8 @@ def progress(
     preset: PresetName = None,
     gpus: Gpus = None,
     nodes: Nodes = None,
-    runs: RunsDir = Path("results/runs"),
-    estimate: Annotated[Path, typer.Option(help="Written by `gpt2dist estimate`.")] = Path("results/estimate.json"),
+    runs: RunsDir = Path(RUNS_DIR),
+    estimate: Annotated[Path, typer.Option(help="Written by `gpt2dist estimate`.")] = Path(ESTIMATE_FILE),
 ) -> None:
     """Print how many runs of the study are done (those its added rounds decided so far included) and about how long
     the rest takes."""
