@@ -19,8 +19,9 @@
 #   bundle    its bundle and figures in docs/reference/<gpu>-1gpu(.tar.gz); where the call ends first, the next
 #             one makes it, or any machine does from what --out received (the records and the shards' meta.json)
 #   tune      gpt2dist tune on the GPU (preset gpu-1gpu; ddp, fsdp and zero2): the planner's short list measured in
-#             halving rounds within TUNE_BUDGET_S, its answer and calibration in results/tune (the dry run plans it for
-#             an H100 without running it)
+#             halving rounds within TUNE_BUDGET_S, its answer, calibration and measured rows in results/tune, then
+#             validate-published with those rows (the step model's error on this GPU, out of source; the dry run
+#             plans the tune for an H100 without running it)
 #   mfu       bench/mfu.py in bf16 (GPT-2 small, context 1024, compiled) and beside today's engine, each in the
 #             same rounds, the whole model compiled as one graph (train.compile_whole_model), that graph replayed
 #             as CUDA graphs (train.cuda_graphs) and the chunked head loss (train.head_loss_chunk_tokens=4096); a
@@ -155,6 +156,8 @@ step_tune() {
   local tune=(tune --gpus 1 --preset gpu-1gpu --among ddp,fsdp,zero2 --budget "${TUNE_BUDGET_S}s" --replace)
   if ((dry)); then gpt2dist "${tune[@]}" --gpu H100 --out "$state/tune" --dry-run; return; fi
   gpt2dist "${tune[@]}" --out results/tune
+  # the GPU step model held to what the tune measured, out of source (its constants fitted without these rows)
+  gpt2dist validate-published --add results/tune/measured.csv
 }
 
 step_mfu() {

@@ -27,6 +27,7 @@ from gpt2dist.config.presets import load_params
 from gpt2dist.config.strategies import REFERENCE
 from gpt2dist.errors import UsageError
 from gpt2dist.forecast.plan import GPU_LAUNCH_S
+from gpt2dist.forecast.published import setup_columns
 from gpt2dist.forecast.recommend import read_stored
 from gpt2dist.forecast.shortlist import (Cluster, CpuBasis, Shortlist, cpu_bus_bandwidth, cpu_ratio_error,
                                          gpu_ratio_error, predicted, shortlist)
@@ -34,8 +35,8 @@ from gpt2dist.forecast.splits import splits_of
 from gpt2dist.io import atomic_write_json
 from gpt2dist.pipeline.duration import Calibration, minutes, write_estimate
 from gpt2dist.pipeline.layout import (ESTIMATE_FILE, PARAMS_FILE, RESULTS_DIR, STORED_STUDIES, TUNE_CALIBRATION,
-                                      TUNE_PLAN, TUNE_SUMMARY)
-from gpt2dist.pipeline.study import plan_study
+                                      TUNE_MEASURED, TUNE_PLAN, TUNE_SUMMARY)
+from gpt2dist.pipeline.study import model_of, plan_study
 from gpt2dist.pipeline.tune import TUNE_PRESET, Rounds, Window, tune_params, tune_preset, write_params
 
 # The default budget: twice what the first round of the short list needs, with the fixed part, at most this
@@ -86,6 +87,7 @@ class Plan:
     fixed_s: float
     study_minutes: float
     started_at: float
+    trained: dict  # the model and batch every split trains, in the published table's columns (setup_columns)
     basis: CpuBasis | None = None
     launch_s: float = GPU_LAUNCH_S
     left_for_budget: list[str] = field(default_factory=list)
@@ -108,7 +110,8 @@ def tune(request: Request, say: Callable[[str], None]) -> dict:
     atomic_write_json(request.out / RESULTS_DIR / TUNE_PLAN, record)
     from gpt2dist.results.tune import write_answer  # pandas and scipy once the runs are done
 
-    answer = write_answer(request.out / RESULTS_DIR, request.out / TUNE_SUMMARY, request.out / TUNE_CALIBRATION)
+    answer = write_answer(request.out / RESULTS_DIR, request.out / TUNE_SUMMARY, request.out / TUNE_CALIBRATION,
+                          request.out / TUNE_MEASURED)
     for line in answer:
         say(line)
     return record
@@ -174,7 +177,8 @@ def planned(request: Request, say: Callable[[str], None], started: float) -> Pla
                    seconds={cluster.run(name, request.precision, request.size).config_id: run_s[name]
                             for name in candidates})
     return Plan(base, listed, candidates, {name: run_s[name] for name in candidates}, budget, fixed, study_minutes,
-                started, basis, launch_s, [name for name in listed.candidates if name not in candidates])
+                started, setup_columns(model_of(tuned, request.size), tuned.train), basis, launch_s,
+                [name for name in listed.candidates if name not in candidates])
 
 
 def first_round(candidates: list[str], run_s: dict[str, float], repeats: int) -> float:
@@ -239,7 +243,7 @@ def plan_record(request: Request, plan: Plan) -> dict:
         "repeats": request.repeats, "rounds": request.rounds, "halving": request.halving,
         "basis": None if plan.basis is None else vars(plan.basis), "launch_s": plan.launch_s,
         "ratio_error": listed.ratio_error, "model": "the CPU step model" if plan.basis else "the GPU step model",
-        "pick": listed.pick, "candidates": plan.candidates,
+        "trained": plan.trained, "pick": listed.pick, "candidates": plan.candidates,
         "kept_because": {name: listed.kept_because[name] for name in plan.candidates},
         "left_for_budget": plan.left_for_budget, "ruled_out": listed.ruled_out,
         "splits": table.to_dict("records"), "run_s": plan.run_s,

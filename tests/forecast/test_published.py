@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import gpt2dist
+from conftest import REPO, gpt2dist
 
 from gpt2dist.config.strategies import describe
 from gpt2dist.forecast.gpu_step import Constants, StepWorks
@@ -296,3 +296,70 @@ def test_a_table_of_only_its_header_is_one_error(tmp_path):
     result = gpt2dist("validate-published", "--table", path, check=False)
     assert result.returncode == 2 and result.stderr.strip() == (
         f"error: --table {path}: no rows under its header; add a measurement in the columns of published_gpt2.csv")
+
+
+@pytest.fixture(scope="module")
+def gpu_tune(tmp_path_factory):
+    """A tune of 8 H100s as planned (a dry run) and a measurement as its study would collect it: the planner's pick
+    1.3x its predicted step, every other candidate 0-13% over its own (made up; a lent GPU measures one with
+    bench/gpu_campaign.sh's tune step)."""
+    from gpt2dist.results.tune import beside, config_of
+
+    out = tmp_path_factory.mktemp("tune")
+    gpt2dist("tune", "--gpus", "8", "--gpu", "H100", "--dry-run", "--out", out / "tune", cwd=REPO)
+    plan = json.loads((out / "tune" / "results" / "tune.json").read_text())
+    splits = {row["strategy"]: row for row in plan["splits"]}
+    over = {name: 1.3 if name == plan["pick"] else 1 + 0.01 * i for i, name in enumerate(plan["candidates"])}
+    summary = {"hardware": "8x NVIDIA H100 80GB HBM3", "configs": {
+        config_of(plan, name): {"step_time_s": splits[name]["step_s"] * over[name], "repeats": 3,
+                                "peak_mem_bytes": splits[name]["peak_gib"] * 2**30} for name in plan["candidates"]}}
+    return plan, summary, beside(summary, plan), out
+
+
+def test_a_gpu_tunes_measured_splits_are_held_out_of_source_as_a_search_of_their_own(gpu_tune):
+    """A tune on GPUs writes its measured splits as rows of the table (measured.csv). Added to the shipped table they
+    are predicted with the constants fitted to every other source, the shipped fit the tune planned with, so each
+    row's prediction is the tune's own (every column carries the setup the tune ran), and they form one search whose
+    pick is the tune's, scored against what was measured. Controls: a row with its micro-batch halved is predicted
+    otherwise, and a tune on CPUs writes no rows (the GPU step model predicts GPUs)."""
+    from gpt2dist.forecast.published import read_tables
+    from gpt2dist.results.tune import measured_rows
+
+    plan, summary, rows, out = gpu_tune
+    path = out / "measured.csv"
+    measured_rows(plan, summary, rows).to_csv(path, index=False)
+    table = read_tables(TABLE, [path])
+    added = table["source"] == f"gpt2dist tune {plan['started_at']}"
+    assert added.sum() == len(plan["candidates"]) and table[~added].equals(read_table())
+    predicted, _, searched, _ = validation(table)
+    mine = predicted[added.to_numpy()].set_index("strategy")
+    assert (mine["left_out"] == "").all() and (mine["fitted_without"] == f"gpt2dist tune {plan['started_at']}").all()
+    steps = {row["strategy"]: row["step_s"] for row in plan["splits"]}
+    assert mine["predicted_step_s"].to_numpy() == pytest.approx(mine.index.map(steps).to_numpy(), rel=1e-4)
+    search = searched[searched["group"] == mine["group"].iloc[0]].squeeze()
+    fastest = min(rows, key=lambda row: row["measured_step_s"])
+    assert search["rows"] == len(plan["candidates"]) and search["pick_strategy"] == plan["pick"]
+    assert search["fastest_strategy"] == fastest["strategy"] and not search["top1"]
+    assert search["regret"] == pytest.approx(1.3 * steps[plan["pick"]] / fastest["measured_step_s"])
+    halved = predictions(table.assign(micro_batch=np.where(added, table["micro_batch"] // 2, table["micro_batch"])))[0]
+    assert not np.allclose(halved[added.to_numpy()]["predicted_step_s"], mine["predicted_step_s"], rtol=1e-3)
+    assert measured_rows(plan | {"cluster": plan["cluster"] | {"device": "cpu"}}, summary, rows) is None
+
+
+def test_added_rows_are_refused_in_one_line_where_missing_or_named_twice(gpu_tune):
+    """validate-published --add: the added rows' group is reported beside the shipped ones and the table named with
+    them; a file that is not there, or added twice (its rows named twice), is one error line."""
+    from gpt2dist.results.tune import measured_rows
+
+    plan, summary, rows, out = gpu_tune
+    path = out / "added.csv"
+    measured_rows(plan, summary, rows).to_csv(path, index=False)
+    said = gpt2dist("validate-published", "--add", path).stdout
+    assert re.search(rf"^\| tune-1x8-H100-{re.escape(plan['started_at'])} +\| H100 +\| gpt2dist +\| "
+                     rf"{len(plan['candidates'])} ", said, re.M), said
+    assert f"with the rows of {path}" in " ".join(said.split())
+    twice = gpt2dist("validate-published", "--add", path, "--add", path, check=False)
+    assert twice.returncode == 2 and twice.stderr.startswith(f"error: --add {path}: row 'gpt2dist tune ") and (
+        f"is also in {path}; give each row its own name, or add the file once" in twice.stderr), twice.stderr
+    missing = gpt2dist("validate-published", "--add", out / "none.csv", check=False)
+    assert missing.returncode == 2 and missing.stderr.strip() == f"error: --add {out / 'none.csv'}: no such file"

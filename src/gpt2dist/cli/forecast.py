@@ -265,6 +265,9 @@ def validate_published(
     mfu: AssumedMfu = None,
     table: Annotated[Optional[Path], typer.Option(help="A table of measurements in published_gpt2.csv's columns "
                                                    "[default: the one gpt2dist ships].")] = None,
+    add: Annotated[Optional[list[Path]], typer.Option(help="More rows in the same columns, held with the table's, e.g. "
+                                                      "the measured.csv a tune on GPUs writes (its rows predicted "
+                                                      "without their own source, as every other); repeatable.")] = None,
     output_format: Annotated[str, typer.Option("--format", help="table (for a terminal), or csv or json: every row "
                                                "with its prediction, nothing else.")] = "table",
     hold: Annotated[Optional[list[str]], typer.Option(help="Keep a constant of the GPU step model at a value instead "
@@ -279,7 +282,7 @@ def validate_published(
     memory predicted out of source (the GPU step model's constants fitted to every other source) beside the published
     ones, and within each source's machine whether the planner orders every two rows as they were measured."""
     from gpt2dist.forecast.words import validation_report
-    from gpt2dist.forecast.published import TABLE, check_held, read_table, validation, write_fit as write
+    from gpt2dist.forecast.published import TABLE, check_held, read_tables, validation, write_fit as write
 
     if output_format not in ("table", "csv", "json"):
         raise UsageError(f"--format {output_format!r}: choose table, csv or json")
@@ -290,7 +293,7 @@ def validate_published(
         raise UsageError("--write-fit writes the constants plan and recommend use, all fitted; leave out --hold")
     held = dict(_held(item) for item in hold or [])
     check_held(held)
-    measurements = read_table(table or TABLE)
+    measurements = read_tables(table or TABLE, add or [])
     predicted, ordered, searched, summary = validation(measurements, mfu, held)
     if write_fit:
         write(write_fit, summary)
@@ -298,7 +301,7 @@ def validate_published(
         typer.echo(predicted.to_csv(index=False) if output_format == "csv" else predicted.to_json(orient="records",
                                                                                                   indent=1))
         return
-    for kind, text in validation_report(predicted, ordered, searched, summary, mfu, table):
+    for kind, text in validation_report(predicted, ordered, searched, summary, mfu, table, add or []):
         say(text) if kind == "prose" else typer.echo(text)
     if write_fit:
         typer.echo(f"ok: {write_fit}")

@@ -65,21 +65,49 @@ _UNREAD = {"max_steps": 1, "lr": 1e-4, "min_lr": 0.0, "eval_interval": 1, "eval_
 LOW, HIGH = 0.05, 0.95  # the percentiles of the out-of-source errors a GPU prediction's interval spans
 
 
-def read_table(path: Path = TABLE) -> pd.DataFrame:
+def read_table(path: Path = TABLE, option: str = "--table") -> pd.DataFrame:
     """The table, every cell checked (cells): a missing column is a table of another layout, a cell outside what its
-    column allows is one error naming the row, the column and what is allowed."""
+    column allows is one error naming the row, the column and what is allowed (and the `option` that gave it)."""
     if not path.is_file():
-        raise UsageError(f"--table {path}: no such file")
+        raise UsageError(f"{option} {path}: no such file")
     try:
         table = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError):
-        raise UsageError(f"--table {path}: not a CSV table; write it in the columns of {TABLE.name}") from None
+        raise UsageError(f"{option} {path}: not a CSV table; write it in the columns of {TABLE.name}") from None
     missing = [column for column in COLUMNS if column not in table]
     if missing:
-        raise UsageError(f"--table {path}: no column {', '.join(missing)}; write it in the columns of {TABLE.name}")
+        raise UsageError(f"{option} {path}: no column {', '.join(missing)}; write it in the columns of {TABLE.name}")
     if table.empty:
-        raise UsageError(f"--table {path}: no rows under its header; add a measurement in the columns of {TABLE.name}")
-    return cells(table, path)
+        raise UsageError(f"{option} {path}: no rows under its header; add a measurement in the columns of "
+                         f"{TABLE.name}")
+    return cells(table, f"{option} {path}")
+
+
+def read_tables(path: Path, added: list[Path]) -> pd.DataFrame:
+    """The table at `path` with the rows of each `added` one (a GPU tune's measured.csv among them), each checked as
+    read_table does; a row named in two of them is refused, naming both."""
+    combined = read_table(path).assign(_from=str(path))
+    for extra in added:
+        more = read_table(extra, "--add")
+        twice = more["row"][more["row"].isin(combined["row"])]
+        if len(twice):
+            other = combined.loc[combined["row"] == twice.iloc[0], "_from"].iloc[0]
+            raise UsageError(f"--add {extra}: row {twice.iloc[0]!r} is also in {other}; give each row its own name, "
+                             "or add the file once")
+        combined = pd.concat([combined, more.assign(_from=str(extra))], ignore_index=True)
+    return combined.drop(columns="_from")
+
+
+def setup_columns(model: ModelConfig, train: TrainConfig) -> dict:
+    """A run's model and batch in the table's columns, as row_spec reads them back."""
+    return {"n_layer": model.n_layer, "n_head": model.n_head, "n_embd": model.n_embd, "seq_len": model.n_positions,
+            "vocab": model.vocab_size, "micro_batch": train.micro_batch_size, "global_batch": train.global_batch_size,
+            "checkpointing": train.activation_checkpointing}
+
+
+def table_header() -> list[str]:
+    """The shipped table's columns in its order: what a table of new measurements is written in."""
+    return list(pd.read_csv(TABLE, nrows=0).columns)
 
 
 COUNTS = ("gpus", "gpus_per_node", "nodes", "nics", "n_layer", "n_head", "n_embd", "seq_len", "vocab", "micro_batch",
@@ -89,9 +117,9 @@ CHOICES = {"link_inside": tuple(INSIDE_NODE), "link_across": tuple(ACROSS_NODES)
            "checkpointing": ("none", "block"), "memory_measure": ("", ALLOCATED, DEVICE)}
 
 
-def cells(table: pd.DataFrame, path: Path) -> pd.DataFrame:
+def cells(table: pd.DataFrame, said: str) -> pd.DataFrame:
     """The table with its numbers read, or the first cell (by row, then by column in the table's order) its column
-    does not allow, refused in one line."""
+    does not allow, refused in one line that begins with `said` (the option and file that gave the table)."""
     faults: list[tuple[int, int, str]] = []  # (row's index, column's position, what is wrong)
 
     def check(column: str, bad: pd.Series, problem: str) -> None:
@@ -128,7 +156,7 @@ def cells(table: pd.DataFrame, path: Path) -> pd.DataFrame:
     if faults:
         index, position, problem = min(faults)
         column = table.columns[position]
-        raise UsageError(f"--table {path}: row {table.at[index, 'row'] or index + 1} (line {index + 2}), column "
+        raise UsageError(f"{said}: row {table.at[index, 'row'] or index + 1} (line {index + 2}), column "
                          f"{column}: {table.at[index, column]!r} {problem}")
     return table.assign(**{column: values.astype(int) for column, values in counts.items()}, step_s=step_s,
                         memory_gib=memory)

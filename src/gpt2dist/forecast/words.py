@@ -248,7 +248,7 @@ def projection_report(name: str, chosen: Preset, sizes: list[str | None], counts
 
 
 def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, searched: pd.DataFrame, summary: dict,
-                      mfu: float | None, table: Path | None) -> list[Part]:
+                      mfu: float | None, table: Path | None, added: list[Path] = ()) -> list[Part]:
     """What `gpt2dist validate-published` prints: per group (one source's machine) its rows' error, the pairs it
     orders as published and its searches' picks; the pairs and picks it gets wrong, by name; the rows left out, the
     constants and the summary. Each row beside its prediction: --format csv or json."""
@@ -309,6 +309,7 @@ def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, searched: 
                                   for name, value in summary["constants"].items()) + "."))
     said.append(("prose", f"\nIn all: {summary_words(summary, mfu)}. Pairs whose published throughputs are within "
                           f"{TIE:.0%} of each other are ties, not counted. The table, with each row's source and what "
-                          f"is unclear about it: {table or 'src/gpt2dist/forecast/published_gpt2.csv'}; each row beside "
-                          "its prediction: --format csv."))
+                          f"is unclear about it: {table or 'src/gpt2dist/forecast/published_gpt2.csv'}"
+                          + "".join(f", with the rows of {path}" for path in added)
+                          + "; each row beside its prediction: --format csv."))
     return said

@@ -31,6 +31,7 @@ TUNE_PLAN = "tune.json"
 TUNE_ANSWER = "tune.md"
 TUNE_SUMMARY = "summary.md"
 TUNE_CALIBRATION = "calibration.json"
+TUNE_MEASURED = "measured.csv"  # a GPU tune's measured splits as rows of the table the GPU step model is judged on
 SLURM_PROFILE = "workflow/profiles/slurm"  # the Snakemake profile that sends a study's or a tune's jobs to SLURM
 
 

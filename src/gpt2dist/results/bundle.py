@@ -31,7 +31,7 @@ from gpt2dist.config.presets import load_params, upgraded
 from gpt2dist.data.shards import read_meta, sha256_file
 from gpt2dist.errors import UsageError
 from gpt2dist.io import atomic_open
-from gpt2dist.pipeline.layout import TUNE_ANSWER, TUNE_CALIBRATION, TUNE_PLAN
+from gpt2dist.pipeline.layout import TUNE_ANSWER, TUNE_CALIBRATION, TUNE_MEASURED, TUNE_PLAN
 from gpt2dist.pipeline.study import plan_study, Study, with_added_runs
 
 FORMAT = 1
@@ -199,7 +199,7 @@ def rebuild(bundle: Path, out: Path) -> dict:
         plot(built)
         report(built)
         if TUNE_PLAN in files:  # the tune's answer beside the study's
-            write_answer(built, built / TUNE_ANSWER, built / TUNE_CALIBRATION)
+            write_answer(built, built / TUNE_ANSWER, built / TUNE_CALIBRATION, built / TUNE_MEASURED)
         shutil.copyfile(source / DESCRIPTION, built / DESCRIPTION)  # provenance: which bundle this came from
         if out.exists():
             os.replace(out, Path(work) / "previous")

@@ -9,13 +9,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
 from tabulate import tabulate
 
 from gpt2dist.config.placement import Placement
+from gpt2dist.forecast.implementations import ENGINE_NAME
+from gpt2dist.forecast.published import ALLOCATED, table_header
 from gpt2dist.inputs import read_json, read_summary
 from gpt2dist.io import atomic_write_json, atomic_write_text
 from gpt2dist.pipeline.duration import minutes
-from gpt2dist.pipeline.layout import TUNE_PLAN
+from gpt2dist.pipeline.layout import TUNE_MEASURED, TUNE_PLAN
 from gpt2dist.pipeline.run import Run
 from gpt2dist.results.ranking import answer_markdown
 from gpt2dist.results.report import warnings_markdown
@@ -97,6 +100,38 @@ def calibration_of(plan: dict, summary: dict, rows: list[dict]) -> dict:
                      "hardware": summary["hardware"], "model": plan["model"], "basis": plan.get("basis"),
                      "ratio_error": plan["ratio_error"], "splits": splits,
                      "typical_factor": None if typical is None or math.isnan(typical) else typical}}
+
+
+def measured_rows(plan: dict, summary: dict, rows: list[dict]) -> pd.DataFrame | None:
+    """A GPU tune's measured splits as rows of the table the GPU step model is judged on (forecast.published), its
+    cluster one group of a source of its own, so that `validate-published --add` predicts them with the constants
+    fitted to every other source: the model's error and its pick on this cluster, out of sample. None on CPUs (the
+    GPU step model predicts GPUs), where nothing was measured, or where tune.json predates its `trained` setup."""
+    cluster, trained = plan["cluster"], plan.get("trained")
+    measured = [row for row in rows if _known(row["measured_step_s"])]
+    if cluster["device"] != "cuda" or not trained or not measured:
+        return None
+    started, links = plan["started_at"], cluster["links"]
+    source = f"gpt2dist tune {started}"
+
+    def published(row: dict) -> str:
+        interval = f" ({_ms(row['measured_step_low_s'])} to {_ms(row['measured_step_high_s'])} ms, 95%)" \
+            if _known(row["measured_step_low_s"]) else ""
+        return f"step {_ms(row['measured_step_s'])} ms{interval} over {row['repeats']} run(s)"
+
+    table = pd.DataFrame([{
+        "row": f"{source} {row['strategy']}", "source": source,
+        "where": f"{TUNE_PLAN} and summary.json of the tune started {started} on {summary['hardware']}",
+        "group": f"tune-{cluster['nodes']}x{cluster['gpus_per_node']}-{cluster['gpu']}-{started}",
+        "gpu": cluster["gpu"], "gpus": cluster["nproc"], "gpus_per_node": cluster["gpus_per_node"],
+        "nodes": cluster["nodes"], "link_inside": links["inside"], "link_across": links["across"],
+        "nics": links["nics"], **trained, "strategy": row["strategy"], "outside": "", "precision": plan["precision"],
+        "implementation": ENGINE_NAME, "published": published(row), "step_s": row["measured_step_s"],
+        "conversion": "the geometric mean over the undisturbed runs of each run's median step after its warm-up",
+        "memory_gib": row["measured_peak_mib"] / 1024 if _known(row["measured_peak_mib"]) else "",
+        "memory_measure": ALLOCATED if _known(row["measured_peak_mib"]) else "", "confidence": "high",
+        "unclear": ""} for row in measured])
+    return table[table_header()]
 
 
 def stop_words(summary: dict, plan: dict) -> str:
@@ -194,16 +229,25 @@ def answer_text(summary: dict, plan: dict, rows: list[dict]) -> str:
         "## Calibration", "",
         "calibration.json holds each measured split's measured over predicted step, and their geometric mean for the "
         "splits not measured: `gpt2dist recommend --calibration calibration.json` prints the planner's prediction "
-        "corrected by them, for this cluster or a larger one (which extrapolates the ratios, as it says).", ""])
+        "corrected by them, for this cluster or a larger one (which extrapolates the ratios, as it says)."
+        + (f" {TUNE_MEASURED} holds the measured splits as rows of the table the GPU step model is judged on: "
+           f"`gpt2dist validate-published --add {TUNE_MEASURED}` predicts them with the constants fitted to every "
+           "other source, the model's error and its pick on this cluster out of sample."
+           if measured_rows(plan, summary, rows) is not None else ""), ""])
 
 
-def write_answer(results: Path, answer: Path, calibration: Path) -> list[str]:
-    """The tune's answer and calibration from `results` (its study's summary.json and tune.json); returns the lines
-    a terminal shows of it."""
+def write_answer(results: Path, answer: Path, calibration: Path, measured: Path) -> list[str]:
+    """The tune's answer, calibration and (on GPUs) measured rows from `results` (its study's summary.json and
+    tune.json); returns the lines a terminal shows of it."""
     summary, plan = read_summary(results), read_plan(results)
     rows = beside(summary, plan)
     atomic_write_text(answer, answer_text(summary, plan, rows))
     atomic_write_json(calibration, calibration_of(plan, summary, rows))
     head = [line for line in answer_markdown(summary["answer"]).splitlines()[2:] if line][:1]
-    return [*head, f"The rounds stopped {stop_words(summary, plan)}.", f"ok: {answer}, {calibration}"]
+    written = [answer, calibration]
+    table = measured_rows(plan, summary, rows)
+    if table is not None:
+        atomic_write_text(measured, table.to_csv(index=False))
+        written.append(measured)
+    return [*head, f"The rounds stopped {stop_words(summary, plan)}.", f"ok: {', '.join(map(str, written))}"]
 
