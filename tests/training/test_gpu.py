@@ -1,5 +1,6 @@
 """GPU-only paths (NCCL, DataParallel over devices, fp16 GradScaler, Apex). Skipped without CUDA."""
 
+import csv
 import gzip
 import importlib.util
 import json
@@ -251,3 +252,9 @@ def test_a_one_gpu_tune_measures_its_short_list_and_recommend_reads_its_calibrat
     for name, split in calibration["splits"].items():  # each measured split's step at its measurement
         row = next(line for line in shown.splitlines() if line.startswith(f"| {name} "))
         assert f"x{split['factor']:.2f} measured" in row and f"{split['measured_step_s'] * 1e3:,.2f}" in row, row
+    # the same measurements as rows of the published table, held to the GPU step model out of source
+    measured = {row["strategy"]: row for row in csv.DictReader((tune / "measured.csv").open())}
+    assert {name: float(row["step_s"]) for name, row in measured.items()} == pytest.approx(
+        {name: split["measured_step_s"] for name, split in calibration["splits"].items()})
+    held = command("validate-published", "--add", str(tune / "measured.csv")).stdout
+    assert any(line.startswith("| tune-1x1-") and "| gpt2dist " in line for line in held.splitlines()), held
