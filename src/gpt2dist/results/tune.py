@@ -127,7 +127,8 @@ def measured_rows(plan: dict, summary: dict, rows: list[dict]) -> pd.DataFrame |
         "nodes": cluster["nodes"], "link_inside": links["inside"], "link_across": links["across"],
         "nics": links["nics"], **trained, "strategy": row["strategy"], "outside": "", "precision": plan["precision"],
         "implementation": ENGINE_NAME, "published": published(row), "step_s": row["measured_step_s"],
-        "conversion": "the geometric mean over the undisturbed runs of each run's median step after its warm-up",
+        "conversion": "each run's median step after its warm-up, their geometric mean over the runs the study "
+                      "summarised (the undisturbed ones where any)",
         "memory_gib": row["measured_peak_mib"] / 1024 if _known(row["measured_peak_mib"]) else "",
         "memory_measure": ALLOCATED if _known(row["measured_peak_mib"]) else "", "confidence": "high",
         "unclear": ""} for row in measured])
