@@ -135,8 +135,9 @@ def test_a_tie_names_the_tune_that_measures_it_on_the_cluster_asked_about(tmp_pa
 
 def test_the_tune_a_tie_names_reads_the_parameter_file_the_recommendation_read(tmp_path):
     """A recommendation of a preset from the user's own parameter file names a tune of that file (quoted where its
-    path has a space), so the tune plans the preset recommended. The control: the same command without the file's
-    option is refused, the default parameter file holding no such preset."""
+    path has a space), so the tune plans the preset recommended; the file a tune reads by default it leaves unsaid
+    (test_tuned.py). The control: the same command without the file's option is refused, the default parameter file
+    holding no such preset."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["presets"]["mine"] = {"extends": "paper"}
     own = tmp_path / "my params.yaml"
@@ -212,7 +213,7 @@ def test_prose_fits_the_terminal_and_tables_stay_whole(command):
     is longer than 80, so the width came from the terminal."""
     def lines(columns: int) -> list[str]:
         env = {**os.environ, "COLUMNS": str(columns)}
-        result = gpt2dist(*command, "--params", REPO / "params.yaml", env=env)
+        result = gpt2dist(*command, "--params", REPO / "params.yaml", env=env, cwd=REPO)
         return (result.stdout + result.stderr).splitlines()
 
     def prose(text: list[str]) -> list[str]:  # a table's rows are padded into columns: two spaces or a bar

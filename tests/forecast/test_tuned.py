@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 
 import pytest
 
@@ -56,9 +55,8 @@ def test_each_measured_split_is_predicted_at_its_measurement_and_the_others_by_t
     assert "Calibrated by the tune of 2026-12-03T12:00:00+00:00" in said and "took 0.80x to 1.50x" in said
     # its ties are not sent to a tune again (the control: uncalibrated, they are)
     assert "Tied for fastest" in said and "gpt2dist tune" not in said
-    params = shlex.quote(str(REPO / "params.yaml"))  # the file the recommendation read
-    assert f"    gpt2dist tune --gpus 8 --params {params} --gpu H100 --preset paper --precision bf16\n" in recommended(
-        "--gpus", "8", "--gpu", "H100")
+    plain_text = gpt2dist("recommend", "--params", REPO / "params.yaml", "--gpus", "8", "--gpu", "H100", cwd=REPO)
+    assert "    gpt2dist tune --gpus 8 --gpu H100 --preset paper --precision bf16\n" in plain_text.stdout
     table = table_of(text).drop_duplicates("strategy").set_index("strategy")
     for name, ratio in MEASURED.items():
         assert table.loc[name, "tuned"] == f"x{ratio:.2f} measured"

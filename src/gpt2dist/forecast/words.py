@@ -109,14 +109,14 @@ def cluster_unused(study: Study) -> str:
 def tune_command(name: str, size: str | None, *, gpu: str, gpus: int, nodes: int, precision: str, memory_gb: float,
                  links: Links, params: Path) -> str:
     """The `gpt2dist tune` that measures, on the cluster a recommendation describes, the candidates it cannot tell
-    apart: its options where they differ from tune's defaults (the parameter file the preset came from among them),
-    a SLURM profile past one node."""
+    apart: its options where they differ from tune's defaults (the parameter file the preset came from, unless it is
+    the one the tune reads here by default), a SLURM profile past one node."""
     try:
         usual: Links | None = links_of(gpu)
     except UsageError:  # a GPU without a usual node: its links were all given
         usual = None
     words = ["gpt2dist tune", f"--gpus {gpus}"]
-    if params != Path(PARAMS_FILE):
+    if params.resolve() != Path(PARAMS_FILE).resolve():
         words.append(f"--params {shlex.quote(str(params))}")
     if nodes > 1:
         words += [f"--nodes {nodes}", f"--profile {SLURM_PROFILE}"]
