@@ -167,8 +167,7 @@ def estimate(
     gpus: Gpus = None,
     nodes: Nodes = None,
     runs: RunsDir = Path(RUNS_DIR),
-    out: Annotated[Path, typer.Option(help="JSON file with the expected seconds of every job.")] = Path(
-        "results/estimate.json"),
+    out: Annotated[Path, typer.Option(help="JSON file with the expected seconds of every job.")] = Path(ESTIMATE_FILE),
 ) -> None:
     """Time a few steps of the preset's model here and print how long the rest of the study will take; on a GPU,
     also single's step at two micro-batches, which calibrates the GPU step model for plan and recommend

@@ -25,8 +25,8 @@ from gpt2dist.config.sizes import parameter_count
 from gpt2dist.config.strategies import check_run, REFERENCE
 from gpt2dist.errors import UsageError
 from gpt2dist.pipeline.run import Run
-from gpt2dist.pipeline.study import configurations, pipeline_resume_cases, planned_spec, selftested, \
-    study_precisions, Study
+from gpt2dist.pipeline.study import (configurations, pipeline_resume_cases, planned_spec, selftested,
+                                     study_precisions, Study)
 from gpt2dist.forecast.gpu_step import mfu_step_terms, step_work
 from gpt2dist.forecast.implementations import engine_implementation
 from gpt2dist.inputs import read_json

@@ -189,9 +189,10 @@ def table_row(row: dict) -> list[str]:
             gap_words(row["ledger_gap_s"]) if row["ledger_gap_s"] else "no traced step"]
 
 
-def answer_text(summary: dict, plan: dict, rows: list[dict]) -> str:
+def answer_text(summary: dict, plan: dict, rows: list[dict], measured: bool) -> str:
     """summary.md of a tune: what was measured and why the rounds stopped, first; then the tiers, each candidate's
-    prediction beside its measurement, the rounds, what was ruled out, and what the calibration is for."""
+    prediction beside its measurement, the rounds, what was ruled out, and what the calibration (and, where
+    `measured`, the measured rows) are for."""
     cluster = plan["cluster"]
     where = Placement(cluster["nproc"], cluster["nodes"], cluster["emulated"], cluster["link_mbit"]).words()
     if cluster["device"] == "cuda":
@@ -234,7 +235,7 @@ def answer_text(summary: dict, plan: dict, rows: list[dict]) -> str:
         + (f" {TUNE_MEASURED} holds the measured splits as rows of the table the GPU step model is judged on: "
            f"`gpt2dist validate-published --add {TUNE_MEASURED}` predicts them with the constants fitted to every "
            "other source, the model's error and its pick on this cluster out of sample."
-           if measured_rows(plan, summary, rows) is not None else ""), ""])
+           if measured else ""), ""])
 
 
 def write_answer(results: Path, answer: Path, calibration: Path, measured: Path) -> list[str]:
@@ -242,11 +243,11 @@ def write_answer(results: Path, answer: Path, calibration: Path, measured: Path)
     tune.json); returns the lines a terminal shows of it."""
     summary, plan = read_summary(results), read_plan(results)
     rows = beside(summary, plan)
-    atomic_write_text(answer, answer_text(summary, plan, rows))
+    table = measured_rows(plan, summary, rows)
+    atomic_write_text(answer, answer_text(summary, plan, rows, table is not None))
     atomic_write_json(calibration, calibration_of(plan, summary, rows))
     head = [line for line in answer_markdown(summary["answer"]).splitlines()[2:] if line][:1]
     written = [answer, calibration]
-    table = measured_rows(plan, summary, rows)
     if table is not None:
         atomic_write_text(measured, table.to_csv(index=False))
         written.append(measured)
