@@ -236,14 +236,16 @@ def test_ties_are_not_counted_and_a_pair_spans_one_group_only(validated):
     (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "not a CSV table; write it in the columns of published_gpt2.csv"),
     (b"", "not a CSV table; write it in the columns of published_gpt2.csv"),
 ])
-def test_a_table_of_another_layout_is_one_error_line(tmp_path, change, message):
+@pytest.mark.parametrize("option", ["--table", "--add"])
+def test_a_table_of_another_layout_is_one_error_line(tmp_path, change, message, option):
+    """As the table, so the rows --add brings beside it: each file is read and checked alike."""
     path = tmp_path / "table.csv"
     if isinstance(change, bytes):  # a file of another kind, or an empty one
         path.write_bytes(change)
     elif change:
         change(read_table()).to_csv(path, index=False)
-    result = gpt2dist("validate-published", "--table", path, check=False)
-    assert result.returncode == 2 and result.stderr.strip() == f"error: --table {path}: {message}", result.stderr
+    result = gpt2dist("validate-published", option, path, check=False)
+    assert result.returncode == 2 and result.stderr.strip() == f"error: {option} {path}: {message}", result.stderr
 
 
 def test_a_row_the_planner_refuses_is_left_out_saying_why():
@@ -363,3 +365,9 @@ def test_added_rows_are_refused_in_one_line_where_missing_or_named_twice(gpu_tun
         f"is also in {path}; give each row its own name, or add the file once" in twice.stderr), twice.stderr
     missing = gpt2dist("validate-published", "--add", out / "none.csv", check=False)
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: --add {out / 'none.csv'}: no such file"
+    bad = out / "bad.csv"  # a cell its column does not allow, named with the option that brought it
+    measured_rows(plan, summary, rows).assign(step_s="nan").to_csv(bad, index=False)
+    refused = gpt2dist("validate-published", "--add", bad, check=False)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+    assert refused.stderr.startswith(f"error: --add {bad}: row gpt2dist tune ") and (
+        "column step_s: 'nan' is not a number of seconds" in refused.stderr), refused.stderr
