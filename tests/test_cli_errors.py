@@ -12,6 +12,7 @@ import torch
 
 from gpt2dist.errors import OneLineArgumentParser, failure_line
 from gpt2dist.inputs import SUMMARY_KEYS
+from gpt2dist.pipeline.layout import SLURM_PROFILE
 
 from conftest import REPO, gpt2dist
 
@@ -42,6 +43,8 @@ CASES = {
     # --hosts: the run is checked as any other, and --nproc is not silently dropped
     "train-hosts-disagree-with-nproc": "--nproc 3 disagrees with --hosts, whose slots add up to 4",
     "train-hosts-batch-indivisible": "train.global_batch_size (8) must be divisible by",
+    # past one node outside an allocation: the line names the way in, the profile the repository ships
+    "train-nodes-outside-an-allocation": f"snakemake --profile {SLURM_PROFILE}), or print each node's command",
     # an option that does not apply to the mode is refused, not ignored
     "plan-mfu-for-cpus": "--gpu, --mfu, --calibration and the links set a GPU's step time",
     # a study directory whose summary.json is not collect's (a KeyError traceback before)
@@ -129,6 +132,8 @@ def _args(case: str, tmp: Path, shards: Path, params: Path) -> list:
         return train
     if case == "train-set-unparsable-value":
         return [*train, "--set", "model.n_layer=["]
+    if case == "train-nodes-outside-an-allocation":
+        return [*train, "--strategy", "ddp", "--nproc", "2", "--nodes", "2"]
     if case.startswith("train-hosts"):
         hosts = ["--strategy", "ddp", "--gpus", "0"]
         return [*train, *hosts, *(["--hosts", "a:2,b:2", "--nproc", "3"] if "nproc" in case else ["--hosts", "a:3,b:3"])]
@@ -147,6 +152,10 @@ def test_bad_input_ends_with_one_error_line(case, tmp_path, shards, params_file)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert len(lines) == 1 and lines[0].startswith("error: ") and CASES[case] in lines[0], result.stderr
     assert set(tmp_path.rglob("*")) == before, "bad input left outputs behind"
+
+
+def test_the_slurm_profile_that_errors_name_is_the_repositorys():
+    assert (REPO / SLURM_PROFILE / "config.yaml").is_file()
 
 
 def test_version_names_the_installed_package():

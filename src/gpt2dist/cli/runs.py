@@ -14,6 +14,7 @@ from gpt2dist.config.schema import PRECISIONS
 from gpt2dist.config.split import EXAMPLES
 from gpt2dist.config.strategies import STRATEGIES, describe
 from gpt2dist.errors import UsageError
+from gpt2dist.pipeline.layout import RUNS_DIR, SELFTEST_REPORT
 
 
 @app.command()
@@ -119,7 +120,6 @@ def export(
                                       "tokenizer's files, run.json, export.json.")],
 ) -> None:
     """Write a run's model as a transformers GPT-2 directory that GPT2LMHeadModel.from_pretrained loads offline."""
-    from gpt2dist.pipeline.layout import RUNS_DIR
     from gpt2dist.training.hf_format import export_run
 
     if not run.exists() and len(run.parts) == 1 and (Path(RUNS_DIR) / run).is_dir():  # a run id (summary.md's)
@@ -233,7 +233,7 @@ def doctor(
 def selftest(
     params: Params = DEFAULT_PARAMS,
     preset: PresetName = None,
-    out: Annotated[Path, typer.Option(help="JSON file with every check's result.")] = Path("results/selftest.json"),
+    out: Annotated[Path, typer.Option(help="JSON file with every check's result.")] = Path(SELFTEST_REPORT),
     timeout: Annotated[float, typer.Option(help="Seconds one check may take before it counts as hung.",
                                            callback=POSITIVE.callback)] = 600,
     only: Annotated[Optional[list[str]], typer.Option(

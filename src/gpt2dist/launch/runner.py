@@ -22,6 +22,7 @@ from gpt2dist.errors import Interrupted, UsageError, failure_line
 from gpt2dist.io import file_kind
 from gpt2dist.launch import commands, emulated, lifetime, locks, slurm
 from gpt2dist.logs import setup_logging
+from gpt2dist.pipeline.layout import SLURM_PROFILE
 from gpt2dist.system.allocation import Allocation, job_allocation
 from gpt2dist.system.conditions import LoadMonitor, wait_for_quiet
 from gpt2dist.system.hardware import cuda_gpus
@@ -174,7 +175,7 @@ def _launch_mode(spec: RunSpec, emulation: emulated.Emulation | None) -> tuple[L
         held = f"this SLURM job holds {len(allocation.nodes)}" if allocation else "this is not a SLURM job"
         raise UsageError(f"--nodes {spec.nodes}: the run spans {spec.nodes} nodes but {held}; start it inside an "
                          f"allocation of {spec.nodes} nodes (sbatch --nodes={spec.nodes}, or snakemake --profile "
-                         "workflow/profiles/slurm), or print each node's command with --hosts")
+                         f"{SLURM_PROFILE}), or print each node's command with --hosts")
     if allocation is not None:
         horovod = slurm.detect_horovod_launch() if launcher == "horovodrun" and spec.nodes > 1 else None
         # GPT2DIST_IMAGE: run every task inside this image (when the job itself runs on the host)
