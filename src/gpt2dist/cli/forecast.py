@@ -293,7 +293,8 @@ def validate_published(
         raise UsageError("--write-fit writes the constants plan and recommend use, all fitted; leave out --hold")
     held = dict(_held(item) for item in hold or [])
     check_held(held)
-    measurements = read_tables(table or TABLE, add or [])
+    added = add or []
+    measurements = read_tables(table or TABLE, added)
     predicted, ordered, searched, summary = validation(measurements, mfu, held)
     if write_fit:
         write(write_fit, summary)
@@ -301,7 +302,7 @@ def validate_published(
         typer.echo(predicted.to_csv(index=False) if output_format == "csv" else predicted.to_json(orient="records",
                                                                                                   indent=1))
         return
-    for kind, text in validation_report(predicted, ordered, searched, summary, mfu, table, add or []):
+    for kind, text in validation_report(predicted, ordered, searched, summary, mfu, table, added):
         say(text) if kind == "prose" else typer.echo(text)
     if write_fit:
         typer.echo(f"ok: {write_fit}")

@@ -248,7 +248,7 @@ def projection_report(name: str, chosen: Preset, sizes: list[str | None], counts
 
 
 def validation_report(predicted: pd.DataFrame, ordered: pd.DataFrame, searched: pd.DataFrame, summary: dict,
-                      mfu: float | None, table: Path | None, added: list[Path] = ()) -> list[Part]:
+                      mfu: float | None, table: Path | None, added: list[Path]) -> list[Part]:
     """What `gpt2dist validate-published` prints: per group (one source's machine) its rows' error, the pairs it
     orders as published and its searches' picks; the pairs and picks it gets wrong, by name; the rows left out, the
     constants and the summary. Each row beside its prediction: --format csv or json."""
